@@ -1,0 +1,54 @@
+"""One environment protocol over three back ends; ``make(EnvConfig(id=...))`` builds any of them.
+
+Ids are ``<backend>/<name>``:
+
+* ``gymnax/...``  classic control and MinAtar, pure JAX (vmap over seeds works);
+* ``envpool/...`` Atari through EnvPool's XLA interface, and EnvPool's C MuJoCo
+  (the CPU back end for MuJoCo);
+* ``mjx/...``     MuJoCo tasks in pure JAX over ``mujoco.mjx`` (the accelerator back end).
+"""
+from __future__ import annotations
+
+from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, EnvState, TimeStep, check_action
+from rlhf_jax.envs.options import EnvConfig
+
+GYMNAX_NAMES = (
+    "CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", "MountainCarContinuous-v0",
+    "Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar",
+)
+ATARI_NAMES = ("BeamRider-v5", "Breakout-v5", "Enduro-v5", "Pong-v5", "Qbert-v5", "Seaquest-v5", "SpaceInvaders-v5")
+MUJOCO_NAMES = (
+    "Hopper-v5", "Walker2d-v5", "Swimmer-v5", "HalfCheetah-v5",
+    "Ant-v5", "Reacher-v5", "InvertedPendulum-v5", "InvertedDoublePendulum-v5",
+)
+
+ENV_IDS = (
+    tuple(f"gymnax/{n}" for n in GYMNAX_NAMES)
+    + tuple(f"envpool/{n}" for n in ATARI_NAMES + MUJOCO_NAMES)
+    + tuple(f"mjx/{n}" for n in MUJOCO_NAMES)
+)
+
+
+def make(config: EnvConfig | str) -> Environment:
+    """Build the environment named by ``config.id`` (a bare id string takes default options)."""
+    if isinstance(config, str):
+        config = EnvConfig(id=config)  # an unknown id fails here, listing the known ones
+    backend, name = config.backend, config.name
+    # Back ends are imported on demand: each pulls in a heavy library.
+    if backend == "gymnax":
+        from rlhf_jax.envs.gymnax_envs import GymnaxEnv
+
+        return GymnaxEnv(name, config)
+    if backend == "envpool":
+        from rlhf_jax.envs.envpool_envs import AtariEnv, MujocoPoolEnv
+
+        return AtariEnv(name, config) if name in ATARI_NAMES else MujocoPoolEnv(name, config)
+    from rlhf_jax.envs.mjx_tasks import make_mjx
+
+    return make_mjx(name, config)
+
+
+__all__ = [
+    "Box", "Discrete", "ENV_IDS", "EnvConfig", "EnvSpec", "EnvState", "Environment", "TimeStep",
+    "check_action", "make",
+]

@@ -1,0 +1,170 @@
+"""The environment protocol every back end presents (DESIGN.md, "Contracts").
+
+An environment is a pair of pure functions over a batch of ``num_envs`` copies:
+
+    reset(key)            -> (state, TimeStep)
+    step(state, action)   -> (state, TimeStep)
+
+``step`` resets finished copies automatically, so an agent can ``lax.scan`` it for
+ever. Everything in a ``TimeStep`` has the batch as its leading axis.
+
+What travels where (the agent never has to read the true reward):
+
+* ``TimeStep.reward`` is the task reward under the chosen modifications, i.e. the
+  reward a synthetic oracle judges by (appendix A of Christiano et al.).
+* ``TimeStep.done`` is the episode boundary the agent is allowed to see; with
+  ``hide_episode_end`` it carries no information about the task.
+* ``info["true_reward"]`` is the unmodified environment's reward and
+  ``info["true_done"]`` the end of an unmodified episode; ``info["episode_return"]``
+  and ``info["episode_length"]`` hold the finished true episode's totals wherever
+  ``true_done`` is set. ``info["truncated"]`` marks time-limit ends, which an agent
+  may bootstrap through.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, NamedTuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class TimeStep(NamedTuple):
+    obs: jax.Array
+    reward: jax.Array
+    done: jax.Array
+    info: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Discrete:
+    """``n`` actions, given as integers in ``[0, n)``."""
+
+    n: int
+    shape: tuple = ()
+
+    def __str__(self) -> str:
+        return f"Discrete({self.n})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Box:
+    """Real-valued actions of ``shape`` inside ``[low, high]``."""
+
+    low: float
+    high: float
+    shape: tuple
+
+    def __str__(self) -> str:
+        return f"Box({self.low:g}, {self.high:g}, {self.shape})"
+
+
+ActionSpace = Union[Discrete, Box]
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Static facts about an environment, known before anything is traced."""
+
+    id: str
+    backend: str
+    num_envs: int
+    observation_shape: tuple
+    observation_dtype: str
+    action_space: ActionSpace
+    # Simulated frames per second of real time: turns "1.5 s segments" into steps
+    # and sets the frame rate of clips shown to people.
+    fps: float
+    max_episode_steps: int
+
+
+class EnvState(NamedTuple):
+    """The back end's own state plus the running totals of the true episode."""
+
+    inner: Any
+    episode_return: jax.Array
+    episode_length: jax.Array
+
+
+def check_action(spec: EnvSpec, action: jax.Array) -> None:
+    """Fail at trace time, with what was expected, on an action of the wrong shape or dtype."""
+    space = spec.action_space
+    expected_shape = (spec.num_envs,) + tuple(space.shape)
+    if isinstance(space, Discrete):
+        kind_ok, kind = jnp.issubdtype(action.dtype, jnp.integer), "an integer dtype"
+    else:
+        kind_ok, kind = jnp.issubdtype(action.dtype, jnp.floating), "a floating dtype"
+    if tuple(action.shape) != expected_shape or not kind_ok:
+        raise TypeError(
+            f"{spec.id}: action must have shape {expected_shape} (num_envs={spec.num_envs}, "
+            f"action space {space}) and {kind}; got shape {tuple(action.shape)} "
+            f"and dtype {action.dtype}"
+        )
+
+
+class Environment(abc.ABC):
+    """Base of every back end: action checks and true-episode statistics.
+
+    A back end implements ``_reset(key) -> (inner, TimeStep)`` and
+    ``_step(inner, action) -> (inner, TimeStep)`` whose ``info`` holds at least
+    ``true_reward``, ``true_done`` and ``truncated``; this class adds
+    ``episode_return`` and ``episode_length``.
+    """
+
+    spec: EnvSpec
+
+    @abc.abstractmethod
+    def _reset(self, key: jax.Array):
+        ...
+
+    @abc.abstractmethod
+    def _step(self, inner: Any, action: jax.Array):
+        ...
+
+    @property
+    def num_envs(self) -> int:
+        return self.spec.num_envs
+
+    @property
+    def observation_shape(self) -> tuple:
+        return self.spec.observation_shape
+
+    @property
+    def action_space(self) -> ActionSpace:
+        return self.spec.action_space
+
+    def reset(self, key: jax.Array) -> tuple[EnvState, TimeStep]:
+        inner, timestep = self._reset(key)
+        zeros = jnp.zeros((self.num_envs,), jnp.float32)
+        info = dict(timestep.info, episode_return=zeros, episode_length=zeros.astype(jnp.int32))
+        state = EnvState(inner, zeros, zeros.astype(jnp.int32))
+        return state, timestep._replace(info=info)
+
+    def step(self, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
+        check_action(self.spec, action)
+        inner, timestep = self._step(state.inner, action)
+        info = timestep.info
+        episode_return = state.episode_return + info["true_reward"]
+        episode_length = state.episode_length + 1
+        finished = info["true_done"]
+        info = dict(info, episode_return=episode_return, episode_length=episode_length)
+        state = EnvState(
+            inner,
+            jnp.where(finished, 0.0, episode_return),
+            jnp.where(finished, 0, episode_length),
+        )
+        return state, timestep._replace(info=info)
+
+
+def as_float32(x) -> jax.Array:
+    return jnp.asarray(x, jnp.float32)
+
+
+def zeros_bool(n: int) -> jax.Array:
+    return jnp.zeros((n,), bool)
+
+
+def numpy_dtype_name(dtype) -> str:
+    return np.dtype(dtype).name

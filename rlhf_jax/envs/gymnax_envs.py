@@ -1,0 +1,105 @@
+"""gymnax back end: classic control and MinAtar, pure JAX, vmapped over ``num_envs`` copies."""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import gymnax
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep
+from rlhf_jax.envs.options import EnvConfig, reject_options
+
+# name -> frames per second of real time, used to size segments and play clips
+# (classic control: Gym's render fps; MinAtar has no clock, 10 fps reads well).
+GYMNAX_FPS = {
+    "CartPole-v1": 50.0,
+    "Acrobot-v1": 15.0,
+    "MountainCar-v0": 30.0,
+    "Pendulum-v1": 30.0,
+    "MountainCarContinuous-v0": 30.0,
+    "Breakout-MinAtar": 10.0,
+    "SpaceInvaders-MinAtar": 10.0,
+    "Asterix-MinAtar": 10.0,
+    "Freeway-MinAtar": 10.0,
+}
+
+
+class GymnaxInner(NamedTuple):
+    env_state: Any
+    key: jax.Array
+    # True once a copy has reached a terminal state in this (fixed-length) episode:
+    # from then on the unmodified environment would have paid no reward.
+    failed: jax.Array
+
+
+class GymnaxEnv(Environment):
+    def __init__(self, name: str, config: EnvConfig):
+        reject_options(config, "gymnax", hide_score=False, episodic_life=False, noop_max=30, control_cost=True)
+        self._env, params = gymnax.make(name)
+        if config.max_episode_steps:
+            params = params.replace(max_steps_in_episode=config.max_episode_steps)
+        self._params = params
+        self._config = config
+        space = self._env.action_space(params)
+        if isinstance(space, gymnax.environments.spaces.Discrete):
+            action_space = Discrete(int(space.n))
+        else:
+            action_space = Box(float(jnp.min(space.low)), float(jnp.max(space.high)), tuple(space.shape))
+        self.spec = EnvSpec(
+            id=config.id,
+            backend="gymnax",
+            num_envs=config.num_envs,
+            observation_shape=tuple(self._env.observation_space(params).shape),
+            observation_dtype="float32",
+            action_space=action_space,
+            fps=GYMNAX_FPS[name],
+            max_episode_steps=int(params.max_steps_in_episode),
+        )
+
+    def _reset_copies(self, key):
+        keys = jax.random.split(key, self.num_envs)
+        obs, env_state = jax.vmap(self._env.reset_env, in_axes=(0, None))(keys, self._params)
+        return obs.astype(jnp.float32), env_state
+
+    def _reset(self, key):
+        key, reset_key = jax.random.split(key)
+        obs, env_state = self._reset_copies(reset_key)
+        n = self.num_envs
+        inner = GymnaxInner(env_state, key, jnp.zeros((n,), bool))
+        info = {"true_reward": jnp.zeros((n,)), "true_done": jnp.zeros((n,), bool), "truncated": jnp.zeros((n,), bool)}
+        return inner, TimeStep(obs, jnp.zeros((n,)), jnp.zeros((n,), bool), info)
+
+    def _step(self, inner: GymnaxInner, action):
+        key, step_key, reset_key = jax.random.split(inner.key, 3)
+        step_keys = jax.random.split(step_key, self.num_envs)
+        obs, env_state, reward, terminated, _ = jax.vmap(self._env.step_env, in_axes=(0, 0, 0, None))(
+            step_keys, inner.env_state, action, self._params
+        )
+        obs, reward = obs.astype(jnp.float32), reward.astype(jnp.float32)
+        truncated = jax.vmap(self._env.is_truncated, in_axes=(0, None))(env_state, self._params)
+
+        if self._config.hide_episode_end:
+            # Appendix A: the copy runs on to its time limit; every step in a terminal
+            # state costs the oracle `termination_penalty`, and the unmodified return
+            # stops counting at the first failure.
+            agent_done = truncated
+            true_reward = jnp.where(inner.failed, 0.0, reward)
+            reward = reward - self._config.termination_penalty * terminated
+            failed = inner.failed | terminated
+            true_done = time_limit = truncated
+        else:
+            agent_done = terminated | truncated
+            true_reward, failed, true_done = reward, inner.failed, agent_done
+            time_limit = truncated & ~terminated
+
+        reset_obs, reset_state = self._reset_copies(reset_key)
+        env_state = jax.tree.map(
+            lambda fresh, old: jnp.where(agent_done.reshape((-1,) + (1,) * (old.ndim - 1)), fresh, old),
+            reset_state,
+            env_state,
+        )
+        obs = jnp.where(agent_done.reshape((-1,) + (1,) * (obs.ndim - 1)), reset_obs, obs)
+        inner = GymnaxInner(env_state, key, failed & ~agent_done)
+        info = {"true_reward": true_reward, "true_done": true_done, "truncated": time_limit}
+        return inner, TimeStep(obs, reward, agent_done, info)

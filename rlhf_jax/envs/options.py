@@ -1,0 +1,62 @@
+"""Options shared by every back end, including the papers' modifications (Christiano et al. appendix A)."""
+from __future__ import annotations
+
+import dataclasses
+
+from rlhf_jax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    # "<backend>/<name>", e.g. gymnax/CartPole-v1, envpool/Pong-v5, mjx/Hopper-v5; `rlhf-jax envs` lists them.
+    id: str = "gymnax/CartPole-v1"
+    num_envs: int = 16
+    # EnvPool seeds its pool when it is built; the JAX back ends use the key given to reset instead.
+    seed: int = 0
+    # Appendix A: no variable-length episodes. The agent sees no life loss or termination
+    # (Atari: one continuous game; MuJoCo and gymnax: fixed-length episodes), and the
+    # oracle's reward pays `termination_penalty` for every step spent in a state that
+    # would have ended the episode (for Atari: every life lost, except in Pong).
+    hide_episode_end: bool = False
+    termination_penalty: float = 1.0
+    # Atari only: paint the score (and BeamRider's enemy count, Enduro's speedometer) black.
+    hide_score: bool = False
+    # Atari only: a lost life ends the agent's episode (DQN on the true reward), the game goes on.
+    episodic_life: bool = False
+    # Atari only: up to this many no-op actions at the start of each game (Mnih et al. 2015).
+    noop_max: int = 30
+    # MuJoCo only: False removes the torque (control) cost from the reward, as appendix A does.
+    control_cost: bool = True
+    # 0 keeps the task's own limit.
+    max_episode_steps: int = 0
+
+    def __post_init__(self):
+        from rlhf_jax.envs import ENV_IDS  # here, not at import: the package imports this module
+
+        if self.id not in ENV_IDS:
+            known = "\n  ".join(ENV_IDS)
+            raise ConfigError(f"unknown environment id {self.id!r}; known ids:\n  {known}")
+        if self.num_envs < 1:
+            raise ConfigError(f"env.num_envs must be at least 1, got {self.num_envs}")
+        if self.max_episode_steps < 0:
+            raise ConfigError(f"env.max_episode_steps must be 0 (task default) or positive, got {self.max_episode_steps}")
+        if self.noop_max < 0:
+            raise ConfigError(f"env.noop_max must be non-negative, got {self.noop_max}")
+
+    @property
+    def backend(self) -> str:
+        return self.id.split("/", 1)[0] if "/" in self.id else ""
+
+    @property
+    def name(self) -> str:
+        return self.id.split("/", 1)[1] if "/" in self.id else self.id
+
+
+def reject_options(config: EnvConfig, backend: str, **defaults) -> None:
+    """Refuse options that do not apply to a back end, naming them, instead of ignoring them."""
+    for field, default in defaults.items():
+        if getattr(config, field) != default:
+            raise ConfigError(
+                f"env.{field}={getattr(config, field)!r} does not apply to the {backend} back end "
+                f"({config.id}); leave it at {default!r}"
+            )
