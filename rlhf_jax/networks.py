@@ -1,0 +1,160 @@
+"""Flax (linen) networks: the papers' torsos and the agents' heads.
+
+A network is a torso (observation -> feature vector) followed by a head
+(features -> Q-values, or policy and value). Every module accepts any number of
+leading batch axes.
+
+Initialisation: orthogonal weights (Saxe et al. 2014) and zero biases, with the
+gains used by the A2C/PPO reference implementations: sqrt(2) for ReLU/tanh
+hidden layers, 0.01 for policy outputs (a near-uniform starting policy), 1 for
+values and Q-values. Neither paper prescribes an initialisation we could follow
+exactly (the 2015 DQN used Torch 7's defaults), so we take the one that is
+commonly reported to train reliably.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+ATARI_SHAPE = (84, 84, 4)
+
+
+def _dense(features: int, gain: float, name: str | None = None) -> nn.Dense:
+    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(gain), name=name)
+
+
+def _conv(features: int, size: int, stride: int) -> nn.Conv:
+    return nn.Conv(
+        features, (size, size), (stride, stride), padding="VALID",
+        kernel_init=nn.initializers.orthogonal(math.sqrt(2.0)),
+    )
+
+
+def _frames_to_float(x: jax.Array) -> jax.Array:
+    """uint8 frames -> float32 in [0, 1]; float inputs are taken as already scaled."""
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return x.astype(jnp.float32) / 255.0
+    return x.astype(jnp.float32)
+
+
+class _AtariCNN(nn.Module):
+    """Base of the Atari torsos: convolutions ``(features, size, stride)``, ReLU after
+    each, then one ReLU dense layer of ``hidden`` units.
+
+    Input: ``[..., 84, 84, C]`` frames, channel last, uint8 (scaled by 1/255 here,
+    so frames stay uint8 until the network). Output: ``[..., hidden]``.
+    """
+
+    convs: Sequence[tuple[int, int, int]]
+    hidden: int
+
+    @nn.compact
+    def __call__(self, frames: jax.Array) -> jax.Array:
+        batch_shape = frames.shape[:-3]
+        x = _frames_to_float(frames).reshape((-1,) + frames.shape[-3:])
+        for features, size, stride in self.convs:
+            x = nn.relu(_conv(features, size, stride)(x))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(_dense(self.hidden, math.sqrt(2.0))(x))
+        return x.reshape(batch_shape + (self.hidden,))
+
+
+class NatureCNN(_AtariCNN):
+    """The DQN torso (Mnih et al. 2015, Methods "Model architecture"): 32 filters 8x8
+    stride 4, 64 filters 4x4 stride 2, 64 filters 3x3 stride 1, then 512 units, all
+    ReLU. 84x84 -> 20x20 -> 9x9 -> 7x7, so the dense layer sees 7*7*64 = 3136 inputs."""
+
+    convs: Sequence[tuple[int, int, int]] = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+    hidden: int = 512
+
+
+class A3CCNN(_AtariCNN):
+    """The 2013 DQN torso used by A3C (Mnih et al. 2016, Supplementary section 8):
+    16 filters 8x8 stride 4, 32 filters 4x4 stride 2, then 256 units, all ReLU.
+    84x84 -> 20x20 -> 9x9, so the dense layer sees 9*9*32 = 2592 inputs."""
+
+    convs: Sequence[tuple[int, int, int]] = ((16, 8, 4), (32, 4, 2))
+    hidden: int = 256
+
+
+class MLPTorso(nn.Module):
+    """A multilayer perceptron for vector (or small grid) observations.
+
+    The trailing ``obs_ndim`` axes form one observation and are flattened, so a
+    MinAtar ``[..., 10, 10, C]`` observation (``obs_ndim=3``) works as well as a
+    classic-control ``[..., D]`` one (``obs_ndim=1``). Inputs of any dtype (MinAtar's
+    are bool) are cast to float32. Output: ``[..., hidden[-1]]``.
+    """
+
+    hidden: Sequence[int] = (64, 64)
+    activation: Callable[[jax.Array], jax.Array] = nn.relu
+    obs_ndim: int = 1
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        batch_shape = obs.shape[: obs.ndim - self.obs_ndim]
+        x = obs.astype(jnp.float32).reshape(batch_shape + (-1,))
+        for features in self.hidden:
+            x = self.activation(_dense(features, math.sqrt(2.0))(x))
+        return x
+
+
+class QHead(nn.Module):
+    """A linear output per action: ``[..., F] -> [..., num_actions]`` Q-values (Mnih et al. 2015)."""
+
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, features: jax.Array) -> jax.Array:
+        return _dense(self.num_actions, 1.0)(features)
+
+
+class PolicyValueHead(nn.Module):
+    """A3C's two outputs (Mnih et al. 2016, section 8): softmax policy logits and a
+    linear value. ``[..., F] -> (logits [..., num_actions], value [...])``."""
+
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, features: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = _dense(self.num_actions, 0.01, name="policy")(features)
+        value = _dense(1, 1.0, name="value")(features)[..., 0]
+        return logits, value
+
+
+class GaussianPolicyValueHead(nn.Module):
+    """A diagonal Gaussian policy and a linear value for continuous actions.
+
+    The mean is linear in the features; the log standard deviation is a learned
+    parameter independent of the state (as in TRPO, Schulman et al. 2015).
+    ``[..., F] -> (mean [..., action_dim], log_std [..., action_dim], value [...])``,
+    with ``log_std`` broadcast to the mean's shape for
+    :func:`rlhf_jax.ops.gaussian_log_prob`.
+    """
+
+    action_dim: int
+    log_std_init: float = 0.0
+
+    @nn.compact
+    def __call__(self, features: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        mean = _dense(self.action_dim, 0.01, name="mean")(features)
+        log_std = self.param("log_std", nn.initializers.constant(self.log_std_init), (self.action_dim,))
+        value = _dense(1, 1.0, name="value")(features)[..., 0]
+        return mean, jnp.broadcast_to(log_std, mean.shape), value
+
+
+def torso_for(observation_shape: Sequence[int], kind: str = "nature", **mlp_kwargs) -> nn.Module:
+    """The torso for an observation shape: a CNN for Atari frames ``[84, 84, C]``
+    (``kind="nature"`` for :func:`NatureCNN`, ``"a3c"`` for :func:`A3CCNN`), otherwise
+    an :class:`MLPTorso` over the whole observation (``mlp_kwargs`` go to it)."""
+    shape = tuple(observation_shape)
+    if len(shape) == 3 and shape[:2] == ATARI_SHAPE[:2]:
+        cnns = {"nature": NatureCNN, "a3c": A3CCNN}
+        if kind not in cnns:
+            raise ValueError(f"unknown CNN kind {kind!r}; expected one of {sorted(cnns)}")
+        return cnns[kind]()
+    return MLPTorso(obs_ndim=len(shape), **mlp_kwargs)

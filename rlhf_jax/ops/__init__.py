@@ -1,0 +1,33 @@
+"""Pure RL maths: returns, losses, distributions, exploration and schedules.
+
+Every function is a small pure function over arrays that ``jax.jit`` and
+``jax.vmap`` accept, with its paper's equation in the docstring and ``chex``
+shape checks. Two conventions hold throughout:
+
+* sequences are **time-major**, ``[T, ...]``;
+* a **discount carries the done mask**: ``discount_t = gamma * (1 - done_t)``.
+"""
+from rlhf_jax.ops.distributions import categorical_log_prob, entropy, gaussian_entropy, gaussian_log_prob
+from rlhf_jax.ops.exploration import epsilon_greedy
+from rlhf_jax.ops.policy_gradient import actor_critic_loss, policy_gradient_loss
+from rlhf_jax.ops.returns import gae_advantages, lambda_returns, n_step_returns
+from rlhf_jax.ops.schedules import linear_schedule
+from rlhf_jax.ops.value_learning import double_q_learning_target, huber_loss, q_learning_loss, q_learning_target
+
+__all__ = [
+    "actor_critic_loss",
+    "categorical_log_prob",
+    "double_q_learning_target",
+    "entropy",
+    "epsilon_greedy",
+    "gae_advantages",
+    "gaussian_entropy",
+    "gaussian_log_prob",
+    "huber_loss",
+    "lambda_returns",
+    "linear_schedule",
+    "n_step_returns",
+    "policy_gradient_loss",
+    "q_learning_loss",
+    "q_learning_target",
+]

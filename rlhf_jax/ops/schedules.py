@@ -1,0 +1,36 @@
+"""Schedules: functions of the step count, as optax uses them."""
+from __future__ import annotations
+
+from typing import Callable
+
+import chex
+import jax
+import jax.numpy as jnp
+
+
+def linear_schedule(start: float, end: float, steps: int) -> Callable[[chex.Numeric], jax.Array]:
+    """Linear annealing from ``start`` to ``end`` over ``steps``, then held at ``end``:
+
+        value(n) = start + (end - start) min(max(n / steps, 0), 1).
+
+    E.g. DQN's exploration rate, annealed from 1.0 to 0.1 over the first million
+    frames and fixed at 0.1 thereafter (Mnih et al. 2015, Methods):
+    ``epsilon = linear_schedule(1.0, 0.1, 1_000_000)``.
+
+    Args:
+      start: the value at step 0.
+      end: the value from ``steps`` on.
+      steps: the length of the transition, > 0.
+
+    Returns:
+      ``schedule(count)`` for a Python or JAX (traced, integer or float) step count,
+      returning a float32 scalar, or an array of ``count``'s shape.
+    """
+    if steps <= 0:
+        raise ValueError(f"linear_schedule needs steps > 0, got {steps}")
+
+    def schedule(count: chex.Numeric) -> jax.Array:
+        fraction = jnp.clip(jnp.asarray(count, jnp.float32) / steps, 0.0, 1.0)
+        return start + (end - start) * fraction
+
+    return schedule
