@@ -23,17 +23,60 @@ def cmd_envs(args) -> None:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
+def cmd_train(args) -> None:
+    from rlhf_jax.config import ExperimentConfig, load_config
+    from rlhf_jax.trainer import train
+
+    if args.resume:
+        if args.config or args.overrides:
+            raise ConfigError("--resume continues a run with its saved config: give no CONFIG or overrides")
+        run_dir = train(resume=args.resume)
+    else:
+        config = load_config(ExperimentConfig, args.config, args.overrides)
+        run_dir = train(config)
+    print(f"done: {run_dir}  (learning curve: {run_dir / 'learning_curve.png'})")
+
+
+def cmd_eval(args) -> None:
+    import json
+
+    from rlhf_jax.trainer import evaluate_run
+
+    print(json.dumps(evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed), indent=2))
+
+
+def split_config_and_overrides(args) -> None:
+    """``train [CONFIG] [key=value ...]``: the first word is a config file unless it has an '='."""
+    words = args.words
+    args.config = words[0] if words and "=" not in words[0] else None
+    args.overrides = words[1:] if args.config else words
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf-jax", description="Reinforcement learning from human feedback in JAX.")
     commands = parser.add_subparsers(dest="command", required=True)
     envs = commands.add_parser("envs", help="list every environment id with its spaces")
     envs.add_argument("--backend", choices=("gymnax", "envpool", "mjx"), help="only this back end")
     envs.set_defaults(run=cmd_envs)
+
+    train = commands.add_parser("train", help="train an agent (built-in default: A2C on CartPole)")
+    train.add_argument("words", nargs="*", metavar="[CONFIG] [key=value ...]",
+                       help="a YAML file from configs/ and any number of overrides, e.g. env.num_envs=8")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run saved in RUN_DIR")
+    train.set_defaults(run=cmd_train)
+
+    evaluate = commands.add_parser("eval", help="score a run's saved policy on whole true episodes")
+    evaluate.add_argument("run_dir", metavar="RUN_DIR")
+    evaluate.add_argument("--episodes", type=int, help="episodes to score (default: run.eval_episodes)")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.set_defaults(run=cmd_eval)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    if args.command == "train":
+        split_config_and_overrides(args)
     try:
         args.run(args)
     except ConfigError as error:

@@ -11,21 +11,43 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import yaml
 
+from rlhf_jax.agents.a2c import A2CConfig
 from rlhf_jax.envs.options import EnvConfig
 from rlhf_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """How a run is driven and saved (not part of any algorithm)."""
+
+    dir: str = ""  # "" makes runs/<name>-<date>-<time>
+    # Env steps per compiled chunk: progress, metrics and checkpoints happen between chunks.
+    chunk_env_steps: int = 50_000
+    # One update is one agent iteration (A2C: one gradient step on n x num_envs steps).
+    checkpoint_every_updates: int = 10_000
+    tensorboard: bool = True
+    eval_episodes: int = 32
+    eval_max_steps: int = 0  # 0: the environment's episode limit
+
+    def __post_init__(self):
+        if self.chunk_env_steps < 1 or self.checkpoint_every_updates < 1 or self.eval_episodes < 1:
+            raise ConfigError("run.chunk_env_steps, run.checkpoint_every_updates and run.eval_episodes must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """The root of every experiment file in ``configs/``."""
+    """The root of every experiment file in ``configs/``: what to train, on what, and how to run it."""
 
     name: str = "experiment"
     seed: int = 0
+    agent: Literal["a2c"] = "a2c"
     env: EnvConfig = EnvConfig()
+    a2c: A2CConfig = A2CConfig()
+    run: RunConfig = RunConfig()
 
 
 def build(cls, data: dict, where: str = ""):

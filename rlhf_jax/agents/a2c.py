@@ -1,0 +1,181 @@
+"""A2C: the synchronous form of A3C (Mnih et al. 2016) as Christiano et al. 2017 used it (appendix A.2).
+
+``num_envs`` environments step together for ``n`` steps; the n-step returns of
+Algorithm S3 train a shared torso with a softmax policy (or a Gaussian one for
+continuous actions) and a linear value, with one RMSProp optimiser (what the
+shared statistics of A3C become when the workers are synchronous).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from rlhf_jax import ops
+from rlhf_jax.agents.base import RewardFn, episode_metrics, make_train as assemble
+from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
+from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, torso_for
+from rlhf_jax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class A2CConfig:
+    """Defaults are the paper's (Christiano et al. appendix A.2; Mnih et al. 2016)."""
+
+    total_env_steps: int = 10_000_000
+    num_steps: int = 5  # n: steps per environment between updates
+    gamma: float = 0.99
+    entropy_coef: float = 0.01
+    value_coef: float = 0.5
+    learning_rate: float = 7e-4
+    # The rate decays linearly to zero at this many env steps (0: at total_env_steps).
+    # Christiano et al. decay over 80M steps although their runs stop at 50M.
+    lr_decay_env_steps: int = 0
+    rms_decay: float = 0.99
+    rms_eps: float = 1e-5
+    max_grad_norm: float = 0.5
+    # Pixels: the 2013 CNN of the A3C paper ("a3c") or the Nature CNN ("nature").
+    network: Literal["a3c", "nature"] = "a3c"
+    mlp_hidden: tuple[int, ...] = (64, 64)
+    # The paper's actor and critic share a torso; separate torsos often suit continuous control better.
+    shared_torso: bool = True
+    # Clip rewards to [-reward_clip, reward_clip] (Atari on the true reward: 1.0); 0 = no clipping.
+    reward_clip: float = 0.0
+    reward_scale: float = 1.0
+    log_std_init: float = 0.0  # Gaussian policies only
+
+    def __post_init__(self):
+        if self.num_steps < 1 or self.total_env_steps < 1:
+            raise ConfigError("a2c.num_steps and a2c.total_env_steps must be positive")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"a2c.gamma must lie in [0, 1], got {self.gamma}")
+
+
+class ActorCritic(nn.Module):
+    spec: EnvSpec
+    config: A2CConfig
+
+    @nn.compact
+    def __call__(self, obs):
+        torso = lambda: torso_for(self.spec.observation_shape, kind=self.config.network, hidden=self.config.mlp_hidden)
+        features = torso()(obs)
+        if isinstance(self.spec.action_space, Box):
+            head = GaussianPolicyValueHead(self.spec.action_space.shape[0], self.config.log_std_init)
+        else:
+            head = PolicyValueHead(self.spec.action_space.n)
+        *policy, value = head(features)
+        if not self.config.shared_torso:
+            # The value comes from a torso of its own; the head's value output goes unused.
+            value = nn.Dense(1)(torso()(obs))[..., 0]
+        return (*policy, value)
+
+
+class Runner(NamedTuple):
+    params: Any
+    opt_state: Any
+    env_state: EnvState
+    obs: jax.Array
+    key: jax.Array
+    env_steps: jax.Array
+
+
+def env_steps_per_iteration(config: A2CConfig, env: Environment) -> int:
+    return config.num_steps * env.num_envs
+
+
+def num_iterations(config: A2CConfig, env: Environment) -> int:
+    return max(1, config.total_env_steps // env_steps_per_iteration(config, env))
+
+
+def make_optimizer(config: A2CConfig, env: Environment) -> optax.GradientTransformation:
+    decay_steps = (config.lr_decay_env_steps or config.total_env_steps) // env_steps_per_iteration(config, env)
+    schedule = optax.linear_schedule(config.learning_rate, 0.0, max(1, decay_steps))
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.rmsprop(schedule, decay=config.rms_decay, eps=config.rms_eps),
+    )
+
+
+def init_runner(key, config: A2CConfig, env: Environment) -> Runner:
+    net_key, env_key, key = jax.random.split(key, 3)
+    env_state, timestep = env.reset(env_key)
+    params = ActorCritic(env.spec, config).init(net_key, timestep.obs[:1])
+    opt_state = make_optimizer(config, env).init(params)
+    return Runner(params, opt_state, env_state, timestep.obs, key, jnp.zeros((), jnp.int32))
+
+
+def make_policy(config: A2CConfig, spec: EnvSpec):
+    """``act(params, obs, key, greedy=False) -> action``: sample from pi, or take its mode."""
+    network = ActorCritic(spec, config)
+    space = spec.action_space
+
+    def act(params, obs, key, greedy: bool = False):
+        out = network.apply(params, obs)
+        if isinstance(space, Box):
+            mean, log_std, _ = out
+            return mean if greedy else mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
+        logits, _ = out
+        return jnp.argmax(logits, -1) if greedy else jax.random.categorical(key, logits)
+
+    return act
+
+
+def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
+    network = ActorCritic(env.spec, config)
+    optimizer = make_optimizer(config, env)
+    act = make_policy(config, env.spec)
+    space = env.spec.action_space
+    continuous = isinstance(space, Box)
+
+    def rollout_step(carry, _):
+        params, env_state, obs, key, reward_params = carry
+        key, act_key = jax.random.split(key)
+        action = act(params, obs, act_key)
+        # The environment gets actions inside its bounds; the loss sees the sampled ones.
+        env_action = jnp.clip(action, space.low, space.high) if continuous else action
+        env_state, timestep = env.step(env_state, env_action)
+        reward = reward_fn(reward_params, obs, env_action, timestep) * config.reward_scale
+        if config.reward_clip:
+            reward = jnp.clip(reward, -config.reward_clip, config.reward_clip)
+        transition = (obs, action, reward, timestep.done, timestep.info)
+        return (params, env_state, timestep.obs, key, reward_params), transition
+
+    def loss_fn(params, obs, actions, returns):
+        out = network.apply(params, obs)
+        if continuous:
+            mean, log_std, values = out
+            log_pi_a = ops.gaussian_log_prob(mean, log_std, actions)
+            entropy = ops.gaussian_entropy(log_std)
+        else:
+            logits, values = out
+            log_pi_a = ops.categorical_log_prob(logits, actions)
+            entropy = ops.entropy(logits)
+        return ops.actor_critic_loss(
+            log_pi_a, entropy, values, returns, entropy_coef=config.entropy_coef, value_coef=config.value_coef
+        )
+
+    def iteration(runner: Runner, reward_params=None):
+        carry = (runner.params, runner.env_state, runner.obs, runner.key, reward_params)
+        (_, env_state, obs, key, _), (observations, actions, rewards, dones, info) = jax.lax.scan(
+            rollout_step, carry, None, config.num_steps
+        )
+        bootstrap = network.apply(runner.params, obs)[-1]  # both heads return the value last
+        # A time-limit end is treated as terminal: the environment has already reset the
+        # copy, so the observation to bootstrap from is gone.
+        discounts = config.gamma * (1.0 - dones.astype(jnp.float32))
+        returns = ops.n_step_returns(rewards, discounts, bootstrap)
+        (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(runner.params, observations, actions, returns)
+        updates, opt_state = optimizer.update(grads, runner.opt_state, runner.params)
+        params = optax.apply_updates(runner.params, updates)
+        env_steps = runner.env_steps + config.num_steps * env.num_envs
+        metrics = {"loss": loss, **parts, "env_steps": env_steps, **episode_metrics(info)}
+        return Runner(params, opt_state, env_state, obs, key, env_steps), metrics
+
+    return iteration
+
+
+make_train = assemble(init_runner, make_iteration, num_iterations)

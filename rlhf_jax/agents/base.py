@@ -1,0 +1,72 @@
+"""What every agent shares: how rewards reach it, and the shape of a training run.
+
+**Rewards.** An agent never reads the environment's reward by itself; it calls
+
+    reward_fn(reward_params, obs, action, timestep) -> reward [num_envs]
+
+on each transition (``obs`` and ``action`` before the step, ``timestep`` after it).
+A learned reward model ignores ``timestep`` and returns r̂(o, a); the true reward is
+the function :func:`env_reward`, which returns ``timestep.reward``. (DESIGN.md's
+``reward_fn(params, obs, action)`` gains ``timestep`` so the true reward fits the
+same signature.)
+
+**Training.** Each agent module provides
+
+    init_runner(key, config, env) -> Runner              # all state of a run: a pytree
+    make_iteration(config, env, reward_fn)
+        -> iteration(runner, reward_params) -> (runner, metrics)
+    num_iterations(config, env) -> int
+    env_steps_per_iteration(config, env) -> int
+    make_policy(config, env_spec) -> act(params, obs, key) -> action   # for evaluation
+    make_train(config, env, reward_fn) -> train(key, reward_params=None) -> (runner, metrics)
+
+``train`` is ``lax.scan`` over iterations, one function that ``jax.jit`` and
+``jax.vmap`` accept whole. The command line runs the same ``iteration`` in compiled
+chunks instead, to show progress and checkpoint between them; the RLHF loop does the
+same with fresh reward parameters for every chunk.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.envs.core import TimeStep
+
+RewardFn = Callable[[Any, jax.Array, jax.Array, TimeStep], jax.Array]
+
+
+def env_reward(reward_params, obs, action, timestep: TimeStep) -> jax.Array:
+    """The environment's own reward: RL on the true (or oracle's) reward."""
+    del reward_params, obs, action
+    return timestep.reward
+
+
+def episode_metrics(info: dict) -> dict:
+    """Sums and counts of the true episodes that finished in a rollout of ``info`` arrays ``[T, N]``.
+
+    Sums, not means, so that chunks and seeds can be added up before dividing.
+    """
+    finished = info["true_done"]
+    return {
+        "episodes": finished.sum(),
+        "episode_return_sum": jnp.where(finished, info["episode_return"], 0.0).sum(),
+        "episode_length_sum": jnp.where(finished, info["episode_length"], 0).sum(),
+    }
+
+
+def make_train(init_runner, make_iteration, num_iterations):
+    """Assemble an agent module's ``make_train`` from its three parts (see the module docstring)."""
+
+    def agent_make_train(config, env, reward_fn: RewardFn = env_reward):
+        iteration = make_iteration(config, env, reward_fn)
+        iterations = num_iterations(config, env)
+
+        def train(key, reward_params=None):
+            runner = init_runner(key, config, env)
+            return jax.lax.scan(lambda r, _: iteration(r, reward_params), runner, None, iterations)
+
+        return train
+
+    return agent_make_train

@@ -1,0 +1,79 @@
+"""A run's metrics: one CSV row per compiled chunk, the same scalars to TensorBoard, and a PNG curve."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+
+class MetricsLog:
+    """Appends rows to ``metrics.csv`` and TensorBoard; on resume, drops rows past the checkpoint."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True):
+        self.path = Path(run_dir) / "metrics.csv"
+        self._writer = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+
+    def truncate_after(self, env_steps: int) -> None:
+        """Forget rows logged after the checkpoint a resumed run starts from."""
+        rows = self.rows()
+        if rows:
+            self._write_all([r for r in rows if r["env_steps"] <= env_steps])
+
+    def rows(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with self.path.open() as f:
+            return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+    def append(self, row: dict) -> None:
+        rows = self.rows()
+        if rows and set(rows[0]) != set(row):
+            rows = [{k: r.get(k, math.nan) for k in row} for r in rows]
+            self._write_all(rows + [row])
+        else:
+            new = not self.path.exists()
+            with self.path.open("a", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(row))
+                if new:
+                    writer.writeheader()
+                writer.writerow(row)
+        if self._writer is not None:
+            for key, value in row.items():
+                if key != "env_steps" and not math.isnan(value):
+                    self._writer.add_scalar(key, value, int(row["env_steps"]))
+            self._writer.flush()
+
+    def _write_all(self, rows: list[dict]) -> None:
+        with self.path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def plot_learning_curve(rows: list[dict], path: Path, title: str) -> None:
+    """True episode return against env steps, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(r["env_steps"], r["episode_return"]) for r in rows if not math.isnan(r.get("episode_return", math.nan))]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if points:
+        steps, returns = zip(*points)
+        ax.plot(steps, returns)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("true episode return")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,180 @@
+"""``rlhf-jax train`` and ``rlhf-jax eval``: an agent's run in compiled chunks, saved as it goes.
+
+A run directory holds ``config.yaml`` (the resolved config), ``metrics.csv`` and
+``tensorboard/`` (one row per chunk), ``checkpoints/`` (orbax), and at the end
+``learning_curve.png``; ``rlhf-jax eval`` adds ``eval.json``.
+
+The run is the agent's ``iteration`` scanned over chunks of iterations: one compiled
+call per chunk, nothing crossing to the host inside it. Between chunks the host
+logs, draws the progress bar and checkpoints. A resumed run restores the whole runner
+(parameters, optimiser state, environment state, random key) at a chunk boundary, so
+on CPU it ends with the same parameters as a run never interrupted. EnvPool's pools
+live outside JAX and cannot be restored: a resumed EnvPool run starts fresh episodes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from datetime import datetime
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+
+from rlhf_jax.agents import get_agent
+from rlhf_jax.agents.base import env_reward
+from rlhf_jax.checkpoints import Checkpoints
+from rlhf_jax.config import ExperimentConfig, build, read_yaml, to_dict
+from rlhf_jax.envs import make
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.evaluation import evaluate
+from rlhf_jax.metrics_log import MetricsLog, plot_learning_curve
+
+CONFIG_FILE = "config.yaml"
+
+
+def new_run_dir(config: ExperimentConfig) -> Path:
+    if config.run.dir:
+        path = Path(config.run.dir)
+        if (path / CONFIG_FILE).exists():
+            raise ConfigError(f"{path} already holds a run; resume it with --resume {path} or choose another run.dir")
+    else:
+        path = Path("runs") / f"{config.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    return path
+
+
+def load_run_config(run_dir: str | Path) -> ExperimentConfig:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory {str(run_dir)!r} does not exist")
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise ConfigError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
+    return build(ExperimentConfig, read_yaml(run_dir / CONFIG_FILE))
+
+
+def summarize(metrics: dict) -> dict:
+    """One row from a chunk's per-iteration metrics: sums of episodes, means of the rest."""
+    metrics = jax.tree.map(np.asarray, metrics)
+    episodes = metrics.pop("episodes").sum()
+    returns = metrics.pop("episode_return_sum").sum()
+    lengths = metrics.pop("episode_length_sum").sum()
+    row = {"env_steps": float(metrics.pop("env_steps")[-1]), "episodes": float(episodes)}
+    row["episode_return"] = float(returns / episodes) if episodes else math.nan
+    row["episode_length"] = float(lengths / episodes) if episodes else math.nan
+    row.update({key: float(np.mean(value)) for key, value in metrics.items()})
+    return row
+
+
+class Training:
+    """Everything compiled for one run, shared by a fresh start and a resume."""
+
+    def __init__(self, config: ExperimentConfig):
+        self.config = config
+        self.agent = get_agent(config.agent)
+        self.agent_config = getattr(config, config.agent)
+        self.env = make(config.env)
+        iteration = self.agent.make_iteration(self.agent_config, self.env, env_reward)
+        self.total_iterations = self.agent.num_iterations(self.agent_config, self.env)
+        per_iteration = self.agent.env_steps_per_iteration(self.agent_config, self.env)
+        self.chunk_iterations = max(1, min(self.total_iterations, config.run.chunk_env_steps // per_iteration))
+        self.num_chunks = math.ceil(self.total_iterations / self.chunk_iterations)
+
+        def run_chunk(runner, length):
+            return jax.lax.scan(lambda r, _: iteration(r), runner, None, length)
+
+        self._run_chunk = jax.jit(run_chunk, static_argnums=1, donate_argnums=0)
+        self.init_runner = jax.jit(lambda key: self.agent.init_runner(key, self.agent_config, self.env))
+
+    def chunk_length(self, chunk: int) -> int:
+        done = chunk * self.chunk_iterations
+        return min(self.chunk_iterations, self.total_iterations - done)
+
+    def run_chunk(self, runner, chunk: int):
+        return self._run_chunk(runner, self.chunk_length(chunk))
+
+
+def train(config: ExperimentConfig | None = None, resume: str | Path | None = None, progress: bool = True) -> Path:
+    """Train from scratch (``config``) or continue the run in ``resume``; returns the run directory."""
+    if resume is not None:
+        run_dir = Path(resume)
+        config = load_run_config(run_dir)
+    training = Training(config)
+    if resume is None:
+        run_dir = new_run_dir(config)
+    checkpoints = Checkpoints(run_dir)
+    log = MetricsLog(run_dir, tensorboard=config.run.tensorboard)
+    runner = training.init_runner(jax.random.PRNGKey(config.seed))
+    first_chunk = 0
+    if resume is not None:
+        saved_chunk, runner = checkpoints.restore(runner)
+        first_chunk = saved_chunk + 1
+        if training.env.spec.backend.startswith("envpool"):
+            # The saved handle points into a pool that died with the old process.
+            env_state, timestep = training.env.reset(jax.random.PRNGKey(config.seed))
+            runner = runner._replace(env_state=env_state, obs=timestep.obs)
+        log.truncate_after(int(runner.env_steps))
+    print(f"run directory: {run_dir}", flush=True)
+
+    from tqdm import tqdm
+
+    total_steps = training.total_iterations * training.agent.env_steps_per_iteration(training.agent_config, training.env)
+    bar = tqdm(total=total_steps, initial=int(runner.env_steps), unit="step", unit_scale=True,
+               disable=not progress, dynamic_ncols=True)
+    every = max(1, config.run.checkpoint_every_updates // training.chunk_iterations)
+    state_chunk = saved_chunk = first_chunk - 1  # the chunk `runner` holds the state after
+    try:
+        for chunk in range(first_chunk, training.num_chunks):
+            start = time.perf_counter()
+            runner, metrics = training.run_chunk(runner, chunk)
+            state_chunk = chunk
+            row = summarize(metrics)
+            row["steps_per_second"] = (row["env_steps"] - bar.n) / (time.perf_counter() - start)
+            log.append(row)
+            bar.update(int(row["env_steps"]) - bar.n)
+            bar.set_postfix(steps_per_s=f"{row['steps_per_second']:.3g}", true_return=f"{row['episode_return']:.4g}")
+            if (chunk + 1) % every == 0 or chunk + 1 == training.num_chunks:
+                checkpoints.save(chunk, runner)
+                saved_chunk = chunk
+    except KeyboardInterrupt:
+        bar.close()
+        # Save the newest whole state, unless the interrupt came while its buffers were
+        # being handed to the next chunk (they are donated), where the last save stands.
+        if state_chunk > saved_chunk and not any(x.is_deleted() for x in jax.tree.leaves(runner)):
+            checkpoints.save(state_chunk, jax.block_until_ready(runner))
+        print(f"interrupted: resume with  rlhf-jax train --resume {run_dir}", flush=True)
+        raise
+    finally:
+        bar.close()
+        log.close()
+        checkpoints.close()
+    plot_learning_curve(log.rows(), run_dir / "learning_curve.png", f"{config.agent} on {config.env.id}")
+    return run_dir
+
+
+def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0) -> dict:
+    """Score the run's latest policy on whole true episodes (the agent's evaluation protocol)."""
+    run_dir = Path(run_dir)
+    config = load_run_config(run_dir)
+    agent = get_agent(config.agent)
+    agent_config = getattr(config, config.agent)
+    num_envs = episodes or config.run.eval_episodes
+    env = make(dataclasses.replace(config.env, num_envs=num_envs, seed=config.env.seed + 10_000))
+    like = jax.eval_shape(lambda key: agent.init_runner(key, agent_config, make(config.env)), jax.random.PRNGKey(0))
+    _, runner = Checkpoints(run_dir).restore(like)
+    max_steps = config.run.eval_max_steps or env.spec.max_episode_steps + 1
+    act = agent.make_policy(agent_config, env.spec)
+    score = jax.jit(lambda params, key: evaluate(act, params, env, key, max_steps))(runner.params, jax.random.PRNGKey(seed))
+    finished = int(score["episodes"])
+    result = {
+        "env": config.env.id, "agent": config.agent, "env_steps": int(runner.env_steps),
+        "episodes": finished,
+        "mean_true_return": float(score["episode_return_sum"]) / finished if finished else None,
+    }
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result

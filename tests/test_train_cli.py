@@ -1,0 +1,112 @@
+"""`rlhf-jax train` and `eval`: run directories, checkpoints, resume after SIGKILL, user errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import yaml
+
+from rlhf_jax.checkpoints import Checkpoints
+from rlhf_jax.cli import main
+from rlhf_jax.trainer import Training, load_run_config
+
+SMALL = [
+    "env.num_envs=8", "a2c.total_env_steps=40960", "a2c.num_steps=8", "a2c.learning_rate=0.003",
+    "run.chunk_env_steps=1024", "run.checkpoint_every_updates=16", "run.tensorboard=false",
+]
+
+
+def final_params(run_dir):
+    config = load_run_config(run_dir)
+    training = Training(config)
+    like = jax.eval_shape(training.init_runner, jax.random.PRNGKey(0))
+    _, runner = Checkpoints(run_dir).restore(like)
+    return runner
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "whole"
+    assert main(["train", *SMALL, f"run.dir={run_dir}"]) == 0
+    return run_dir
+
+
+def test_a_run_directory_has_everything(finished_run):
+    files = {p.name for p in finished_run.iterdir()}
+    assert {"config.yaml", "metrics.csv", "checkpoints", "learning_curve.png"} <= files
+    config = yaml.safe_load((finished_run / "config.yaml").read_text())
+    assert config["a2c"]["total_env_steps"] == 40960 and config["env"]["num_envs"] == 8
+    rows = (finished_run / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("env_steps,episodes,episode_return")
+    assert len(rows) == 1 + 40960 // 1024
+    assert (finished_run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_scores_the_saved_policy(finished_run, capsys):
+    assert main(["eval", str(finished_run), "--episodes", "8"]) == 0
+    result = json.loads((finished_run / "eval.json").read_text())
+    assert result["episodes"] == 8 and result["env_steps"] == 40960
+    assert result["mean_true_return"] > 60  # random play scores about 22; this run scores about 100
+
+
+def test_resume_after_sigkill_ends_with_the_same_parameters(finished_run, tmp_path):
+    run_dir = tmp_path / "killed"
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(Path(__file__).resolve().parent.parent / ".cache" / "jax"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rlhf_jax.cli", "train", *SMALL, f"run.dir={run_dir}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    # Kill it once it has saved at least two checkpoints, well before the end.
+    while time.time() < deadline:
+        saved = [p for p in (run_dir / "checkpoints").glob("*") if p.name.isdigit()] if (run_dir / "checkpoints").exists() else []
+        if len(saved) >= 2 or process.poll() is not None:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    latest = Checkpoints(run_dir).latest()
+    assert latest is not None and latest < 40960 // 1024 - 1, "the run ended before it could be killed"
+
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    resumed, whole = final_params(run_dir), final_params(finished_run)
+    assert int(resumed.env_steps) == int(whole.env_steps) == 40960
+    for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(whole.params)):
+        np.testing.assert_array_equal(a, b)
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + 40960 // 1024  # no row lost or repeated
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "a2c.gama=0.9"], "unknown key 'a2c.gama'"),
+        (["train", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+        (["eval", "no/such/run"], "run directory 'no/such/run' does not exist"),
+        (["train", "--resume", "no/such/run"], "does not exist"),
+    ],
+)
+def test_user_errors_end_with_a_message(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_corrupt_checkpoint_is_reported(finished_run, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    (broken / "checkpoints" / "7").mkdir(parents=True)
+    (broken / "config.yaml").write_text((finished_run / "config.yaml").read_text())
+    (broken / "checkpoints" / "7" / "junk").write_text("not a checkpoint")
+    assert main(["eval", str(broken)]) == 2
+    assert "cannot be restored" in capsys.readouterr().err
+
+
+def test_an_existing_run_is_not_overwritten(finished_run, capsys):
+    assert main(["train", *SMALL, f"run.dir={finished_run}"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
