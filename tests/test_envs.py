@@ -207,9 +207,10 @@ def test_envpool_mujoco_hidden_episode_end_keeps_the_unmodified_return():
     assert hidden.done[:, 0].sum() == 1 and hidden.done[199, 0]
     # Random actions topple the Hopper quickly; the first episode's unmodified return is the same.
     np.testing.assert_allclose(first_episode_returns(hidden), first_episode_returns(plain), rtol=1e-5)
-    # Once fallen, the oracle pays the penalty (no healthy bonus, minus 1) on top of the motion.
-    unhealthy = hidden.reward[150:199, 0] < -0.5
-    assert unhealthy.all()
+    # Once fallen, the oracle pays the penalty (no healthy bonus, minus 1) on top of the
+    # motion, and the unmodified return has stopped counting.
+    assert hidden.reward[150:199, 0].mean() < -0.5
+    np.testing.assert_array_equal(hidden.info["true_reward"][150:199, 0], 0.0)
 
 
 def test_envpool_mujoco_without_control_cost():
