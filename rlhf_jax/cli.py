@@ -24,7 +24,7 @@ def cmd_envs(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from rlhf_jax.config import ExperimentConfig, load_config
+    from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
     from rlhf_jax.trainer import train
 
     if args.resume:
@@ -32,7 +32,7 @@ def cmd_train(args) -> None:
             raise ConfigError("--resume continues a run with its saved config: give no CONFIG or overrides")
         run_dir = train(resume=args.resume)
     else:
-        config = load_config(ExperimentConfig, args.config, args.overrides)
+        config = load_config(ExperimentConfig, args.config, args.overrides, default=DEFAULT_EXPERIMENT)
         run_dir = train(config)
     print(f"done: {run_dir}  (learning curve: {run_dir / 'learning_curve.png'})")
 

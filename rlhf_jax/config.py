@@ -50,6 +50,17 @@ class ExperimentConfig:
     run: RunConfig = RunConfig()
 
 
+# What `rlhf-jax train` runs when given no config file (configs/a2c_cartpole.yaml says the
+# same): A2C on CartPole with the true reward, about a minute on a 2-core laptop.
+DEFAULT_EXPERIMENT = {
+    "name": "a2c-cartpole",
+    "agent": "a2c",
+    "env": {"id": "gymnax/CartPole-v1", "num_envs": 32},
+    "a2c": {"total_env_steps": 1_000_000, "num_steps": 8, "learning_rate": 0.003},
+    "run": {"chunk_env_steps": 51_200},
+}
+
+
 def build(cls, data: dict, where: str = ""):
     """Make dataclass ``cls`` from a nested dict, checking keys and types."""
     if not isinstance(data, dict):
@@ -139,9 +150,9 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-def load_config(cls, path: str | Path | None, overrides: list[str] = ()):
-    """Read ``path`` (or start from the defaults when None), apply overrides, build ``cls``."""
-    data = read_yaml(path) if path is not None else {}
+def load_config(cls, path: str | Path | None, overrides: list[str] = (), default: dict | None = None):
+    """Read ``path`` (or start from ``default``, else the dataclass defaults), apply overrides, build ``cls``."""
+    data = read_yaml(path) if path is not None else (default or {})
     return build(cls, apply_overrides(data, list(overrides)))
 
 
