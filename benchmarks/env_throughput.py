@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import enable_compilation_cache, steps_per_second, write_result

@@ -21,7 +21,6 @@ from datetime import datetime
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import yaml
 
