@@ -1,6 +1,6 @@
 """Environment steps per second of each back end, and what our wrappers cost.
 
-    python benchmarks/env_throughput.py [--quick]
+    python -m benchmarks.env_throughput [--quick [--mjx]]
 
 Ratios are measured in one run, side by side, because the machines are shared:
 
@@ -111,6 +111,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small budgets: under a minute on 2 CPU cores")
     parser.add_argument("--atari-envs", type=int, default=8)
+    parser.add_argument("--mjx", action="store_true",
+                        help="measure MJX in --quick mode too (its compile alone takes ~40 s on 2 CPU cores)")
     args = parser.parse_args()
     enable_compilation_cache()
     quick = args.quick
@@ -146,9 +148,10 @@ def main() -> None:
         make(EnvConfig(id="envpool/Hopper-v5", num_envs=hopper_envs)), 200 if quick else 1000, repeats
     )
     mjx_envs = 64 if quick else 256
-    results["mjx_hopper_steps_per_s"] = measure_scan(
-        make(EnvConfig(id="mjx/Hopper-v5", num_envs=mjx_envs)), 20 if quick else 200, repeats
-    )
+    if args.mjx or not quick:
+        results["mjx_hopper_steps_per_s"] = measure_scan(
+            make(EnvConfig(id="mjx/Hopper-v5", num_envs=mjx_envs)), 20 if quick else 200, repeats
+        )
     write_result("env_throughput", {
         "quick": quick,
         "atari_envs": n, "gymnax_envs": gymnax_envs, "envpool_hopper_envs": hopper_envs, "mjx_hopper_envs": mjx_envs,
