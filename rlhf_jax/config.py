@@ -56,7 +56,7 @@ DEFAULT_EXPERIMENT = {
     "name": "a2c-cartpole",
     "agent": "a2c",
     "env": {"id": "gymnax/CartPole-v1", "num_envs": 32},
-    "a2c": {"total_env_steps": 1_000_000, "num_steps": 8, "learning_rate": 0.003},
+    "a2c": {"total_env_steps": 1_024_000, "num_steps": 8, "learning_rate": 0.003},  # 20 chunks
     "run": {"chunk_env_steps": 51_200},
 }
 
