@@ -127,16 +127,4 @@ def gae_advantages(
     Returns:
       ``[T, ...]`` advantages ``A_t``.
     """
-    _check_sequence(rewards, discounts, bootstrap_value, values)
-    lambdas = jnp.broadcast_to(jnp.asarray(lambda_, rewards.dtype), rewards.shape)
-    deltas = rewards + discounts * _next_values(values, bootstrap_value) - values
-
-    def step(next_advantage, inputs):
-        delta, discount, lam = inputs
-        advantage = delta + discount * lam * next_advantage
-        return advantage, advantage
-
-    _, advantages = jax.lax.scan(
-        step, jnp.zeros_like(bootstrap_value), (deltas, discounts, lambdas), reverse=True
-    )
-    return advantages
+    return lambda_returns(rewards, discounts, values, bootstrap_value, lambda_) - values
