@@ -174,6 +174,17 @@ def test_atari_games_end_and_restart(breakout_runs):
     assert all(ts.info["reset_step"][t + 1, c] for t, c in ends)
 
 
+def test_atari_reset_step_follows_every_game_end_even_without_lives():
+    # Pong has no lives; a short time limit makes games end within the rollout.
+    env = make(EnvConfig(id="envpool/Pong-v5", num_envs=2, seed=0, max_episode_steps=30))
+    _, ts = rollout(env, 70)
+    ends = np.argwhere(ts.info["true_done"][:-1])
+    assert len(ends) >= 2 and ts.info["truncated"][tuple(ends.T)].all()
+    following = np.zeros_like(ts.info["reset_step"])
+    following[1:] = ts.info["true_done"][:-1]
+    np.testing.assert_array_equal(ts.info["reset_step"], following)
+
+
 def test_atari_hidden_episode_end(breakout_runs):
     _, plain = breakout_runs["plain"]
     _, hidden = breakout_runs["hidden"]

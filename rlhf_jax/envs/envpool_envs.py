@@ -115,9 +115,8 @@ class AtariEnv(EnvPoolEnv):
         handle, (obs, reward, terminated, truncated, info) = self._xla_step(inner.handle, action.astype(jnp.int32))
         game_over = terminated | truncated
         lives = info["lives"]
-        # Lives rise only when a new game starts, which is EnvPool's reset step.
-        reset_step = lives > inner.lives
-        life_lost = lives < inner.lives
+        reset_step = info["elapsed_step"] == 0  # EnvPool's reset step: a new game's first frame
+        life_lost = lives < inner.lives  # (lives rise, never fall, at a reset)
         if self._config.hide_episode_end:
             agent_done = jnp.zeros_like(game_over)
         elif self._config.episodic_life:
