@@ -18,7 +18,7 @@ import jax
 
 from benchmarks.common import enable_compilation_cache, steps_per_second, write_result
 from benchmarks.env_throughput import measure_envpool_python
-from rlhf_jax.agents import a2c
+from rlhf_jax.agents import a2c, dqn
 from rlhf_jax.envs import EnvConfig, make
 
 # The settings that solve CartPole (configs/a2c_cartpole.yaml).
@@ -27,18 +27,11 @@ CARTPOLE_ENVS = 32
 
 
 def agent_setups():
-    """name -> (agent module, config on CartPole)."""
-    setups = {"a2c": (a2c, A2C_CARTPOLE)}
-    try:
-        from rlhf_jax.agents import dqn
-
-        setups["dqn"] = (dqn, dqn.DQNConfig(**CARTPOLE_DQN_OVERRIDES))
-    except ImportError:
-        pass
-    return setups
-
-
-CARTPOLE_DQN_OVERRIDES: dict = {}
+    """name -> (agent module, config on CartPole), the settings of configs/*_cartpole.yaml."""
+    cartpole_dqn = dqn.DQNConfig(replay_capacity=200_000, replay_start=2_000, exploration_steps=20_000,
+                                 epsilon_end=0.05, target_update_period=250, learning_rate=1e-3,
+                                 batch_size=128, huber_delta=10.0)
+    return {"a2c": (a2c, A2C_CARTPOLE), "dqn": (dqn, cartpole_dqn)}
 
 
 def measure_training(agent, config, env_config: EnvConfig, seeds: int, env_steps: int, repeats: int) -> float:

@@ -16,6 +16,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from rlhf_jax.agents.a2c import A2CConfig
+from rlhf_jax.agents.dqn import DQNConfig
 from rlhf_jax.envs.options import EnvConfig
 from rlhf_jax.errors import ConfigError
 
@@ -27,7 +28,8 @@ class RunConfig:
     dir: str = ""  # "" makes runs/<name>-<date>-<time>
     # Env steps per compiled chunk: progress, metrics and checkpoints happen between chunks.
     chunk_env_steps: int = 50_000
-    # One update is one agent iteration (A2C: one gradient step on n x num_envs steps).
+    # One update is one agent iteration (A2C: one gradient step on n x num_envs steps;
+    # DQN: num_envs / gcd(num_envs, update_period) gradient steps).
     checkpoint_every_updates: int = 10_000
     tensorboard: bool = True
     eval_episodes: int = 32
@@ -44,9 +46,10 @@ class ExperimentConfig:
 
     name: str = "experiment"
     seed: int = 0
-    agent: Literal["a2c"] = "a2c"
+    agent: Literal["a2c", "dqn"] = "a2c"
     env: EnvConfig = EnvConfig()
     a2c: A2CConfig = A2CConfig()
+    dqn: DQNConfig = DQNConfig()
     run: RunConfig = RunConfig()
 
 

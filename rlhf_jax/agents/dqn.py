@@ -1,0 +1,267 @@
+"""DQN (Mnih et al. 2015, "Human-level control through deep reinforcement learning").
+
+Q-learning with a deep network, made stable by experience replay and a target
+network (Methods, Algorithm 1). Each parameter update minimises, on a minibatch
+(s, a, r, s') ~ U(D) from the replay memory,
+
+    L(theta) = E[ Huber( r + gamma max_a' Q(s', a'; theta^-) - Q(s, a; theta) ) ],
+
+with theta^- a copy of theta taken every C updates; with ``double_q`` the target is
+van Hasselt et al.'s r + gamma Q(s', argmax_a' Q(s', a'; theta); theta^-).
+
+**Counting with many environments.** The paper has one environment and counts
+"frames", which there are agent steps: one action, repeated over 4 emulator frames
+(its 50 million training "frames" are "around 38 days of game experience", i.e.
+200 million emulator frames at 60 Hz). With ``num_envs`` environments stepping
+together, every count below is in *env steps summed over all environments*: one
+vector step adds ``num_envs``. So ``total_env_steps``, the exploration schedule
+(epsilon annealed over the first ``exploration_steps`` env steps), ``replay_start``
+(learning begins once that many env steps are stored) and ``update_period`` (one
+parameter update per ``update_period`` env steps, i.e. per 4 actions the agent
+selects) mean what they mean in the paper whatever ``num_envs`` is. An iteration
+takes the smallest whole number of vector steps that this ratio allows,
+``update_period / gcd(num_envs, update_period)``, then makes ``num_envs /
+gcd(num_envs, update_period)`` updates. Only the target network period counts
+parameter updates, as the paper's table does (C = 10,000 parameter updates).
+
+**Episode ends.** A true end (``done`` and not ``info["truncated"]``) is terminal:
+its target is r alone. A time-limit end is not: the target should bootstrap from the
+last observation. EnvPool resets on the step after an end (``info["reset_step"]``),
+so that observation is real and the target bootstraps through it; the reset step
+itself (whose action is ignored) is never replayed. A back end that resets within
+the step (gymnax) has replaced the last observation with the next episode's first,
+so a time-limit transition is not replayed at all (treating it as terminal teaches
+that good states are worth one reward: on CartPole, once the agent reaches the
+limit, that error destabilises learning).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from rlhf_jax import ops, replay
+from rlhf_jax.agents.base import RewardFn, episode_metrics, make_train as assemble
+from rlhf_jax.envs.core import Discrete, Environment, EnvSpec, EnvState
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.networks import QHead, torso_for
+
+
+@dataclasses.dataclass(frozen=True)
+class DQNConfig:
+    """Defaults are the paper's (Mnih et al. 2015, Methods and Extended Data Table 1).
+
+    Every count of steps is in env steps summed over all environments (module docstring).
+    """
+
+    total_env_steps: int = 50_000_000  # "a total of 50 million frames"
+    replay_capacity: int = 1_000_000  # replay memory size
+    batch_size: int = 32  # minibatch size
+    target_update_period: int = 10_000  # C, counted in parameter updates
+    gamma: float = 0.99  # discount factor
+    # RMSProp as DeepMind ran it (centred, the constant inside the square root), on the
+    # gradient G of the loss *summed* over the minibatch (Torch accumulates per-sample
+    # gradients; our loss is the mean, so G = batch_size * its gradient):
+    #   g <- rho g + (1 - rho) G;  n <- rho n + (1 - rho) G^2;
+    #   theta <- theta - lr G / sqrt(n - g^2 + eps),
+    # i.e. optax.rmsprop(lr, decay=rho, eps=eps, centered=True) after scaling by
+    # batch_size. rho is both the table's "gradient momentum" and "squared gradient
+    # momentum" (0.95 each); eps is its "min squared gradient".
+    learning_rate: float = 0.00025
+    rms_decay: float = 0.95
+    rms_eps: float = 0.01
+    epsilon_start: float = 1.0  # initial exploration
+    epsilon_end: float = 0.1  # final exploration
+    exploration_steps: int = 1_000_000  # final exploration frame
+    replay_start: int = 50_000  # replay start size: acting only (epsilon still ~1) before learning
+    update_period: int = 4  # update frequency: env steps (actions) between parameter updates
+    reward_clip: float = 1.0  # rewards clipped to [-1, 1]; 0 = no clipping
+    huber_delta: float = 1.0  # error clipping: the TD error's gradient clipped to [-delta, delta]
+    eval_epsilon: float = 0.05  # evaluation policy
+    double_q: bool = False  # van Hasselt et al. 2016 target
+    mlp_hidden: tuple[int, ...] = (64, 64)  # vector observations (pixels take the Nature CNN)
+
+    def __post_init__(self):
+        positive = ("total_env_steps", "replay_capacity", "batch_size", "target_update_period",
+                    "exploration_steps", "update_period")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"dqn.{name} must be positive, got {getattr(self, name)}")
+        if self.replay_start < 0:
+            raise ConfigError(f"dqn.replay_start must be non-negative, got {self.replay_start}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"dqn.gamma must lie in [0, 1], got {self.gamma}")
+        for name in ("epsilon_start", "epsilon_end", "eval_epsilon", "rms_decay"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"dqn.{name} must lie in [0, 1], got {getattr(self, name)}")
+        if self.learning_rate <= 0 or self.rms_eps < 0 or self.reward_clip < 0 or self.huber_delta <= 0:
+            raise ConfigError("dqn.learning_rate and dqn.huber_delta must be positive, "
+                              "dqn.rms_eps and dqn.reward_clip non-negative")
+
+
+class QNetwork(nn.Module):
+    """Nature CNN (pixels) or MLP (vectors), then one linear output per action."""
+
+    spec: EnvSpec
+    config: DQNConfig
+
+    @nn.compact
+    def __call__(self, obs):
+        features = torso_for(self.spec.observation_shape, kind="nature", hidden=self.config.mlp_hidden)(obs)
+        return QHead(self.spec.action_space.n)(features)
+
+
+class Runner(NamedTuple):
+    params: Any
+    target_params: Any
+    opt_state: Any
+    memory: replay.ReplayState
+    env_state: EnvState
+    obs: jax.Array
+    key: jax.Array
+    env_steps: jax.Array
+    updates: jax.Array  # parameter updates made so far
+
+
+def iteration_shape(config: DQNConfig, num_envs: int) -> tuple[int, int]:
+    """(vector steps, parameter updates) per iteration: one update per ``update_period`` env steps."""
+    common = math.gcd(num_envs, config.update_period)
+    return config.update_period // common, num_envs // common
+
+
+def env_steps_per_iteration(config: DQNConfig, env: Environment) -> int:
+    vector_steps, _ = iteration_shape(config, env.num_envs)
+    return vector_steps * env.num_envs
+
+
+def num_iterations(config: DQNConfig, env: Environment) -> int:
+    return max(1, config.total_env_steps // env_steps_per_iteration(config, env))
+
+
+def make_optimizer(config: DQNConfig) -> optax.GradientTransformation:
+    """DeepMind's RMSProp (see :class:`DQNConfig`). The scale matters: eps = 0.01 is small
+    next to the variance of a summed gradient, but would dominate that of the mean and
+    turn RMSProp into plain SGD with step lr / 0.1."""
+    return optax.chain(
+        optax.scale(config.batch_size),
+        optax.rmsprop(config.learning_rate, decay=config.rms_decay, eps=config.rms_eps, centered=True),
+    )
+
+
+def _check_env(config: DQNConfig, env: Environment) -> None:
+    if not isinstance(env.action_space, Discrete):
+        raise ConfigError(f"DQN needs discrete actions; {env.spec.id} has {env.action_space}")
+    if config.replay_capacity < 2 * env.num_envs:
+        raise ConfigError(f"dqn.replay_capacity={config.replay_capacity} must hold at least 2 steps "
+                          f"of env.num_envs={env.num_envs} environments")
+
+
+def init_runner(key, config: DQNConfig, env: Environment) -> Runner:
+    _check_env(config, env)
+    net_key, env_key, key = jax.random.split(key, 3)
+    env_state, timestep = env.reset(env_key)
+    spec = env.spec
+    params = QNetwork(spec, config).init(net_key, timestep.obs[:1])
+    memory = replay.init(config.replay_capacity, env.num_envs, spec.observation_shape,
+                         spec.observation_dtype, replay.frame_stack(spec))
+    zero = jnp.zeros((), jnp.int32)
+    return Runner(params, params, make_optimizer(config).init(params), memory, env_state, timestep.obs, key, zero, zero)
+
+
+def make_policy(config: DQNConfig, spec: EnvSpec):
+    """``act(params, obs, key, epsilon=config.eval_epsilon) -> action``: epsilon-greedy in Q
+    (``epsilon=0`` is greedy)."""
+    network = QNetwork(spec, config)
+
+    def act(params, obs, key, epsilon=config.eval_epsilon):
+        return ops.epsilon_greedy(key, network.apply(params, obs), epsilon)
+
+    return act
+
+
+def make_iteration(config: DQNConfig, env: Environment, reward_fn: RewardFn):
+    """``iteration(runner, reward_params) -> (runner, metrics)``: a few vector steps into the
+    replay memory, then (once ``replay_start`` env steps are in) their share of updates.
+
+    Jit it with ``donate_argnums=0`` so the replay memory is updated in place.
+    """
+    _check_env(config, env)
+    network = QNetwork(env.spec, config)
+    optimizer = make_optimizer(config)
+    act = make_policy(config, env.spec)
+    epsilon = ops.linear_schedule(config.epsilon_start, config.epsilon_end, config.exploration_steps)
+    vector_steps, num_updates = iteration_shape(config, env.num_envs)
+
+    def env_step(carry, _):
+        params, memory, env_state, obs, key, env_steps, reward_params = carry
+        key, act_key = jax.random.split(key)
+        action = act(params, obs, act_key, epsilon(env_steps))
+        env_state, timestep = env.step(env_state, action)
+        reward = reward_fn(reward_params, obs, action, timestep)
+        if config.reward_clip:
+            reward = jnp.clip(reward, -config.reward_clip, config.reward_clip)
+        info = timestep.info
+        if "reset_step" in info:  # resets one step late: the last observation is real
+            next_first, valid = info["reset_step"], ~info["reset_step"]
+            terminal = timestep.done & ~info["truncated"]
+        else:  # reset within the step: the last observation is gone, so a time-limit end
+            # can neither bootstrap nor count as terminal; it is not replayed at all.
+            next_first, valid = timestep.done, ~info["truncated"]
+            terminal = timestep.done
+        memory = replay.add(memory, obs, action, reward, terminal, next_first, valid)
+        carry = (params, memory, env_state, timestep.obs, key, env_steps + env.num_envs, reward_params)
+        return carry, info
+
+    def loss_fn(params, target_params, batch: replay.Batch):
+        q = network.apply(params, batch.obs)
+        q_next = network.apply(target_params, batch.next_obs)
+        discount = config.gamma * (1.0 - batch.done.astype(jnp.float32))
+        if config.double_q:
+            target = ops.double_q_learning_target(batch.reward, discount, network.apply(params, batch.next_obs), q_next)
+        else:
+            target = ops.q_learning_target(batch.reward, discount, q_next)
+        return ops.q_learning_loss(q, batch.action, target, config.huber_delta), q.mean()
+
+    def make_update(memory):
+        def update(carry, key):
+            params, target_params, opt_state, updates = carry
+            batch = replay.sample(memory, key, config.batch_size)
+            (loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, target_params, batch)
+            step, opt_state = optimizer.update(grads, opt_state, params)
+            params = optax.apply_updates(params, step)
+            updates = updates + 1
+            # theta^- <- theta after every C-th update (Algorithm 1: "every C steps reset Q^ = Q").
+            target_params = optax.periodic_update(params, target_params, updates, config.target_update_period)
+            return (params, target_params, opt_state, updates), (loss, q_mean)
+
+        return update
+
+    def iteration(runner: Runner, reward_params=None):
+        carry = (runner.params, runner.memory, runner.env_state, runner.obs, runner.key, runner.env_steps, reward_params)
+        (_, memory, env_state, obs, key, env_steps, _), info = jax.lax.scan(env_step, carry, None, vector_steps)
+        key, update_key = jax.random.split(key)
+        learner = (runner.params, runner.target_params, runner.opt_state, runner.updates)
+
+        def learn(learner):
+            learner, (loss, q_mean) = jax.lax.scan(make_update(memory), learner, jax.random.split(update_key, num_updates))
+            return learner, loss.mean(), q_mean.mean()
+
+        def wait(learner):
+            return learner, jnp.zeros(()), jnp.zeros(())
+
+        learning = env_steps >= config.replay_start
+        (params, target_params, opt_state, updates), loss, q_mean = jax.lax.cond(learning, learn, wait, learner)
+        metrics = {"loss": loss, "q_mean": q_mean, "epsilon": epsilon(env_steps), "env_steps": env_steps,
+                   "updates": updates, **episode_metrics(info)}
+        runner = Runner(params, target_params, opt_state, memory, env_state, obs, key, env_steps, updates)
+        return runner, metrics
+
+    return iteration
+
+
+make_train = assemble(init_runner, make_iteration, num_iterations)
