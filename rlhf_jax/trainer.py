@@ -80,8 +80,8 @@ class Training:
         self.env = make(config.env)
         iteration = self.agent.make_iteration(self.agent_config, self.env, env_reward)
         self.total_iterations = self.agent.num_iterations(self.agent_config, self.env)
-        per_iteration = self.agent.env_steps_per_iteration(self.agent_config, self.env)
-        self.chunk_iterations = max(1, min(self.total_iterations, config.run.chunk_env_steps // per_iteration))
+        self.steps_per_iteration = self.agent.env_steps_per_iteration(self.agent_config, self.env)
+        self.chunk_iterations = max(1, min(self.total_iterations, config.run.chunk_env_steps // self.steps_per_iteration))
         self.num_chunks = math.ceil(self.total_iterations / self.chunk_iterations)
 
         def run_chunk(runner, length):
@@ -96,6 +96,11 @@ class Training:
 
     def run_chunk(self, runner, chunk: int):
         return self._run_chunk(runner, self.chunk_length(chunk))
+
+    def restore_latest(self, run_dir: Path):
+        """The newest checkpoint of ``run_dir``: (its chunk, the runner)."""
+        like = jax.eval_shape(self.init_runner, jax.random.PRNGKey(0))
+        return Checkpoints(run_dir).restore(like)
 
 
 def train(config: ExperimentConfig | None = None, resume: str | Path | None = None, progress: bool = True) -> Path:
@@ -122,7 +127,7 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
 
     from tqdm import tqdm
 
-    total_steps = training.total_iterations * training.agent.env_steps_per_iteration(training.agent_config, training.env)
+    total_steps = training.total_iterations * training.steps_per_iteration
     bar = tqdm(total=total_steps, initial=int(runner.env_steps), unit="step", unit_scale=True,
                disable=not progress, dynamic_ncols=True)
     every = max(1, config.run.checkpoint_every_updates // training.chunk_iterations)
@@ -160,14 +165,12 @@ def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0
     """Score the run's latest policy on whole true episodes (the agent's evaluation protocol)."""
     run_dir = Path(run_dir)
     config = load_run_config(run_dir)
-    agent = get_agent(config.agent)
-    agent_config = getattr(config, config.agent)
+    training = Training(config)
+    _, runner = training.restore_latest(run_dir)
     num_envs = episodes or config.run.eval_episodes
     env = make(dataclasses.replace(config.env, num_envs=num_envs, seed=config.env.seed + 10_000))
-    like = jax.eval_shape(lambda key: agent.init_runner(key, agent_config, make(config.env)), jax.random.PRNGKey(0))
-    _, runner = Checkpoints(run_dir).restore(like)
     max_steps = config.run.eval_max_steps or env.spec.max_episode_steps + 1
-    act = agent.make_policy(agent_config, env.spec)
+    act = training.agent.make_policy(training.agent_config, env.spec)
     score = jax.jit(lambda params, key: evaluate(act, params, env, key, max_steps))(runner.params, jax.random.PRNGKey(seed))
     finished = int(score["episodes"])
     result = {

@@ -23,10 +23,7 @@ SMALL = [
 
 
 def final_params(run_dir):
-    config = load_run_config(run_dir)
-    training = Training(config)
-    like = jax.eval_shape(training.init_runner, jax.random.PRNGKey(0))
-    _, runner = Checkpoints(run_dir).restore(like)
+    _, runner = Training(load_run_config(run_dir)).restore_latest(run_dir)
     return runner
 
 

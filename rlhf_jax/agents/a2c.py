@@ -171,7 +171,7 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
         (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(runner.params, observations, actions, returns)
         updates, opt_state = optimizer.update(grads, runner.opt_state, runner.params)
         params = optax.apply_updates(runner.params, updates)
-        env_steps = runner.env_steps + config.num_steps * env.num_envs
+        env_steps = runner.env_steps + env_steps_per_iteration(config, env)
         metrics = {"loss": loss, **parts, "env_steps": env_steps, **episode_metrics(info)}
         return Runner(params, opt_state, env_state, obs, key, env_steps), metrics
 
