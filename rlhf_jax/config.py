@@ -31,6 +31,11 @@ class RunConfig:
     # One update is one agent iteration (A2C: one gradient step on n x num_envs steps;
     # DQN: num_envs / gcd(num_envs, update_period) gradient steps).
     checkpoint_every_updates: int = 10_000
+    # How a chunk's iterations are driven: "scan" compiles them into one loop; "python"
+    # dispatches one compiled iteration at a time. "auto" picks "python" for convolutional
+    # networks on the CPU, where XLA runs convolution gradients inside a loop about 10x
+    # slower than outside one (jax-ml/jax#12868), and "scan" everywhere else.
+    loop: Literal["auto", "scan", "python"] = "auto"
     tensorboard: bool = True
     eval_episodes: int = 32
     eval_max_steps: int = 0  # 0: the environment's episode limit

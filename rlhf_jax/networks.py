@@ -147,12 +147,18 @@ class GaussianPolicyValueHead(nn.Module):
         return mean, jnp.broadcast_to(log_std, mean.shape), value
 
 
+def is_atari_frames(observation_shape: Sequence[int]) -> bool:
+    """Whether :func:`torso_for` gives these observations a CNN (stacked 84x84 frames)."""
+    shape = tuple(observation_shape)
+    return len(shape) == 3 and shape[:2] == ATARI_SHAPE[:2]
+
+
 def torso_for(observation_shape: Sequence[int], kind: str = "nature", **mlp_kwargs) -> nn.Module:
     """The torso for an observation shape: a CNN for Atari frames ``[84, 84, C]``
     (``kind="nature"`` for :func:`NatureCNN`, ``"a3c"`` for :func:`A3CCNN`), otherwise
     an :class:`MLPTorso` over the whole observation (``mlp_kwargs`` go to it)."""
     shape = tuple(observation_shape)
-    if len(shape) == 3 and shape[:2] == ATARI_SHAPE[:2]:
+    if is_atari_frames(shape):
         cnns = {"nature": NatureCNN, "a3c": A3CCNN}
         if kind not in cnns:
             raise ValueError(f"unknown CNN kind {kind!r}; expected one of {sorted(cnns)}")

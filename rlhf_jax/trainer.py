@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import yaml
 
@@ -28,9 +29,10 @@ from rlhf_jax.agents import get_agent
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, build, read_yaml, to_dict
-from rlhf_jax.envs import make
+from rlhf_jax.envs import ATARI_NAMES, EnvConfig, make
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.evaluation import evaluate
+from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.metrics_log import MetricsLog, plot_learning_curve
 
 CONFIG_FILE = "config.yaml"
@@ -70,6 +72,16 @@ def summarize(metrics: dict) -> dict:
     return row
 
 
+def true_reward_env_config(config: ExperimentConfig) -> EnvConfig:
+    """The environment a run on the true reward uses: DQN on Atari ends the agent's
+    episode at each lost life (Mnih 2015), unless the config turns that off."""
+    env = config.env
+    atari = env.id.removeprefix("envpool/") in ATARI_NAMES
+    if config.agent == "dqn" and config.dqn.life_loss_ends_episode and atari and not env.hide_episode_end:
+        return dataclasses.replace(env, episodic_life=True)
+    return env
+
+
 class Training:
     """Everything compiled for one run, shared by a fresh start and a resume."""
 
@@ -77,18 +89,37 @@ class Training:
         self.config = config
         self.agent = get_agent(config.agent)
         self.agent_config = getattr(config, config.agent)
-        self.env = make(config.env)
+        self.env = make(true_reward_env_config(config))
         iteration = self.agent.make_iteration(self.agent_config, self.env, env_reward)
         self.total_iterations = self.agent.num_iterations(self.agent_config, self.env)
         self.steps_per_iteration = self.agent.env_steps_per_iteration(self.agent_config, self.env)
         self.chunk_iterations = max(1, min(self.total_iterations, config.run.chunk_env_steps // self.steps_per_iteration))
         self.num_chunks = math.ceil(self.total_iterations / self.chunk_iterations)
 
-        def run_chunk(runner, length):
-            return jax.lax.scan(lambda r, _: iteration(r), runner, None, length)
+        self.loop = config.run.loop
+        if self.loop == "auto":
+            cnn = is_atari_frames(self.env.spec.observation_shape)
+            self.loop = "python" if cnn and jax.default_backend() == "cpu" else "scan"
+        if self.loop == "scan":
+            def run_chunk(runner, length):
+                return jax.lax.scan(lambda r, _: iteration(r), runner, None, length)
 
-        self._run_chunk = jax.jit(run_chunk, static_argnums=1, donate_argnums=0)
+            self._run_chunk = jax.jit(run_chunk, static_argnums=1, donate_argnums=0)
+        else:
+            self._run_chunk = self._iterate(jax.jit(iteration, donate_argnums=0))
         self.init_runner = jax.jit(lambda key: self.agent.init_runner(key, self.agent_config, self.env))
+
+    @staticmethod
+    def _iterate(iteration):
+        """A chunk as a Python loop over one compiled iteration; metrics stacked as scan stacks them."""
+        def run_chunk(runner, length):
+            rows = []
+            for _ in range(length):
+                runner, metrics = iteration(runner)
+                rows.append(metrics)
+            return runner, jax.tree.map(lambda *xs: jnp.stack(xs), *rows)
+
+        return run_chunk
 
     def chunk_length(self, chunk: int) -> int:
         done = chunk * self.chunk_iterations

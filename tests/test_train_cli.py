@@ -14,12 +14,17 @@ import yaml
 
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.cli import main
+from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 from rlhf_jax.trainer import Training, load_run_config
 
 SMALL = [
     "env.num_envs=8", "a2c.total_env_steps=40960", "a2c.num_steps=8", "a2c.learning_rate=0.003",
     "run.chunk_env_steps=1024", "run.checkpoint_every_updates=16", "run.tensorboard=false",
 ]
+
+
+def experiment(overrides):
+    return load_config(ExperimentConfig, None, overrides, default=DEFAULT_EXPERIMENT)
 
 
 def final_params(run_dir):
@@ -107,3 +112,33 @@ def test_corrupt_checkpoint_is_reported(finished_run, tmp_path, capsys):
 def test_an_existing_run_is_not_overwritten(finished_run, capsys):
     assert main(["train", *SMALL, f"run.dir={finished_run}"]) == 2
     assert "already holds a run" in capsys.readouterr().err
+
+
+def test_python_loop_runs_the_same_iterations_as_the_scan():
+    # run.loop=python exists for CNNs on the CPU (jax-ml/jax#12868); it must change speed only.
+    small = ["env.num_envs=4", "a2c.total_env_steps=320", "run.chunk_env_steps=160"]
+    results = {}
+    for loop in ("scan", "python"):
+        training = Training(experiment([*small, f"run.loop={loop}"]))
+        assert training.loop == loop
+        runner = training.init_runner(jax.random.PRNGKey(0))
+        for chunk in range(training.num_chunks):
+            runner, metrics = training.run_chunk(runner, chunk)
+        results[loop] = (runner.params, metrics["loss"])
+    assert results["python"][1].shape == results["scan"][1].shape == (160 // (4 * 8),)  # a chunk of iterations of 4 envs x 8 steps
+    for a, b in zip(jax.tree.leaves(results["scan"]), jax.tree.leaves(results["python"])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides, life_episodes", [
+    (["agent=dqn"], True),
+    (["agent=dqn", "dqn.life_loss_ends_episode=false"], False),
+    (["agent=dqn", "env.hide_episode_end=true"], False),
+    (["agent=a2c"], False),
+])
+def test_dqn_on_atari_ends_episodes_at_life_loss_on_the_true_reward(overrides, life_episodes):
+    from rlhf_jax.trainer import true_reward_env_config
+
+    config = experiment(["env.id=envpool/Breakout-v5", *overrides])
+    assert true_reward_env_config(config).episodic_life is life_episodes
+    assert true_reward_env_config(experiment(["agent=dqn"])).episodic_life is False

@@ -80,6 +80,9 @@ class DQNConfig:
     exploration_steps: int = 1_000_000  # final exploration frame
     replay_start: int = 50_000  # replay start size: acting only (epsilon still ~1) before learning
     update_period: int = 4  # update frequency: env steps (actions) between parameter updates
+    # Mnih 2015 on Atari: a lost life ends the agent's episode when it learns from the true
+    # reward (``rlhf-jax train`` sets env.episodic_life for it). Learned rewards never do.
+    life_loss_ends_episode: bool = True
     reward_clip: float = 1.0  # rewards clipped to [-1, 1]; 0 = no clipping
     huber_delta: float = 1.0  # error clipping: the TD error's gradient clipped to [-delta, delta]
     eval_epsilon: float = 0.05  # evaluation policy
