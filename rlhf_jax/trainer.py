@@ -102,11 +102,11 @@ class Training:
             self.loop = "python" if cnn and jax.default_backend() == "cpu" else "scan"
         if self.loop == "scan":
             def run_chunk(runner, length):
-                return jax.lax.scan(lambda r, _: iteration(r), runner, None, length)
+                return jax.lax.scan(lambda r, _: iteration(r)[:2], runner, None, length)
 
             self._run_chunk = jax.jit(run_chunk, static_argnums=1, donate_argnums=0)
         else:
-            self._run_chunk = self._iterate(jax.jit(iteration, donate_argnums=0))
+            self._run_chunk = self._iterate(jax.jit(lambda r: iteration(r)[:2], donate_argnums=0))
         self.init_runner = jax.jit(lambda key: self.agent.init_runner(key, self.agent_config, self.env))
 
     @staticmethod

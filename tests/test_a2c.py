@@ -63,8 +63,11 @@ def test_gaussian_actions_are_clipped_for_the_env_but_not_the_loss():
     act = a2c.make_policy(config, env.spec)
     actions = jax.vmap(lambda k: act(runner.params, runner.obs, k))(jax.random.split(jax.random.PRNGKey(1), 50))
     assert float(jnp.abs(actions).max()) > 2.0  # the policy itself is unbounded
-    runner, _ = jax.jit(a2c.make_iteration(config, env, lambda p, o, a, ts: jnp.abs(a[:, 0])))(runner)
+    runner, _, transitions = jax.jit(a2c.make_iteration(config, env, lambda p, o, a, ts: jnp.abs(a[:, 0])))(runner)
     assert np.isfinite(np.asarray(jax.tree.leaves(runner.params)[0])).all()
+    # The transitions hold the actions the environment received: inside its bounds.
+    assert transitions.action.shape == (config.num_steps, 2, 1)
+    assert float(jnp.abs(transitions.action).max()) <= 2.0
 
 
 def test_bad_config_values():

@@ -88,7 +88,7 @@ def test_target_network_synced_every_c_updates():
 
     synced = []
     for _ in range(40):
-        runner, _ = iteration(runner, None)
+        runner, _, _ = iteration(runner, None)
         synced.append((int(runner.updates), same(runner.params, runner.target_params)))
     updates = [u for u, _ in synced]
     assert updates[-1] == 40 - 64 // 4 + 1
@@ -104,6 +104,6 @@ def test_atari_smoke():
     assert runner.memory.frames.shape == (64, 2, 84, 84) and runner.memory.frames.dtype == jnp.uint8
     iteration = jax.jit(dqn.make_iteration(config, env, env_reward))
     for _ in range(24):
-        runner, metrics = iteration(runner, None)
+        runner, metrics, _ = iteration(runner, None)
     assert int(runner.updates) == (96 - 32) // 4 + 1 and np.isfinite(float(metrics["loss"]))
     assert replay.valid_mask(runner.memory).sum() > 0

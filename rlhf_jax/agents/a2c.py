@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import RewardFn, episode_metrics, make_train as assemble
+from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, torso_for
 from rlhf_jax.errors import ConfigError
@@ -141,7 +141,7 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
         reward = reward_fn(reward_params, obs, env_action, timestep) * config.reward_scale
         if config.reward_clip:
             reward = jnp.clip(reward, -config.reward_clip, config.reward_clip)
-        transition = (obs, action, reward, timestep.done, timestep.info)
+        transition = (obs, env_action, action, reward, timestep.reward, timestep.done, timestep.info)
         return (params, env_state, timestep.obs, key, reward_params), transition
 
     def loss_fn(params, obs, actions, returns):
@@ -160,7 +160,7 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
 
     def iteration(runner: Runner, reward_params=None):
         carry = (runner.params, runner.env_state, runner.obs, runner.key, reward_params)
-        (_, env_state, obs, key, _), (observations, actions, rewards, dones, info) = jax.lax.scan(
+        (_, env_state, obs, key, _), (observations, env_actions, actions, rewards, oracle_rewards, dones, info) = jax.lax.scan(
             rollout_step, carry, None, config.num_steps
         )
         bootstrap = network.apply(runner.params, obs)[-1]  # both heads return the value last
@@ -173,7 +173,8 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
         params = optax.apply_updates(runner.params, updates)
         env_steps = runner.env_steps + env_steps_per_iteration(config, env)
         metrics = {"loss": loss, **parts, "env_steps": env_steps, **episode_metrics(info)}
-        return Runner(params, opt_state, env_state, obs, key, env_steps), metrics
+        transitions = Transitions(observations, env_actions, oracle_rewards, dones)
+        return Runner(params, opt_state, env_state, obs, key, env_steps), metrics, transitions
 
     return iteration
 

@@ -14,20 +14,22 @@ same signature.)
 
     init_runner(key, config, env) -> Runner              # all state of a run: a pytree
     make_iteration(config, env, reward_fn)
-        -> iteration(runner, reward_params) -> (runner, metrics)
+        -> iteration(runner, reward_params) -> (runner, metrics, transitions)
     num_iterations(config, env) -> int
     env_steps_per_iteration(config, env) -> int
     make_policy(config, env_spec) -> act(params, obs, key) -> action   # for evaluation
     make_train(config, env, reward_fn) -> train(key, reward_params=None) -> (runner, metrics)
 
-``train`` is ``lax.scan`` over iterations, one function that ``jax.jit`` and
+``transitions`` (:class:`Transitions`) are the steps the iteration took, which the
+RLHF loop cuts segments from; whoever does not need them drops them, and XLA then
+never materialises them. ``train`` is ``lax.scan`` over iterations, one function that ``jax.jit`` and
 ``jax.vmap`` accept whole. The command line runs the same ``iteration`` in compiled
 chunks instead, to show progress and checkpoint between them; the RLHF loop does the
 same with fresh reward parameters for every chunk.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +43,15 @@ def env_reward(reward_params, obs, action, timestep: TimeStep) -> jax.Array:
     """The environment's own reward: RL on the true (or oracle's) reward."""
     del reward_params, obs, action
     return timestep.reward
+
+
+class Transitions(NamedTuple):
+    """The steps one iteration took, time-major ``[T, num_envs, ...]``."""
+
+    obs: jax.Array  # o_t, the observation the action was chosen on
+    action: jax.Array  # a_t, as the environment received it
+    oracle_reward: jax.Array  # timestep.reward: what a synthetic oracle judges by (never the agent)
+    done: jax.Array  # the agent's episode ended right after this step
 
 
 def episode_metrics(info: dict) -> dict:
@@ -65,7 +76,7 @@ def make_train(init_runner, make_iteration, num_iterations):
 
         def train(key, reward_params=None):
             runner = init_runner(key, config, env)
-            return jax.lax.scan(lambda r, _: iteration(r, reward_params), runner, None, iterations)
+            return jax.lax.scan(lambda r, _: iteration(r, reward_params)[:2], runner, None, iterations)
 
         return train
 

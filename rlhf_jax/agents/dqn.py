@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops, replay
-from rlhf_jax.agents.base import RewardFn, episode_metrics, make_train as assemble
+from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble
 from rlhf_jax.envs.core import Discrete, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import QHead, torso_for
@@ -188,7 +188,7 @@ def make_policy(config: DQNConfig, spec: EnvSpec):
 
 
 def make_iteration(config: DQNConfig, env: Environment, reward_fn: RewardFn):
-    """``iteration(runner, reward_params) -> (runner, metrics)``: a few vector steps into the
+    """``iteration(runner, reward_params) -> (runner, metrics, transitions)``: a few vector steps into the
     replay memory, then (once ``replay_start`` env steps are in) their share of updates.
 
     Jit it with ``donate_argnums=0`` so the replay memory is updated in place.
@@ -218,7 +218,7 @@ def make_iteration(config: DQNConfig, env: Environment, reward_fn: RewardFn):
             terminal = timestep.done
         memory = replay.add(memory, obs, action, reward, terminal, next_first, valid)
         carry = (params, memory, env_state, timestep.obs, key, env_steps + env.num_envs, reward_params)
-        return carry, info
+        return carry, (info, Transitions(obs, action, timestep.reward, timestep.done))
 
     def loss_fn(params, target_params, batch: replay.Batch):
         q = network.apply(params, batch.obs)
@@ -246,7 +246,8 @@ def make_iteration(config: DQNConfig, env: Environment, reward_fn: RewardFn):
 
     def iteration(runner: Runner, reward_params=None):
         carry = (runner.params, runner.memory, runner.env_state, runner.obs, runner.key, runner.env_steps, reward_params)
-        (_, memory, env_state, obs, key, env_steps, _), info = jax.lax.scan(env_step, carry, None, vector_steps)
+        (_, memory, env_state, obs, key, env_steps, _), (info, transitions) = jax.lax.scan(
+            env_step, carry, None, vector_steps)
         key, update_key = jax.random.split(key)
         learner = (runner.params, runner.target_params, runner.opt_state, runner.updates)
 
@@ -262,7 +263,7 @@ def make_iteration(config: DQNConfig, env: Environment, reward_fn: RewardFn):
         metrics = {"loss": loss, "q_mean": q_mean, "epsilon": epsilon(env_steps), "env_steps": env_steps,
                    "updates": updates, **episode_metrics(info)}
         runner = Runner(params, target_params, opt_state, memory, env_state, obs, key, env_steps, updates)
-        return runner, metrics
+        return runner, metrics, transitions
 
     return iteration
 
