@@ -164,3 +164,104 @@ def torso_for(observation_shape: Sequence[int], kind: str = "nature", **mlp_kwar
             raise ValueError(f"unknown CNN kind {kind!r}; expected one of {sorted(cnns)}")
         return cnns[kind]()
     return MLPTorso(obs_ndim=len(shape), **mlp_kwargs)
+
+
+# --- Reward predictors r̂(o, a) (Christiano et al. 2017, appendix A) -----------------
+
+
+def _leaky_relu(x: jax.Array, slope: float) -> jax.Array:
+    return nn.leaky_relu(x, negative_slope=slope)
+
+
+class RewardMLP(nn.Module):
+    """The reward predictor of the simulated-robotics tasks (Christiano et al. 2017, A.1):
+    two hidden layers of 64 leaky ReLUs (alpha = 0.01) and a scalar output,
+
+        r̂(o, a) = w_3 · lrelu(W_2 lrelu(W_1 [flatten(o); a] + b_1) + b_2) + b_3.
+
+    The input is the flattened observation beside the action: one-hot over
+    ``num_actions`` classes for a discrete action space (an integer index is no
+    quantity to scale), the raw vector for a continuous one (``num_actions = 0``).
+    ``dropout`` (after each hidden layer, training only) is the paper's "in some
+    domains we also apply dropout" (section 2.2.3); it needs a ``"dropout"`` rng.
+
+    ``__call__(obs [B, *obs_shape], action [B] int or [B, d] float, train) -> [B]``.
+    """
+
+    num_actions: int
+    hidden: Sequence[int] = (64, 64)
+    slope: float = 0.01
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array, train: bool) -> jax.Array:
+        batch = obs.shape[0]
+        if self.num_actions > 0:
+            action = jax.nn.one_hot(action, self.num_actions, dtype=jnp.float32)
+        x = jnp.concatenate(
+            [obs.astype(jnp.float32).reshape(batch, -1), action.astype(jnp.float32).reshape(batch, -1)], axis=-1
+        )
+        for features in self.hidden:
+            x = _leaky_relu(_dense(features, math.sqrt(2.0))(x), self.slope)
+            if self.dropout > 0.0:
+                x = nn.Dropout(self.dropout, deterministic=not train)(x)
+        return _dense(1, 1.0)(x)[:, 0]
+
+
+class RewardCNN(nn.Module):
+    """The Atari reward predictor (Christiano et al. 2017, A.2): 84x84x4 frames through
+    4 convolutions of 16 filters, 7x7 stride 3, 5x5 stride 2, 3x3 stride 1, 3x3 stride 1
+    (84 -> 26 -> 11 -> 9 -> 7), each followed by batch norm, a leaky ReLU (alpha = 0.01)
+    and dropout 0.5; then 64 leaky-ReLU units and a scalar output.
+
+    The paper's Atari predictor sees frames only, so ``action`` is accepted (one call
+    signature for every reward network) and ignored. Batch norm keeps its running
+    statistics in the ``"batch_stats"`` collection: training calls need
+    ``mutable=["batch_stats"]`` and a ``"dropout"`` rng; ``train=False`` uses the
+    running averages and no dropout.
+
+    ``__call__(frames [B, 84, 84, 4] uint8, action, train) -> [B]``.
+    """
+
+    slope: float = 0.01
+    dropout: float = 0.5
+    batch_norm: bool = True
+    convs: Sequence[tuple[int, int, int]] = ((16, 7, 3), (16, 5, 2), (16, 3, 1), (16, 3, 1))
+    hidden: int = 64
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array, train: bool) -> jax.Array:
+        del action
+        x = _frames_to_float(obs)
+        for features, size, stride in self.convs:
+            # Batch norm's shift makes a convolution bias redundant.
+            x = nn.Conv(
+                features, (size, size), (stride, stride), padding="VALID", use_bias=not self.batch_norm,
+                kernel_init=nn.initializers.orthogonal(math.sqrt(2.0)),
+            )(x)
+            if self.batch_norm:
+                x = nn.BatchNorm(use_running_average=not train)(x)
+            x = _leaky_relu(x, self.slope)
+            if self.dropout > 0.0:
+                x = nn.Dropout(self.dropout, deterministic=not train)(x)
+        x = x.reshape((x.shape[0], -1))
+        x = _leaky_relu(_dense(self.hidden, math.sqrt(2.0))(x), self.slope)
+        return _dense(1, 1.0)(x)[:, 0]
+
+
+def reward_network_for(spec, config) -> nn.Module:
+    """The paper's reward predictor for an environment: :class:`RewardCNN` on stacked
+    Atari frames, otherwise a :class:`RewardMLP` over observation and action.
+
+    ``spec`` is an :class:`rlhf_jax.envs.core.EnvSpec`; ``config`` a
+    :class:`rlhf_jax.reward.ensemble.RewardModelConfig` (read for its network fields).
+    """
+    if is_atari_frames(spec.observation_shape):
+        return RewardCNN(slope=config.leaky_relu_slope, dropout=config.cnn_dropout, batch_norm=config.cnn_batch_norm)
+    from rlhf_jax.envs.core import Discrete  # here, not at the top: networks stay free of env imports
+
+    num_actions = spec.action_space.n if isinstance(spec.action_space, Discrete) else 0
+    return RewardMLP(
+        num_actions=num_actions, hidden=tuple(config.hidden), slope=config.leaky_relu_slope,
+        dropout=config.mlp_dropout,
+    )

@@ -82,6 +82,32 @@ def true_reward_env_config(config: ExperimentConfig) -> EnvConfig:
     return env
 
 
+def resolve_loop(loop: str, spec) -> str:
+    """``run.loop="auto"``: Python-driven iterations for Atari CNNs on a CPU, a scan elsewhere."""
+    if loop != "auto":
+        return loop
+    cnn = is_atari_frames(spec.observation_shape)
+    return "python" if cnn and jax.default_backend() == "cpu" else "scan"
+
+
+def compile_chunk(step, loop: str):
+    """``run_chunk(state, length) -> (state, stacked metrics)`` from ``step(state) -> (state, metrics)``:
+    one compiled ``lax.scan``, or a Python loop over one compiled step (metrics stacked alike)."""
+    if loop == "scan":
+        return jax.jit(lambda state, length: jax.lax.scan(lambda s, _: step(s), state, None, length),
+                       static_argnums=1, donate_argnums=0)
+    step = jax.jit(step, donate_argnums=0)
+
+    def run_chunk(state, length):
+        rows = []
+        for _ in range(length):
+            state, metrics = step(state)
+            rows.append(metrics)
+        return state, jax.tree.map(lambda *xs: jnp.stack(xs), *rows)
+
+    return run_chunk
+
+
 class Training:
     """Everything compiled for one run, shared by a fresh start and a resume."""
 
@@ -96,30 +122,9 @@ class Training:
         self.chunk_iterations = max(1, min(self.total_iterations, config.run.chunk_env_steps // self.steps_per_iteration))
         self.num_chunks = math.ceil(self.total_iterations / self.chunk_iterations)
 
-        self.loop = config.run.loop
-        if self.loop == "auto":
-            cnn = is_atari_frames(self.env.spec.observation_shape)
-            self.loop = "python" if cnn and jax.default_backend() == "cpu" else "scan"
-        if self.loop == "scan":
-            def run_chunk(runner, length):
-                return jax.lax.scan(lambda r, _: iteration(r)[:2], runner, None, length)
-
-            self._run_chunk = jax.jit(run_chunk, static_argnums=1, donate_argnums=0)
-        else:
-            self._run_chunk = self._iterate(jax.jit(lambda r: iteration(r)[:2], donate_argnums=0))
+        self.loop = resolve_loop(config.run.loop, self.env.spec)
+        self._run_chunk = compile_chunk(lambda r: iteration(r)[:2], self.loop)
         self.init_runner = jax.jit(lambda key: self.agent.init_runner(key, self.agent_config, self.env))
-
-    @staticmethod
-    def _iterate(iteration):
-        """A chunk as a Python loop over one compiled iteration; metrics stacked as scan stacks them."""
-        def run_chunk(runner, length):
-            rows = []
-            for _ in range(length):
-                runner, metrics = iteration(runner)
-                rows.append(metrics)
-            return runner, jax.tree.map(lambda *xs: jnp.stack(xs), *rows)
-
-        return run_chunk
 
     def chunk_length(self, chunk: int) -> int:
         done = chunk * self.chunk_iterations
@@ -128,10 +133,30 @@ class Training:
     def run_chunk(self, runner, chunk: int):
         return self._run_chunk(runner, self.chunk_length(chunk))
 
+    def reset_env(self, runner, key):
+        env_state, timestep = self.env.reset(key)
+        return runner._replace(env_state=env_state, obs=timestep.obs)
+
+    def policy_params(self, runner):
+        return runner.params
+
     def restore_latest(self, run_dir: Path):
-        """The newest checkpoint of ``run_dir``: (its chunk, the runner)."""
-        like = jax.eval_shape(self.init_runner, jax.random.PRNGKey(0))
-        return Checkpoints(run_dir).restore(like)
+        return restore_latest(self, run_dir)
+
+
+def restore_latest(training, run_dir: Path):
+    """The newest checkpoint of ``run_dir``: (its chunk, the runner ``training`` runs)."""
+    like = jax.eval_shape(training.init_runner, jax.random.PRNGKey(0))
+    return Checkpoints(run_dir).restore(like)
+
+
+def make_training(config: ExperimentConfig):
+    """What drives a run: the agent on the true reward, or the RLHF loop."""
+    if config.reward == "preferences":
+        from rlhf_jax.pipeline import RLHFTraining
+
+        return RLHFTraining(config)
+    return Training(config)
 
 
 def train(config: ExperimentConfig | None = None, resume: str | Path | None = None, progress: bool = True) -> Path:
@@ -139,20 +164,20 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
     if resume is not None:
         run_dir = Path(resume)
         config = load_run_config(run_dir)
-    training = Training(config)
+    training = make_training(config)
     if resume is None:
         run_dir = new_run_dir(config)
     checkpoints = Checkpoints(run_dir)
     log = MetricsLog(run_dir, tensorboard=config.run.tensorboard)
-    runner = training.init_runner(jax.random.PRNGKey(config.seed))
     first_chunk = 0
-    if resume is not None:
-        saved_chunk, runner = checkpoints.restore(runner)
+    if resume is None:
+        runner = training.init_runner(jax.random.PRNGKey(config.seed))
+    else:
+        saved_chunk, runner = checkpoints.restore(jax.eval_shape(training.init_runner, jax.random.PRNGKey(config.seed)))
         first_chunk = saved_chunk + 1
         if training.env.spec.backend.startswith("envpool"):
             # The saved handle points into a pool that died with the old process.
-            env_state, timestep = training.env.reset(jax.random.PRNGKey(config.seed))
-            runner = runner._replace(env_state=env_state, obs=timestep.obs)
+            runner = training.reset_env(runner, jax.random.PRNGKey(config.seed))
         log.truncate_after(int(runner.env_steps))
     print(f"run directory: {run_dir}", flush=True)
 
@@ -172,7 +197,10 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
             row["steps_per_second"] = (row["env_steps"] - bar.n) / (time.perf_counter() - start)
             log.append(row)
             bar.update(int(row["env_steps"]) - bar.n)
-            bar.set_postfix(steps_per_s=f"{row['steps_per_second']:.3g}", true_return=f"{row['episode_return']:.4g}")
+            shown = {"steps_per_s": f"{row['steps_per_second']:.3g}", "true_return": f"{row['episode_return']:.4g}"}
+            if "labels" in row:
+                shown["labels"] = int(row["labels"])
+            bar.set_postfix(shown)
             if (chunk + 1) % every == 0 or chunk + 1 == training.num_chunks:
                 checkpoints.save(chunk, runner)
                 saved_chunk = chunk
@@ -188,7 +216,10 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
         bar.close()
         log.close()
         checkpoints.close()
-    plot_learning_curve(log.rows(), run_dir / "learning_curve.png", f"{config.agent} on {config.env.id}")
+    title = f"{config.agent} on {config.env.id}" + (" from preferences" if config.reward == "preferences" else "")
+    plot_learning_curve(log.rows(), run_dir / "learning_curve.png", title)
+    if hasattr(training, "save_labels"):
+        training.save_labels(runner, run_dir / "labels.npz")
     return run_dir
 
 
@@ -196,13 +227,13 @@ def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0
     """Score the run's latest policy on whole true episodes (the agent's evaluation protocol)."""
     run_dir = Path(run_dir)
     config = load_run_config(run_dir)
-    training = Training(config)
-    _, runner = training.restore_latest(run_dir)
+    training = make_training(config)
+    _, runner = restore_latest(training, run_dir)
     num_envs = episodes or config.run.eval_episodes
     env = make(dataclasses.replace(config.env, num_envs=num_envs, seed=config.env.seed + 10_000))
     max_steps = config.run.eval_max_steps or env.spec.max_episode_steps + 1
     act = training.agent.make_policy(training.agent_config, env.spec)
-    score = jax.jit(lambda params, key: evaluate(act, params, env, key, max_steps))(runner.params, jax.random.PRNGKey(seed))
+    score = jax.jit(lambda params, key: evaluate(act, params, env, key, max_steps))(training.policy_params(runner), jax.random.PRNGKey(seed))
     finished = int(score["episodes"])
     result = {
         "env": config.env.id, "agent": config.agent, "env_steps": int(runner.env_steps),

@@ -32,7 +32,7 @@ def test_an_int_is_accepted_for_a_float():
     "override, message",
     [
         ("env.num_env=3", "unknown key 'env.num_env'; valid keys of env: id, num_envs"),
-        ("sed=1", "unknown key 'sed'; valid keys: name, seed, agent, env"),
+        ("sed=1", "unknown key 'sed'; valid keys: name, seed, agent, reward, env"),
         ("env.num_envs=three", "env.num_envs must be of type int, got 'three'"),
         ("env.hide_score=1", "env.hide_score must be of type bool"),
         ("seed=true", "seed must be of type int"),
@@ -76,5 +76,5 @@ def test_the_built_in_default_is_the_shipped_cartpole_config():
 
     from rlhf_jax.config import DEFAULT_EXPERIMENT, read_yaml
 
-    shipped = read_yaml(Path(__file__).resolve().parent.parent / "configs" / "a2c_cartpole.yaml")
+    shipped = read_yaml(Path(__file__).resolve().parent.parent / "configs" / "rlhf_cartpole.yaml")
     assert build(ExperimentConfig, shipped) == build(ExperimentConfig, DEFAULT_EXPERIMENT)

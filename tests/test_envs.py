@@ -58,6 +58,18 @@ def cartpole_hidden():
     return env, rollout(env, 300)
 
 
+def test_gymnax_hidden_end_reset_restarts_unannounced():
+    # The Atari treatment on gymnax: a fall restarts the copy at once, the agent's episode
+    # goes on (only a life's time limit ends it), the oracle pays the penalty once.
+    env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=4, hide_episode_end=True, hidden_end="reset",
+                         termination_penalty=2.0))
+    _, ts = rollout(env, 200)
+    falls = np.asarray(ts.info["true_done"])
+    assert falls.sum() >= 4 * 200 // 60 and not np.asarray(ts.done).any()
+    np.testing.assert_allclose(ts.reward, np.where(falls, np.asarray(ts.info["true_reward"]) - 2.0, 1.0))
+    assert np.all(np.abs(ts.obs[falls]) <= 0.05)  # the next observation is a fresh start
+
+
 def test_gymnax_shapes_and_auto_reset(cartpole_plain):
     env, (first, ts) = cartpole_plain
     assert env.spec.observation_shape == (4,) and env.spec.action_space == Discrete(2)

@@ -14,17 +14,19 @@ import yaml
 
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.cli import main
-from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
+from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.trainer import Training, load_run_config
 
+# The A2C CartPole example on the true reward, made small.
 SMALL = [
+    str(Path(__file__).resolve().parent.parent / "configs" / "a2c_cartpole.yaml"),
     "env.num_envs=8", "a2c.total_env_steps=40960", "a2c.num_steps=8", "a2c.learning_rate=0.003",
     "run.chunk_env_steps=1024", "run.checkpoint_every_updates=16", "run.tensorboard=false",
 ]
 
 
 def experiment(overrides):
-    return load_config(ExperimentConfig, None, overrides, default=DEFAULT_EXPERIMENT)
+    return load_config(ExperimentConfig, SMALL[0], overrides)
 
 
 def final_params(run_dir):

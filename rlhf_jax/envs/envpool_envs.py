@@ -77,7 +77,7 @@ class AtariEnv(EnvPoolEnv):
     """
 
     def __init__(self, name: str, config: EnvConfig):
-        reject_options(config, "EnvPool Atari", control_cost=True)
+        reject_options(config, "EnvPool Atari", control_cost=True, hidden_end="continue")
         if config.hide_episode_end and config.episodic_life:
             raise ConfigError("env.hide_episode_end and env.episodic_life contradict each other: choose one")
         self._game = name.split("-")[0]
@@ -135,7 +135,7 @@ class MujocoPoolEnv(EnvPoolEnv):
     """EnvPool's C MuJoCo (Gymnasium v5 definitions): the CPU back end for machines without an accelerator."""
 
     def __init__(self, name: str, config: EnvConfig):
-        reject_options(config, "EnvPool MuJoCo", hide_score=False, episodic_life=False, noop_max=30)
+        reject_options(config, "EnvPool MuJoCo", hide_score=False, episodic_life=False, noop_max=30, hidden_end="continue")
         if config.hide_episode_end and name in ALWAYS_TERMINATING_TASKS:
             raise ConfigError(
                 f"EnvPool cannot keep {name} running past its end; use mjx/{name} for env.hide_episode_end"

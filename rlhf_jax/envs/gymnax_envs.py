@@ -79,7 +79,17 @@ class GymnaxEnv(Environment):
         obs, reward = obs.astype(jnp.float32), reward.astype(jnp.float32)
         truncated = jax.vmap(self._env.is_truncated, in_axes=(0, None))(env_state, self._params)
 
-        if self._config.hide_episode_end:
+        if self._config.hide_episode_end and self._config.hidden_end == "reset":
+            # Appendix A's Atari treatment: the copy restarts at once, the agent is not told
+            # (only the time limit of a life that lasts ends its episode), the oracle pays
+            # the penalty on the failing step.
+            agent_done = truncated & ~terminated
+            true_reward, failed = reward, inner.failed
+            reward = reward - self._config.termination_penalty * terminated
+            true_done = terminated | truncated
+            time_limit = agent_done
+            restart = terminated | truncated
+        elif self._config.hide_episode_end:
             # Appendix A: the copy runs on to its time limit; every step in a terminal
             # state costs the oracle `termination_penalty`, and the unmodified return
             # stops counting at the first failure.
@@ -88,18 +98,20 @@ class GymnaxEnv(Environment):
             reward = reward - self._config.termination_penalty * terminated
             failed = inner.failed | terminated
             true_done = time_limit = truncated
+            restart = agent_done
         else:
             agent_done = terminated | truncated
             true_reward, failed, true_done = reward, inner.failed, agent_done
             time_limit = truncated & ~terminated
+            restart = agent_done
 
         reset_obs, reset_state = self._reset_copies(reset_key)
         env_state = jax.tree.map(
-            lambda fresh, old: jnp.where(agent_done.reshape((-1,) + (1,) * (old.ndim - 1)), fresh, old),
+            lambda fresh, old: jnp.where(restart.reshape((-1,) + (1,) * (old.ndim - 1)), fresh, old),
             reset_state,
             env_state,
         )
-        obs = jnp.where(agent_done.reshape((-1,) + (1,) * (obs.ndim - 1)), reset_obs, obs)
-        inner = GymnaxInner(env_state, key, failed & ~agent_done)
+        obs = jnp.where(restart.reshape((-1,) + (1,) * (obs.ndim - 1)), reset_obs, obs)
+        inner = GymnaxInner(env_state, key, failed & ~restart)
         info = {"true_reward": true_reward, "true_done": true_done, "truncated": time_limit}
         return inner, TimeStep(obs, reward, agent_done, info)

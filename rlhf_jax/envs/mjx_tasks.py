@@ -473,7 +473,7 @@ class MjxEnv(Environment):
     """A batch of ``config.num_envs`` copies of one task; see the module docstring."""
 
     def __init__(self, task: MjxTask, config: EnvConfig):
-        reject_options(config, "mjx", hide_score=False, episodic_life=False, noop_max=30)
+        reject_options(config, "mjx", hide_score=False, episodic_life=False, noop_max=30, hidden_end="continue")
         self.config = config
         self.mj_model = load_gymnasium_model(task.xml)
         self.model = mjx.put_model(self.mj_model, impl="jax")

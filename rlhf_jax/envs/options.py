@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from rlhf_jax.errors import ConfigError
 
@@ -19,6 +20,11 @@ class EnvConfig:
     # would have ended the episode (for Atari: every life lost, except in Pong).
     hide_episode_end: bool = False
     termination_penalty: float = 1.0
+    # gymnax only, with hide_episode_end: "continue" runs a failed copy on to its time limit
+    # (the MuJoCo treatment); "reset" restarts it at once without telling the agent and the
+    # oracle pays the penalty once (the Atari treatment: one continuous episode). CartPole
+    # needs "reset": a fallen pole spins far outside the states worth learning about.
+    hidden_end: Literal["continue", "reset"] = "continue"
     # Atari only: paint the score (and BeamRider's enemy count, Enduro's speedometer) black.
     hide_score: bool = False
     # Atari only: a lost life ends the agent's episode (DQN on the true reward), the game goes on.

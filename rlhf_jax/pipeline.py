@@ -1,0 +1,261 @@
+"""The RLHF loop of Christiano et al. 2017 (section 2.2): agent, reward model and labeler joined.
+
+The paper runs three asynchronous processes: the policy learns from the predicted reward
+r̂, pairs of its segments go to a labeler, and the predictor is fitted to the labels.
+Here they take turns inside compiled chunks, and nothing but labels ever needs to cross to
+the host:
+
+1. before RL, the untrained policy plays and its segments get the first labels (25% of
+   the budget, 500 on Atari), on which the predictor is pretrained (200 epochs on Atari);
+2. each chunk then runs the agent's iterations with ``reward_fn`` = the ensemble's
+   normalised reward, recording the steps taken and cutting segments from them;
+3. the labels the schedule asks for by now are queried (disagreement selection over 10x
+   as many candidate pairs) and answered by the synthetic oracle on the device;
+4. the ensemble takes a step of fitting per 10 env steps' worth of pairs, adapts its l2
+   coefficients, and renormalises on the recent segments.
+
+``RLHFTraining`` offers the same face as :class:`rlhf_jax.trainer.Training` (``init_runner``,
+``run_chunk``, chunk counts), so ``rlhf-jax train`` drives, logs and checkpoints both alike;
+its "runner" is the whole :class:`RLHFState`, labels and buffers included.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhf_jax.agents import get_agent
+from rlhf_jax.config import ExperimentConfig
+from rlhf_jax.envs import make
+from rlhf_jax.networks import is_atari_frames
+from rlhf_jax.reward import ensemble as reward_model
+from rlhf_jax.reward.config import resolve
+from rlhf_jax.reward.data import Labels, Segments, empty_labels, empty_segments
+from rlhf_jax.reward.labelers import add_labels, oracle_answers
+from rlhf_jax.reward.queries import candidate_pairs, select_queries
+from rlhf_jax.reward.schedule import labels_due
+from rlhf_jax.reward.segments import Recent, cut_segments, empty_recent, record
+from rlhf_jax.trainer import compile_chunk, resolve_loop
+
+# Fresh pairs drawn each chunk to score the reward model against the oracle.
+EVAL_PAIRS = 256
+# Steps of recent segments the normalisation statistics are taken over.
+NORMALIZATION_STEPS = 4_096
+
+
+class RLHFState(NamedTuple):
+    runner: Any  # the agent's whole state
+    ensemble: reward_model.EnsembleState
+    recent: Recent  # the last steps of every environment, to cut segments from
+    segments: Segments  # recent segments: where query candidates come from
+    labels: Labels  # the database D
+    key: jax.Array
+    labels_asked: jax.Array  # int32: queries put to the labeler so far
+
+    @property
+    def env_steps(self):
+        return self.runner.env_steps
+
+
+class RLHFTraining:
+    """Everything compiled for one preference-learning run."""
+
+    def __init__(self, config: ExperimentConfig):
+        self.config = config
+        self.agent = get_agent(config.agent)
+        self.agent_config = getattr(config, config.agent)
+        # The agent learns from r̂ only: no life-loss episodes or other true-reward helpers.
+        self.env = make(config.env)
+        spec = self.env.spec
+        self.prefs = config.preferences
+        self.model_config = config.reward_model
+        self.settings = resolve(self.prefs, spec)
+        self.atari = is_atari_frames(spec.observation_shape)
+        if self.model_config.ensemble_size == 1 and self.prefs.selection == "disagreement":
+            # One predictor cannot disagree with itself: the paper's "no ensemble" queries at random.
+            self.prefs = dataclasses.replace(self.prefs, selection="random")
+
+        self.steps_per_iteration = self.agent.env_steps_per_iteration(self.agent_config, self.env)
+        self.total_iterations = self.agent.num_iterations(self.agent_config, self.env)
+        self.total_env_steps = self.total_iterations * self.steps_per_iteration
+        self.chunk_iterations = max(1, min(self.total_iterations, config.run.chunk_env_steps // self.steps_per_iteration))
+        self.num_chunks = math.ceil(self.total_iterations / self.chunk_iterations)
+        k = self.settings.segment_length
+        steps_per_env = self.steps_per_iteration // self.env.num_envs
+        self.window = k + steps_per_env
+        # Enough segments to cover each iteration's steps about once.
+        self.segments_per_iteration = max(1, round(self.steps_per_iteration / k))
+        self.fit_steps = math.ceil(self.prefs.fit_pairs_per_env_step * self.chunk_iterations * self.steps_per_iteration
+                                   / self.model_config.batch_size)
+        # The schedule's rate only falls, so the first chunk asks for the most labels.
+        self.max_queries = max(1, self.labels_due(self.chunk_iterations * self.steps_per_iteration)
+                               - self.settings.initial_labels)
+        warm_iterations = math.ceil(self.prefs.segment_capacity / self.segments_per_iteration) + math.ceil(k / steps_per_env)
+        self.warm_iterations = warm_iterations
+
+        self.reward_fn = reward_model.make_reward_fn(self.model_config, spec)
+        self.iteration = self.agent.make_iteration(self.agent_config, self.env, self.reward_fn)
+        self.init_runner = jax.jit(self._init)
+        self.loop = resolve_loop(config.run.loop, spec)
+        self._collect = compile_chunk(self._collect_fn, self.loop)
+        self._learn = jax.jit(self._learn_fn, donate_argnums=0)
+
+    # ----------------------------------------------------------------- schedule
+    def labels_due(self, env_steps: int) -> int:
+        s = self.settings
+        if not self.prefs.online:
+            return s.labels
+        return labels_due(env_steps, self.total_env_steps, s.labels, s.initial_labels, s.label_decay_steps)
+
+    # ----------------------------------------------------------- pure pieces
+    def _member_returns(self, ensemble):
+        """Each member's summed predicted reward per segment: ``[P, k, ...] -> [M, P]``."""
+        def member_returns(obs, action):
+            return reward_model.member_returns(ensemble, self.model_config, self.env.spec, obs, action).sum(-1)
+
+        return member_returns
+
+    def _record_and_cut(self, recent, segments, key, transitions):
+        recent = record(recent, transitions.obs, transitions.action, transitions.oracle_reward, transitions.done)
+        segments = cut_segments(recent, segments, key, self.segments_per_iteration)
+        return recent, segments
+
+    def _ask(self, state: RLHFState, key, wanted, num_queries: int) -> tuple[RLHFState, dict]:
+        """Query up to ``num_queries`` pairs (the first ``wanted`` of them) and store the oracle's answers."""
+        select_key, answer_key, add_key = jax.random.split(key, 3)
+        first, second = select_queries(
+            select_key, state.segments, self._member_returns(state.ensemble), num_queries,
+            candidates_factor=self.prefs.candidates_factor, method=self.prefs.selection,
+            random_answer_prob=self.model_config.random_answer_prob,
+        )
+        segments = state.segments
+        mu, answered = oracle_answers(answer_key, segments.oracle_reward[first], segments.oracle_reward[second],
+                                      self.prefs.teacher)
+        asked = jnp.arange(num_queries) < wanted
+        labels = add_labels(state.labels, segments, first, second, mu, answered & asked, add_key,
+                            self.model_config.validation_fraction)
+        state = state._replace(labels=labels, labels_asked=state.labels_asked + jnp.minimum(wanted, num_queries))
+        return state, {"labels": labels.count}
+
+    def _fit(self, state: RLHFState, key, num_steps: int) -> tuple[RLHFState, dict]:
+        fit_key, loss_key, norm_key = jax.random.split(key, 3)
+        ensemble, fit_metrics = reward_model.fit(state.ensemble, self.model_config, self.env.spec, state.labels,
+                                                 fit_key, num_steps)
+        train_loss, val_loss = reward_model.validation_losses(ensemble, self.model_config, self.env.spec,
+                                                              state.labels, loss_key, self.settings.label_capacity)
+        ensemble = ensemble._replace(l2=reward_model.adapt_l2(ensemble.l2, train_loss, val_loss, self.model_config))
+        obs, action = self._recent_steps(state.segments, norm_key)
+        ensemble = reward_model.update_normalization(ensemble, self.model_config, self.env.spec, obs, action)
+        metrics = {"reward_train_loss": jnp.nanmean(train_loss), "reward_val_loss": jnp.nanmean(val_loss),
+                   "reward_l2": ensemble.l2.mean()}
+        return state._replace(ensemble=ensemble), metrics
+
+    def _recent_steps(self, segments: Segments, key):
+        """A sample of the (obs, action) steps in the recent segments."""
+        rows = min(segments.capacity, max(1, NORMALIZATION_STEPS // segments.length))
+        index = jax.random.randint(key, (rows,), 0, jnp.maximum(segments.count, 1))
+        obs, action = segments.obs[index], segments.action[index]
+        return obs.reshape(-1, *obs.shape[2:]), action.reshape(-1, *action.shape[2:])
+
+    def _score_reward(self, state: RLHFState, key) -> dict:
+        """The predictor against the oracle on fresh pairs: accuracy and reward correlation."""
+        segments = state.segments
+        first, second = candidate_pairs(key, segments, EVAL_PAIRS)
+        predict = lambda i: reward_model.normalized_reward(state.ensemble, self.model_config, self.env.spec,
+                                                           segments.obs[i], segments.action[i])
+        predicted_1, predicted_2 = predict(first), predict(second)
+        oracle_1, oracle_2 = segments.oracle_reward[first], segments.oracle_reward[second]
+        true_diff = oracle_1.sum(-1) - oracle_2.sum(-1)
+        decided = true_diff != 0
+        agree = jnp.sign(predicted_1.sum(-1) - predicted_2.sum(-1)) == jnp.sign(true_diff)
+        # NaN when every fresh pair ties (e.g. a policy that never fails): nothing to score.
+        accuracy = jnp.where(decided.any(), jnp.where(decided, agree, False).sum() / jnp.maximum(decided.sum(), 1),
+                             jnp.nan)
+        x = jnp.concatenate([predicted_1, predicted_2]).ravel()
+        y = jnp.concatenate([oracle_1, oracle_2]).ravel()
+        x, y = x - x.mean(), y - y.mean()
+        correlation = (x * y).sum() / jnp.sqrt((x * x).sum() * (y * y).sum() + 1e-12)
+        return {"reward_accuracy": accuracy, "reward_correlation": correlation}
+
+    # ---------------------------------------------------------- compiled steps
+    def _init(self, key) -> RLHFState:
+        """A fresh run: the untrained policy's segments, the initial labels, pretraining."""
+        spec = self.env.spec
+        agent_key, model_key, warm_key, ask_key, fit_key, key = jax.random.split(key, 6)
+        runner = self.agent.init_runner(agent_key, self.agent_config, self.env)
+        ensemble = reward_model.init_ensemble(model_key, self.model_config, spec)
+        k = self.settings.segment_length
+        state = RLHFState(
+            runner=runner, ensemble=ensemble,
+            recent=empty_recent(spec, self.env.num_envs, self.window),
+            segments=empty_segments(spec, self.prefs.segment_capacity, k),
+            labels=empty_labels(spec, self.settings.label_capacity, k, self.model_config.ensemble_size),
+            key=key, labels_asked=jnp.zeros((), jnp.int32),
+        )
+        # The untrained policy plays; its parameters are put back after every iteration.
+        def warm(carry, key):
+            playing, recent, segments = carry
+            playing, _, transitions = self.iteration(playing, ensemble)
+            playing = playing._replace(params=runner.params, opt_state=runner.opt_state)
+            recent, segments = self._record_and_cut(recent, segments, key, transitions)
+            return (playing, recent, segments), None
+
+        (_, _, segments), _ = jax.lax.scan(warm, (runner, state.recent, state.segments),
+                                           jax.random.split(warm_key, self.warm_iterations))
+        # `recent` starts afresh with RL; the reward model's inputs are standardised by the
+        # untrained policy's steps, once, so that later fits never see their inputs move.
+        obs = segments.obs.reshape(-1, *spec.observation_shape)
+        ensemble = reward_model.set_input_statistics(ensemble, spec, obs)
+        state = state._replace(segments=segments, ensemble=ensemble)
+        initial = self.settings.initial_labels
+        if initial:
+            state, _ = self._ask(state, ask_key, initial, initial)
+            epochs_steps = math.ceil(self.settings.pretrain_epochs * initial / self.model_config.batch_size)
+            state, _ = self._fit(state, fit_key, max(1, epochs_steps))
+        return state
+
+    def _collect_fn(self, state: RLHFState):
+        """One agent iteration on r̂, its steps recorded and cut into segments."""
+        key, cut_key = jax.random.split(state.key)
+        runner, metrics, transitions = self.iteration(state.runner, state.ensemble)
+        recent, segments = self._record_and_cut(state.recent, state.segments, cut_key, transitions)
+        return state._replace(runner=runner, recent=recent, segments=segments, key=key), metrics
+
+    def _learn_fn(self, state: RLHFState, wanted):
+        """The labels the schedule asks for, then fitting; and the predictor's scores."""
+        key, ask_key, fit_key, score_key = jax.random.split(state.key, 4)
+        state = state._replace(key=key)
+        state, ask_metrics = self._ask(state, ask_key, wanted, self.max_queries)
+        state, fit_metrics = self._fit(state, fit_key, self.fit_steps)
+        return state, {**ask_metrics, **fit_metrics, **self._score_reward(state, score_key)}
+
+    # ------------------------------------------------------------ the driver
+    def chunk_length(self, chunk: int) -> int:
+        return min(self.chunk_iterations, self.total_iterations - chunk * self.chunk_iterations)
+
+    def run_chunk(self, state: RLHFState, chunk: int):
+        length = self.chunk_length(chunk)
+        state, metrics = self._collect(state, length)
+        end_steps = (chunk * self.chunk_iterations + length) * self.steps_per_iteration
+        wanted = max(0, self.labels_due(end_steps) - int(state.labels_asked))
+        state, learn_metrics = self._learn(state, jnp.int32(wanted))
+        metrics.update({k: np.full(length, v) for k, v in jax.device_get(learn_metrics).items()})
+        return state, metrics
+
+    def reset_env(self, state: RLHFState, key) -> RLHFState:
+        env_state, timestep = self.env.reset(key)
+        return state._replace(runner=state.runner._replace(env_state=env_state, obs=timestep.obs))
+
+    def policy_params(self, state: RLHFState):
+        return state.runner.params
+
+    def save_labels(self, state: RLHFState, path) -> None:
+        """The labels themselves, with the segments they compare, as a NumPy archive."""
+        labels = jax.device_get(state.labels)
+        n = int(labels.count)
+        np.savez_compressed(path, obs=labels.obs[:n], action=labels.action[:n], mu=labels.mu[:n],
+                            oracle_return=labels.oracle_return[:n], holdout=labels.holdout[:n])

@@ -1,0 +1,1 @@
+"""Learning a reward from people: preference and annotation models, queries, labelers, schedules."""

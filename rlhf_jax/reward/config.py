@@ -1,0 +1,87 @@
+"""The settings of preference learning (Christiano et al. sections 2.2 and 3.3, appendix A).
+
+Every field defaults to the paper; ``0`` or ``-1`` where the paper's value depends on the
+domain (Atari or not), resolved by :func:`resolve` once the environment is known. Each
+ablation of section 3.3 is one switch:
+
+=====================  ==========================================================
+random queries         ``preferences.selection=random``
+no ensemble            ``reward_model.ensemble_size=1`` (queries then go random)
+no online queries      ``preferences.online=false``: every label from the start
+no regularisation      ``reward_model.adapt_l2=false``: no l2, dropout stays
+segments of length 1   ``preferences.segment_length=1``
+target                 ``reward_model.loss=target``: regress summed true reward
+=====================  ==========================================================
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+from rlhf_jax.envs.core import EnvSpec
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.networks import is_atari_frames
+from rlhf_jax.reward.labelers import TeacherConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceConfig:
+    labels: int = 5_500  # the label budget (Atari 5,500; MuJoCo 350/700/1,400)
+    # Labels from the untrained policy before RL: 25% of the budget (MuJoCo), 500 (Atari).
+    initial_labels: int = -1
+    # The labelling rate after T env steps is proportional to c / (T + c), c in env steps:
+    # 2e6 (MuJoCo), 1.25e6 on Atari (the paper's 5e6 frames at a frame skip of 4).
+    label_decay_steps: int = 0
+    online: bool = True  # false: the "no online queries" ablation, all labels up front
+    # Steps per segment: 25 on Atari (1.7 s at 15 fps), 1.5 s of simulated time elsewhere.
+    segment_length: int = 0
+    segment_capacity: int = 1_000  # recent segments that candidate pairs are drawn from
+    label_capacity: int = 0  # the newest labels kept: 3,000 on Atari, all of them elsewhere
+    selection: Literal["disagreement", "random"] = "disagreement"
+    candidates_factor: int = 10  # candidate pairs drawn per query presented
+    # The predictor "processes 1 label per 10 RL timesteps" (appendix A.2).
+    fit_pairs_per_env_step: float = 0.1
+    pretrain_epochs: int = -1  # over the initial labels before RL: 200 on Atari, none elsewhere
+    teacher: TeacherConfig = TeacherConfig()
+
+    def __post_init__(self):
+        if self.labels < 1:
+            raise ConfigError(f"preferences.labels must be positive, got {self.labels}")
+        if self.initial_labels > self.labels:
+            raise ConfigError(f"preferences.initial_labels ({self.initial_labels}) exceeds the budget ({self.labels})")
+        if self.segment_length < 0 or self.segment_capacity < 2 or self.candidates_factor < 1:
+            raise ConfigError("preferences: segment_length must be >= 0, segment_capacity >= 2, candidates_factor >= 1")
+        if self.fit_pairs_per_env_step < 0 or self.label_capacity < 0 or self.label_decay_steps < 0:
+            raise ConfigError("preferences: fit_pairs_per_env_step, label_capacity and label_decay_steps must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedPreferences:
+    """:class:`PreferenceConfig` with the domain-dependent defaults filled in."""
+
+    labels: int
+    initial_labels: int
+    label_decay_steps: int
+    segment_length: int
+    label_capacity: int
+    pretrain_epochs: int
+
+
+def resolve(config: PreferenceConfig, spec: EnvSpec) -> ResolvedPreferences:
+    atari = is_atari_frames(spec.observation_shape)
+    if not config.online:
+        initial = config.labels
+    elif config.initial_labels >= 0:
+        initial = config.initial_labels
+    else:
+        initial = min(config.labels, 500) if atari else math.ceil(0.25 * config.labels)
+    length = config.segment_length or (25 if atari else max(1, round(1.5 * spec.fps)))
+    return ResolvedPreferences(
+        labels=config.labels,
+        initial_labels=initial,
+        label_decay_steps=config.label_decay_steps or (1_250_000 if atari else 2_000_000),
+        segment_length=length,
+        label_capacity=config.label_capacity or (min(3_000, config.labels) if atari else config.labels),
+        pretrain_epochs=config.pretrain_epochs if config.pretrain_epochs >= 0 else (200 if atari else 0),
+    )

@@ -1,0 +1,154 @@
+"""Synthetic labelers, and writing their answers into the label database D (section 2.2.2).
+
+The paper's synthetic oracle "prefers whichever trajectory segment actually receives a
+higher reward in the underlying task" (section 3): ``mu = 1`` when segment 1 has the
+larger summed oracle reward, ``0`` when segment 2 has, ``0.5`` for a tie. Its options
+add the simulated teachers of Lee et al. 2021 (B-Pref): Boltzmann-rational, mistaken,
+skipping, tie-prone and myopic overseers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.reward.data import Labels, Segments
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherConfig:
+    """How the synthetic overseer answers; the defaults are the paper's perfect oracle.
+
+    The teacher judges by its own return ``R = sum_t gamma^(k-1-t) r_t`` over the ``k``
+    steps (``myopic_gamma = gamma``; 1 is the paper's undiscounted sum), and
+
+    * says "can't tell" (``answered = False``) when both ``R < skip_below``;
+    * calls a tie (``mu = 0.5``) when ``|R1 - R2| <= tie_gap`` (equal returns always tie);
+    * otherwise prefers the larger return, or, with ``boltzmann_temperature = tau > 0``,
+      prefers segment 1 with probability ``sigmoid((R1 - R2) / (tau * scale))``, where
+      ``scale`` is the mean ``|R1 - R2|`` over the batch, so ``tau`` is in units of the
+      return scale;
+    * flips its choice with probability ``mistake_prob`` (a tie stays a tie).
+    """
+
+    boltzmann_temperature: float = 0.0
+    mistake_prob: float = 0.0
+    skip_below: float | None = None
+    tie_gap: float = 0.0
+    myopic_gamma: float = 1.0
+
+    def __post_init__(self):
+        def bad(name, value, rule):
+            raise ConfigError(f"teacher.{name} must be {rule}, got {value!r}")
+
+        t = self.boltzmann_temperature
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+            bad("boltzmann_temperature", t, "a finite number >= 0 (0: the deterministic oracle)")
+        p = self.mistake_prob
+        if not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
+            bad("mistake_prob", p, "a probability in [0, 1]")
+        s = self.skip_below
+        if s is not None and not (isinstance(s, (int, float)) and math.isfinite(s)):
+            bad("skip_below", s, "a finite number, or None to answer every query")
+        g = self.tie_gap
+        if not (isinstance(g, (int, float)) and math.isfinite(g) and g >= 0):
+            bad("tie_gap", g, "a finite number >= 0")
+        d = self.myopic_gamma
+        if not (isinstance(d, (int, float)) and 0.0 <= d <= 1.0):
+            bad("myopic_gamma", d, "in [0, 1] (1: the paper's undiscounted sum)")
+
+
+def teacher_returns(reward: chex.Array, gamma: float) -> jax.Array:
+    """``[P]`` the myopic teacher's return ``sum_t gamma^(k-1-t) r_t`` of ``[P, k]`` rewards."""
+    length = reward.shape[-1]
+    weights = jnp.asarray(gamma, jnp.float32) ** jnp.arange(length - 1, -1, -1, dtype=jnp.float32)
+    return jnp.sum(reward.astype(jnp.float32) * weights, axis=-1)
+
+
+def oracle_answers(
+    key: jax.Array, reward_1: chex.Array, reward_2: chex.Array, config: TeacherConfig = TeacherConfig()
+) -> tuple[jax.Array, jax.Array]:
+    """The synthetic overseer's answers to ``P`` queries (rules in :class:`TeacherConfig`).
+
+    Args:
+      key: randomness for Boltzmann choices and mistakes (unused by the default oracle).
+      reward_1, reward_2: ``[P, k]`` oracle rewards of each pair's two segments.
+      config: the teacher; static under ``jit``.
+
+    Returns:
+      ``mu [P]`` float32, P[segment 1 is preferred] (1, 0 or 0.5), and ``answered [P]``
+      bool, False for "can't tell" (such pairs are never stored).
+    """
+    chex.assert_rank(reward_1, 2)
+    chex.assert_equal_shape([reward_1, reward_2])
+    return_1 = teacher_returns(reward_1, config.myopic_gamma)
+    return_2 = teacher_returns(reward_2, config.myopic_gamma)
+    gap = return_1 - return_2
+    key_choice, key_mistake = jax.random.split(key)
+
+    if config.boltzmann_temperature > 0:
+        scale = jnp.mean(jnp.abs(gap))
+        scale = jnp.where(scale > 0, scale, 1.0)  # all gaps 0: every answer is a tie anyway
+        prob_1 = jax.nn.sigmoid(gap / (config.boltzmann_temperature * scale))
+        prefers_1 = jax.random.bernoulli(key_choice, prob_1)
+    else:
+        prefers_1 = gap > 0
+    if config.mistake_prob > 0:
+        prefers_1 = prefers_1 ^ jax.random.bernoulli(key_mistake, config.mistake_prob, gap.shape)
+
+    tie = (jnp.abs(gap) <= config.tie_gap) | (gap == 0)
+    mu = jnp.where(tie, 0.5, prefers_1.astype(jnp.float32))
+    if config.skip_below is None:
+        answered = jnp.ones(gap.shape, bool)
+    else:
+        answered = jnp.maximum(return_1, return_2) >= config.skip_below
+    return mu.astype(jnp.float32), answered
+
+
+def add_labels(
+    labels: Labels,
+    segments: Segments,
+    index_1: chex.Array,
+    index_2: chex.Array,
+    mu: chex.Array,
+    answered: chex.Array,
+    key: jax.Array,
+    validation_fraction: chex.Numeric = 1.0 / math.e,
+) -> Labels:
+    """Store the answered pairs ``(segments[index_1], segments[index_2], mu)`` in the ring D.
+
+    Answered pairs take rows ``next, next+1, ...`` (mod capacity) in order, unanswered
+    ones take none: pair ``p`` goes to ``next + (number answered before p)``. Should more
+    than the capacity be answered at once, only the newest ``capacity`` are kept, as if
+    written one by one. Each new row is held out of member ``m``'s training set, for its
+    validation, with probability ``validation_fraction`` independently ("a fraction of
+    1/e of the data is held out ... for each predictor", section 2.2.3).
+    """
+    chex.assert_shape([index_1, index_2, mu, answered], (index_1.shape[0],))
+    capacity, members = labels.capacity, labels.holdout.shape[1]
+    answered = answered.astype(bool)
+    position = jnp.cumsum(answered, dtype=jnp.int32) - 1  # among the answered, in order
+    total = jnp.sum(answered, dtype=jnp.int32)
+    keep = answered & (position >= total - capacity)  # distinct rows mod capacity
+    rows = jnp.where(keep, (labels.next + position) % capacity, capacity)  # capacity: dropped
+
+    def pair(x):
+        return jnp.stack([x[index_1], x[index_2]], axis=1)  # [P, 2, ...]
+
+    def write(buffer, values):
+        return buffer.at[rows].set(values.astype(buffer.dtype), mode="drop")
+
+    holdout = jax.random.bernoulli(key, validation_fraction, (index_1.shape[0], members))
+    return Labels(
+        obs=write(labels.obs, pair(segments.obs)),
+        action=write(labels.action, pair(segments.action)),
+        mu=write(labels.mu, mu),
+        oracle_return=write(labels.oracle_return, pair(segments.oracle_reward.sum(axis=-1))),
+        holdout=write(labels.holdout, holdout),
+        count=jnp.minimum(labels.count + total, capacity).astype(jnp.int32),
+        next=((labels.next + total) % capacity).astype(jnp.int32),
+    )

@@ -1,0 +1,239 @@
+"""The reward model of Christiano et al. 2017 (section 2.2.3): likelihood, ensemble, fitting."""
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax.envs.core import Discrete, EnvSpec
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.networks import RewardCNN, RewardMLP, reward_network_for
+from rlhf_jax.reward import ensemble
+from rlhf_jax.reward.data import empty_labels
+from rlhf_jax.reward.ensemble import RewardModelConfig
+from rlhf_jax.reward.preference import preference_loss, preference_probability, target_loss
+
+# A toy task: observations in R^2, 2 actions, true reward obs[0].
+SPEC = EnvSpec(id="toy", backend="test", num_envs=4, observation_shape=(2,), observation_dtype="float32",
+               action_space=Discrete(2), fps=10.0, max_episode_steps=100)
+ATARI_SPEC = dataclasses.replace(SPEC, id="atari", observation_shape=(84, 84, 4), observation_dtype="uint8")
+CONFIG = RewardModelConfig()
+LENGTH = 5  # steps per segment
+CAPACITY = 256
+FIT_STEPS = 50  # one compiled fit; the learning test calls it repeatedly
+PAIRS = 500  # pairs scored by the normalisation and learning tests: one compiled shape
+
+init_ensemble = jax.jit(ensemble.init_ensemble, static_argnums=(1, 2))
+fit = jax.jit(ensemble.fit, static_argnums=(1, 2, 5))
+member_returns = jax.jit(ensemble.member_returns, static_argnums=(1, 2))
+normalized_reward = jax.jit(ensemble.normalized_reward, static_argnums=(1, 2))
+update_normalization = jax.jit(ensemble.update_normalization, static_argnums=(1, 2))
+validation_losses = jax.jit(ensemble.validation_losses, static_argnums=(1, 2, 5))
+sample_training_rows = jax.jit(ensemble.sample_training_rows, static_argnums=3)
+
+
+def random_pairs(key, n):
+    """Random segment pairs [n, 2, k, 2] and actions [n, 2, k], with the true returns [n, 2]."""
+    k_obs, k_act = jax.random.split(key)
+    obs = jax.random.normal(k_obs, (n, 2, LENGTH, 2))
+    action = jax.random.randint(k_act, (n, 2, LENGTH), 0, 2)
+    return obs, action, obs[..., 0].sum(-1)
+
+
+def toy_labels(key, count, capacity=CAPACITY, holdout_prob=1 / math.e):
+    k_pairs, k_hold = jax.random.split(key)
+    labels = empty_labels(SPEC, capacity, LENGTH, CONFIG.ensemble_size)
+    obs, action, returns = random_pairs(k_pairs, count)
+    pad = ((0, capacity - count),)
+    return labels._replace(
+        obs=jnp.pad(obs, pad + ((0, 0),) * 3),
+        action=jnp.pad(action, pad + ((0, 0),) * 2),
+        mu=jnp.pad((returns[:, 0] > returns[:, 1]).astype(jnp.float32), pad),
+        oracle_return=jnp.pad(returns, pad + ((0, 0),)),
+        holdout=jax.random.bernoulli(k_hold, holdout_prob, (capacity, CONFIG.ensemble_size)),
+        count=jnp.asarray(count, jnp.int32),
+        next=jnp.asarray(count % capacity, jnp.int32),
+    )
+
+
+@pytest.fixture(scope="module")
+def state():
+    return init_ensemble(jax.random.key(0), CONFIG, SPEC)
+
+
+@pytest.fixture(scope="module")
+def trained(state):
+    """The ensemble fit on 200 labels made with the true reward sums."""
+    labels = toy_labels(jax.random.key(1), 200)
+    for key in jax.random.split(jax.random.key(2), 6):  # 300 steps
+        state, metrics = fit(state, CONFIG, SPEC, labels, key, FIT_STEPS)
+    return state, metrics, labels
+
+
+# --- Likelihood ---------------------------------------------------------------------
+
+
+def test_preference_probability_and_loss_by_hand():
+    r1, r2 = jnp.array([math.log(3.0)]), jnp.array([0.0])  # sigmoid(ln 3) = 3/4
+    np.testing.assert_allclose(preference_probability(r1, r2, 0.1), [0.9 * 0.75 + 0.05], rtol=1e-6)
+    np.testing.assert_allclose(preference_probability(r2, r1, 0.1), [0.275], rtol=1e-6)
+    np.testing.assert_allclose(preference_loss(r1, r2, jnp.array([1.0]), 0.1), [-math.log(0.725)], rtol=1e-6)
+    np.testing.assert_allclose(preference_loss(r1, r2, jnp.array([0.0]), 0.1), [-math.log(0.275)], rtol=1e-6)
+    tie = -(math.log(0.725) + math.log(0.275)) / 2
+    np.testing.assert_allclose(preference_loss(r1, r2, jnp.array([0.5]), 0.1), [tie], rtol=1e-6)
+
+
+def test_likelihood_is_stable_far_apart():
+    """Returns 1000 apart: the noise floor holds (P = 1 - eps/2) and gradients stay finite."""
+    r1, r2, mu = jnp.array([1000.0]), jnp.array([0.0]), jnp.array([0.0])
+    np.testing.assert_allclose(preference_probability(r1, r2, 0.1), [0.95], rtol=1e-6)
+    np.testing.assert_allclose(preference_loss(r1, r2, mu, 0.1), [-math.log(0.05)], rtol=1e-5)
+    for eps in (0.1, 0.0):
+        grad = jax.grad(lambda r: preference_loss(r, r2, mu, eps).sum())(r1)
+        assert np.isfinite(grad).all()
+    # eps = 0 is equation 1 itself: -log sigmoid(-1000) = 1000.
+    np.testing.assert_allclose(preference_loss(r1, r2, mu, 0.0), [1000.0], rtol=1e-6)
+
+
+def test_target_loss_against_numpy():
+    r1, r2, o1, o2 = np.random.default_rng(0).normal(size=(4, 7)).astype(np.float32)
+    expected = ((r1 - o1) ** 2 + (r2 - o2) ** 2) / 2
+    np.testing.assert_allclose(target_loss(r1, r2, o1, o2), expected, rtol=1e-6)
+
+
+# --- Bootstrap, held-out rows, empty buffers --------------------------------------
+
+
+def test_sampler_draws_every_training_row_and_no_held_out_row():
+    capacity, count = 32, 20
+    holdout = jnp.arange(capacity) % 3 == 0  # rows 0, 3, 6, ... are this member's validation set
+    rows, num_rows = sample_training_rows(jax.random.key(0), holdout, jnp.int32(count), 4000)
+    training = {r for r in range(count) if r % 3 != 0}
+    assert int(num_rows) == len(training)
+    assert set(np.asarray(rows).tolist()) == training  # every training row, nothing else
+    counts = np.bincount(np.asarray(rows), minlength=capacity)[sorted(training)]
+    assert counts.min() > 4000 / len(training) / 2  # roughly uniform
+
+
+def test_different_keys_draw_different_rows():
+    keys = jax.random.split(jax.random.key(0), 2)
+    none = jnp.zeros((32,), bool)
+    a, _ = sample_training_rows(keys[0], none, jnp.int32(32), 4000)
+    b, _ = sample_training_rows(keys[1], none, jnp.int32(32), 4000)
+    assert not np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_empty_buffer_changes_nothing(bootstrap):
+    config = dataclasses.replace(CONFIG, bootstrap=bootstrap)
+    state = init_ensemble(jax.random.key(0), config, SPEC)
+    labels = empty_labels(SPEC, CAPACITY, LENGTH, config.ensemble_size)
+    fitted, metrics = fit(state, config, SPEC, labels, jax.random.key(1), FIT_STEPS)
+    jax.tree.map(np.testing.assert_array_equal, fitted, state)
+    np.testing.assert_array_equal(metrics["loss"], np.zeros(3))
+
+
+# --- Adaptive l2 ---------------------------------------------------------------------
+
+
+def test_adaptive_l2_moves_each_member_its_own_way():
+    l2 = jnp.array([1.0, 1.0, 1.0, 1.0])
+    train = jnp.array([1.0, 1.0, 1.0, 1.0])
+    val = jnp.array([2.0, 1.0, 1.3, jnp.nan])  # overfit, underfit, in the band, no validation data
+    np.testing.assert_allclose(ensemble.adapt_l2(l2, train, val, CONFIG), [1.1, 1 / 1.1, 1.0, 1.0], rtol=1e-6)
+    ablation = dataclasses.replace(CONFIG, adapt_l2=False)
+    np.testing.assert_array_equal(ensemble.adapt_l2(l2, train, val, ablation), np.zeros(4))
+
+
+# --- Normalisation -------------------------------------------------------------------
+
+
+def test_normalization_gives_each_member_zero_mean_and_paper_std(state):
+    obs, action, _ = random_pairs(jax.random.key(3), PAIRS)  # [P, 2, k, ...]: any leading axes
+    state = update_normalization(state, CONFIG, SPEC, obs, action)
+    raw = np.asarray(member_returns(state, CONFIG, SPEC, obs, action))  # [M, 40, 2, k]
+    assert raw.shape == (3, PAIRS, 2, LENGTH)
+    assert CONFIG.reward_std(SPEC) == 1.0 and CONFIG.reward_std(ATARI_SPEC) == 0.05
+    mean, std = np.asarray(state.norm_mean)[:, None], np.asarray(state.norm_std)[:, None]
+    normalised = (raw.reshape(3, -1) - mean) / std
+    np.testing.assert_allclose(normalised.mean(1), 0.0, atol=1e-4)
+    np.testing.assert_allclose(normalised.std(1), 1.0, rtol=1e-4)
+    np.testing.assert_allclose(
+        normalized_reward(state, CONFIG, SPEC, obs, action), normalised.mean(0).reshape(PAIRS, 2, LENGTH),
+        rtol=1e-4, atol=1e-5,
+    )
+    # A mask (e.g. a ring buffer's rows below its count) restricts the statistics to valid steps.
+    first_half = jnp.arange(PAIRS)[:, None, None] < PAIRS // 2
+    masked = update_normalization(state, CONFIG, SPEC, obs, action, first_half)
+    valid = raw[:, : PAIRS // 2].reshape(3, -1)
+    np.testing.assert_allclose(masked.norm_mean, valid.mean(1), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(masked.norm_std, valid.std(1), rtol=1e-4)
+    reward_fn = ensemble.make_reward_fn(CONFIG, SPEC)
+    assert reward_fn(state, obs[:4, 0, 0], action[:4, 0, 0], None).shape == (SPEC.num_envs,)
+
+
+# --- Learning ------------------------------------------------------------------------
+
+
+def test_fit_learns_true_preferences(trained):
+    state, metrics, _ = trained
+    obs, action, returns = random_pairs(jax.random.key(4), PAIRS)  # fresh pairs
+    predicted = np.asarray(normalized_reward(state, CONFIG, SPEC, obs, action)).sum(-1)  # [P, 2]
+    agree = (predicted[:, 0] > predicted[:, 1]) == (returns[:, 0] > returns[:, 1])
+    assert agree.mean() >= 0.9
+    assert metrics["loss"].shape == (3,) and np.all(metrics["loss"] < math.log(2))
+    assert int(state.step) == 300
+
+
+def test_validation_losses_and_adaptation(trained):
+    state, _, labels = trained
+    train, val = validation_losses(state, CONFIG, SPEC, labels, jax.random.key(5), CAPACITY)
+    assert train.shape == val.shape == (3,)
+    assert np.isfinite(train).all() and np.isfinite(val).all()
+    l2 = ensemble.adapt_l2(state.l2, train, val, CONFIG)
+    ratio = np.asarray(val / train)
+    expected = np.where(ratio > 1.5, 1.1e-3, np.where(ratio < 1.1, 1e-3 / 1.1, 1e-3))
+    np.testing.assert_allclose(l2, expected, rtol=1e-5)
+    # A member that holds nothing out reports NaN and keeps its l2.
+    no_holdout = labels._replace(holdout=labels.holdout.at[:, 1].set(False))
+    train, val = validation_losses(state, CONFIG, SPEC, no_holdout, jax.random.key(5), CAPACITY)
+    val = np.asarray(val)
+    assert np.isnan(val[1]) and np.isfinite(val[[0, 2]]).all()
+    assert ensemble.adapt_l2(state.l2, train, val, CONFIG)[1] == state.l2[1]
+
+
+# --- Networks ------------------------------------------------------------------------
+
+
+def test_reward_cnn_shapes_batch_stats_and_ignores_action():
+    network = reward_network_for(ATARI_SPEC, CONFIG)
+    assert isinstance(network, RewardCNN) and isinstance(reward_network_for(SPEC, CONFIG), RewardMLP)
+    frames = jax.random.randint(jax.random.key(0), (2, 84, 84, 4), 0, 256).astype(jnp.uint8)
+    frames = jnp.concatenate([frames, frames])  # the same two frames, with different actions
+    actions = jnp.array([0, 1, 3, 5], jnp.int32)
+
+    @jax.jit
+    def run(frames, actions):
+        variables = network.init(jax.random.key(1), frames, actions, train=False)
+        return variables, network.apply(variables, frames, actions, train=False)
+
+    variables, out = run(frames, actions)
+    assert "batch_stats" in variables and out.shape == (4,)
+    np.testing.assert_array_equal(out[:2], out[2:])
+    init = functools.partial(ensemble.init_ensemble, config=CONFIG, spec=ATARI_SPEC)
+    state = jax.eval_shape(init, jax.random.key(0))  # shapes only: no compile
+    assert jax.tree.leaves(state.batch_stats)[0].shape[0] == CONFIG.ensemble_size
+
+
+@pytest.mark.parametrize("bad", [
+    dict(ensemble_size=0), dict(random_answer_prob=1.0), dict(random_answer_prob=-0.1),
+    dict(validation_fraction=1.0), dict(l2_low=1.5, l2_high=1.5), dict(batch_size=0),
+    dict(l2_factor=1.0), dict(learning_rate=0.0), dict(mlp_dropout=1.0), dict(loss="mse"),
+    dict(hidden=()), dict(normalized_std=-1.0),
+])
+def test_bad_config_values_raise(bad):
+    with pytest.raises(ConfigError):
+        RewardModelConfig(**bad)

@@ -1,0 +1,87 @@
+"""The RLHF loop (rlhf_jax.pipeline): the built-in default learns CartPole from 500 synthetic
+preferences, through the command line, and every ablation is one switch."""
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from rlhf_jax.cli import main
+from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.reward.config import resolve
+
+
+def experiment(overrides=()):
+    return load_config(ExperimentConfig, None, list(overrides), default=DEFAULT_EXPERIMENT)
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """`rlhf-jax train` with no config: the README's main job (about 1-2 minutes on 2 cores)."""
+    run_dir = tmp_path_factory.mktemp("rlhf") / "default"
+    assert main(["train", f"run.dir={run_dir}", "run.tensorboard=false"]) == 0
+    return run_dir
+
+
+def test_default_learns_cartpole_from_at_most_500_labels(default_run, capsys):
+    assert main(["eval", str(default_run), "--episodes", "32"]) == 0
+    result = json.loads((default_run / "eval.json").read_text())
+    assert result["mean_true_return"] >= 450
+    with open(default_run / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    labels = [float(r["labels"]) for r in rows]
+    assert labels == sorted(labels) and labels[-1] == 500  # the schedule spends the whole budget
+    assert float(rows[0]["labels"]) > 125  # the untrained policy's 25%, then online labels
+
+
+def test_the_run_keeps_its_labels_and_reward_metrics(default_run):
+    for name in ("config.yaml", "metrics.csv", "learning_curve.png", "labels.npz"):
+        assert (default_run / name).is_file(), name
+    saved = np.load(default_run / "labels.npz")
+    assert saved["mu"].shape == (500,)
+    assert set(np.unique(saved["mu"])) <= {0.0, 0.5, 1.0}
+    # The oracle prefers the segment with the larger oracle return, ties when equal.
+    first, second = saved["oracle_return"][:, 0], saved["oracle_return"][:, 1]
+    expected = np.where(first > second, 1.0, np.where(first < second, 0.0, 0.5))
+    np.testing.assert_array_equal(saved["mu"], expected)
+    assert saved["obs"].shape == (500, 2, 75, 4)  # 1.5 s of CartPole at 50 fps
+    with open(default_run / "metrics.csv") as f:
+        accuracy = np.array([float(row["reward_accuracy"]) for row in csv.DictReader(f)])
+    # On fresh oracle pairs that are not ties (NaN: every pair tied, nothing to score).
+    assert np.nanmean(accuracy) >= 0.8
+
+
+@pytest.mark.parametrize("overrides, check", [
+    (["preferences.selection=random"], lambda t: t.prefs.selection == "random"),
+    (["reward_model.ensemble_size=1"], lambda t: t.prefs.selection == "random"),
+    (["preferences.online=false"], lambda t: t.settings.initial_labels == 500 and t.labels_due(10**6) == 500),
+    (["reward_model.adapt_l2=false"], lambda t: not t.model_config.adapt_l2),
+    (["preferences.segment_length=1"], lambda t: t.settings.segment_length == 1),
+    (["reward_model.loss=target"], lambda t: t.model_config.loss == "target"),
+])
+def test_each_ablation_is_one_switch(overrides, check):
+    from rlhf_jax.pipeline import RLHFTraining
+
+    assert check(RLHFTraining(experiment(overrides)))
+
+
+def test_paper_defaults_resolve_by_domain():
+    cartpole = resolve(experiment().preferences, experiment().env and _spec("gymnax/CartPole-v1"))
+    assert (cartpole.initial_labels, cartpole.segment_length, cartpole.label_decay_steps) == (125, 75, 2_000_000)
+    atari = resolve(load_config(ExperimentConfig, None, []).preferences, _spec("envpool/Pong-v5"))
+    assert (atari.labels, atari.initial_labels, atari.segment_length, atari.label_capacity, atari.pretrain_epochs) == (
+        5_500, 500, 25, 3_000, 200)
+
+
+def _spec(env_id):
+    from rlhf_jax.envs import EnvConfig, make
+
+    return make(EnvConfig(id=env_id, num_envs=1)).spec
+
+
+def test_bad_preference_settings_are_refused():
+    with pytest.raises(ConfigError, match="initial_labels"):
+        experiment(["preferences.labels=10", "preferences.initial_labels=20"])
+    with pytest.raises(ConfigError, match="reward"):
+        experiment(["reward=people"])
