@@ -56,7 +56,7 @@ class ExperimentConfig:
     agent: Literal["a2c", "dqn"] = "a2c"
     # What the agent learns from: the environment's reward, or a reward model fitted to
     # preferences between its segments (rlhf_jax.pipeline).
-    reward: Literal["true", "preferences"] = "true"
+    reward: Literal["env", "preferences"] = "env"
     env: EnvConfig = EnvConfig()
     a2c: A2CConfig = A2CConfig()
     dqn: DQNConfig = DQNConfig()

@@ -26,6 +26,7 @@ Typical round, after new labels arrive::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Literal, NamedTuple
 
@@ -243,8 +244,8 @@ def member_returns(
     """
     network = _network(config, spec)
     obs, action, leading = _flatten_steps(spec, _standardize(state, spec, obs), action)
-    rewards = jax.vmap(_predict, in_axes=(None, 0, 0, None, None))(
-        network, state.params, state.batch_stats, obs, action
+    rewards = jax.vmap(functools.partial(_predict, network), in_axes=(0, 0, None, None))(
+        state.params, state.batch_stats, obs, action
     )
     return rewards.reshape((config.ensemble_size,) + leading)
 

@@ -1,0 +1,176 @@
+"""Fitting the reward model: labelled preference pairs per second, 3-member ensemble, 25-step segments.
+
+    python -m benchmarks.reward_fit [--quick]
+
+* ``mlp_pairs_per_s``: the MLP of appendix A.1 on CartPole-sized observations (4 floats,
+  2 actions), ``fit`` as one compiled ``lax.scan`` of gradient steps;
+* ``cnn_pairs_per_s``: the Atari CNN of appendix A.2 on 84x84x4 uint8 frames, as a Python
+  loop over one compiled step (``cnn_loop_pairs_per_s``) and, off CPU, also as one
+  ``lax.scan`` (``cnn_scan_pairs_per_s``). XLA:CPU runs convolution gradients many times
+  slower inside loops (one scanned 64-pair step had not finished after 9 minutes on 2
+  cores), so on CPU the scan is not measured. A 64-pair step pushes 3 x 64 x 2 x 25 =
+  9,600 frames through the CNN and back: on CPU ``--quick`` uses 4-pair minibatches
+  (``cnn_batch_size``) to stay under a minute. (On 2 cores a 4-pair step of one member
+  takes 0.37 s, of three vmapped members 3.1 s: XLA:CPU's grouped convolutions, which
+  vmapping a convolution over members produces, are slow there.)
+* ``ensemble_fit_over_imitation``: our MLP figure over HumanCompatibleAI ``imitation``'s
+  ``EnsembleTrainer`` (PyTorch, CPU) doing the same work, when ``imitation`` imports
+  (target >= 10).
+
+A "pair" is one labelled pair in one member's minibatch: a step of ``fit`` consumes
+``batch_size`` (64) pairs in each of the 3 members at once, and ``imitation``'s
+``EnsembleTrainer.train`` on N pairs trains each member on N (bootstrapped) pairs, so
+both count N per N pairs seen by every member. Both sides use the same network (two
+hidden layers of 64 leaky ReLUs over observation and one-hot action), minibatch of 64,
+Adam at 3e-4, l2 penalty 1e-3, and the 10% random-answer likelihood.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.common import enable_compilation_cache, steps_per_second, write_result
+from rlhf_jax.envs.core import Discrete, EnvSpec
+from rlhf_jax.reward import ensemble
+from rlhf_jax.reward.data import Labels, empty_labels
+
+SEGMENT = 25
+CARTPOLE = EnvSpec(id="gymnax/CartPole-v1", backend="gymnax", num_envs=1, observation_shape=(4,),
+                   observation_dtype="float32", action_space=Discrete(2), fps=50.0, max_episode_steps=500)
+ATARI = EnvSpec(id="envpool/Pong-v5", backend="envpool", num_envs=1, observation_shape=(84, 84, 4),
+                observation_dtype="uint8", action_space=Discrete(6), fps=15.0, max_episode_steps=27_000)
+CONFIG = ensemble.RewardModelConfig()
+
+
+def random_labels(spec: EnvSpec, capacity: int, seed: int = 0) -> Labels:
+    """A full buffer of random pairs, labels and 1/e holdout columns (throughput only)."""
+    rng = np.random.default_rng(seed)
+    labels = empty_labels(spec, capacity, SEGMENT, CONFIG.ensemble_size)
+    if spec.observation_dtype == "uint8":
+        obs = rng.integers(0, 256, labels.obs.shape, dtype=np.uint8)
+    else:
+        obs = rng.normal(size=labels.obs.shape).astype(np.float32)
+    return labels._replace(
+        obs=jnp.asarray(obs),
+        action=jnp.asarray(rng.integers(0, spec.action_space.n, labels.action.shape), jnp.int32),
+        mu=jnp.asarray(rng.integers(0, 2, (capacity,)), jnp.float32),
+        holdout=jnp.asarray(rng.random((capacity, CONFIG.ensemble_size)) < CONFIG.validation_fraction),
+        count=jnp.asarray(capacity, jnp.int32),
+    )
+
+
+def measure_fit(spec: EnvSpec, config: ensemble.RewardModelConfig, capacity: int, steps: int, repeats: int,
+                loop: bool) -> float:
+    """Pairs per second of ``fit``: ``steps`` steps as one scan, or as a Python loop of 1-step fits."""
+    labels = random_labels(spec, capacity)
+    state = jax.jit(ensemble.init_ensemble, static_argnums=(1, 2))(jax.random.key(0), config, spec)
+    fit = jax.jit(ensemble.fit, static_argnums=(1, 2, 5), donate_argnums=0)
+    chunk = 1 if loop else steps
+    key = jax.random.key(1)
+    state, _ = jax.block_until_ready(fit(state, config, spec, labels, key, chunk))  # compile
+
+    def run():
+        nonlocal state
+        for _ in range(steps // chunk):
+            state, metrics = fit(state, config, spec, labels, key, chunk)
+        jax.block_until_ready(metrics)
+
+    return steps_per_second(run, steps * config.batch_size, repeats)
+
+
+def measure_imitation(pairs: int, repeats: int) -> tuple[float | None, str]:
+    """imitation's EnsembleTrainer on the MLP problem: pairs per second, or None and why not."""
+    os.environ.setdefault("TQDM_DISABLE", "1")  # its training loop shows a progress bar
+    try:
+        import gymnasium as gym
+        import torch as th
+        from imitation.algorithms import preference_comparisons as pc
+        from imitation.data import types
+        from imitation.regularization import regularizers
+        from imitation.rewards import reward_nets
+        from imitation.util import logger as imit_logger
+    except Exception as error:  # ImportError, or a version clash inside it
+        return None, f"imitation not importable: {type(error).__name__}: {error}"
+
+    th.manual_seed(0)
+    obs_space = gym.spaces.Box(-np.inf, np.inf, CARTPOLE.observation_shape, np.float32)
+    act_space = gym.spaces.Discrete(CARTPOLE.action_space.n)
+    members = [
+        reward_nets.BasicRewardNet(obs_space, act_space, hid_sizes=CONFIG.hidden, activation=th.nn.LeakyReLU)
+        for _ in range(CONFIG.ensemble_size)
+    ]
+    model = pc.PreferenceModel(
+        reward_nets.RewardEnsemble(obs_space, act_space, members), noise_prob=CONFIG.random_answer_prob
+    )
+    trainer = pc.EnsembleTrainer(
+        model, pc.CrossEntropyRewardLoss(), rng=np.random.default_rng(0), batch_size=CONFIG.batch_size,
+        epochs=1, lr=CONFIG.learning_rate,
+        regularizer_factory=regularizers.LpRegularizer.create(initial_lambda=CONFIG.l2_init, p=2, val_split=None),
+        custom_logger=imit_logger.configure(tempfile.mkdtemp(prefix="imitation-"), format_strs=[]),
+    )
+
+    rng = np.random.default_rng(0)
+
+    def fragment():  # no rewards: the loss then computes only the model's preference
+        return types.Trajectory(
+            obs=rng.normal(size=(SEGMENT + 1, *CARTPOLE.observation_shape)).astype(np.float32),
+            acts=rng.integers(0, act_space.n, SEGMENT), infos=None, terminal=False,
+        )
+
+    dataset = pc.PreferenceDataset()
+    dataset.push([(fragment(), fragment()) for _ in range(pairs)], rng.integers(0, 2, pairs).astype(np.float32))
+    trainer.train(dataset)  # warm-up
+    return steps_per_second(lambda: trainer.train(dataset), pairs, repeats), f"imitation {_version('imitation')}"
+
+
+def _version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small budgets: under a minute on 2 CPU cores")
+    args = parser.parse_args()
+    enable_compilation_cache()
+    quick = args.quick
+    repeats = 1 if quick else 3
+    results: dict = {}
+
+    start = time.perf_counter()
+    results["mlp_pairs_per_s"] = measure_fit(CARTPOLE, CONFIG, 1_000, 100 if quick else 1_000, repeats, loop=False)
+
+    cpu = jax.default_backend() == "cpu"
+    cnn_config = dataclasses.replace(CONFIG, batch_size=4) if quick and cpu else CONFIG
+    cnn_steps = (2 if quick else 3) if cpu else (10 if quick else 100)
+    # 200 labels keep the buffer at 0.28 GB; the gather per step does not depend on it.
+    results["cnn_loop_pairs_per_s"] = measure_fit(ATARI, cnn_config, 200, cnn_steps, repeats, loop=True)
+    if not cpu:
+        results["cnn_scan_pairs_per_s"] = measure_fit(ATARI, cnn_config, 200, cnn_steps, repeats, loop=False)
+    results["cnn_pairs_per_s"] = max(v for k, v in results.items() if k.startswith("cnn_"))
+
+    imitation, note = measure_imitation(256 if quick else 2_048, repeats)
+    if imitation is not None:
+        results["imitation_mlp_pairs_per_s"] = imitation
+        results["ensemble_fit_over_imitation"] = results["mlp_pairs_per_s"] / imitation
+
+    write_result("reward_fit", {
+        "quick": quick, "ensemble_size": CONFIG.ensemble_size, "batch_size": CONFIG.batch_size,
+        "cnn_batch_size": cnn_config.batch_size, "segment_length": SEGMENT, "imitation": note, "seconds": round(time.perf_counter() - start, 1),
+        **{k: round(v, 4) if "over" in k else round(v, 1) for k, v in results.items()},
+    })
+
+
+if __name__ == "__main__":
+    main()
