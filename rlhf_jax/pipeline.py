@@ -36,6 +36,7 @@ from rlhf_jax.reward import ensemble as reward_model
 from rlhf_jax.reward.config import resolve
 from rlhf_jax.reward.data import Labels, Segments, empty_labels, empty_segments
 from rlhf_jax.reward.labelers import add_labels, oracle_answers
+from rlhf_jax.reward.people import AsyncLabeler, Query
 from rlhf_jax.reward.queries import candidate_pairs, select_queries
 from rlhf_jax.reward.schedule import labels_due
 from rlhf_jax.reward.segments import Recent, cut_segments, empty_recent, record
@@ -64,8 +65,12 @@ class RLHFState(NamedTuple):
 class RLHFTraining:
     """Everything compiled for one preference-learning run."""
 
-    def __init__(self, config: ExperimentConfig):
+    def __init__(self, config: ExperimentConfig, labeler: AsyncLabeler | None = None):
+        """``labeler``: a host-side labeler (people, :mod:`rlhf_jax.reward.people`) in place
+        of the synthetic oracle on the device, for the labels asked once RL has begun."""
         self.config = config
+        self.labeler = labeler
+        self.pending: dict[int, Query] = {}  # asked, not yet answered
         self.agent = get_agent(config.agent)
         self.agent_config = getattr(config, config.agent)
         # The agent learns from r̂ only: no life-loss episodes or other true-reward helpers.
@@ -91,9 +96,11 @@ class RLHFTraining:
         self.segments_per_iteration = max(1, round(self.steps_per_iteration / k))
         self.fit_steps = math.ceil(self.prefs.fit_pairs_per_env_step * self.chunk_iterations * self.steps_per_iteration
                                    / self.model_config.batch_size)
-        # The schedule's rate only falls, so the first chunk asks for the most labels.
-        self.max_queries = max(1, self.labels_due(self.chunk_iterations * self.steps_per_iteration)
-                               - self.settings.initial_labels)
+        # The most labels any chunk asks for: every chunk's share of the schedule fits.
+        ends = [min(self.total_iterations, c * self.chunk_iterations) * self.steps_per_iteration
+                for c in range(self.num_chunks + 1)]
+        due = [self.settings.initial_labels] + [self.labels_due(end) for end in ends[1:]]
+        self.max_queries = max(1, max(b - a for a, b in zip(due, due[1:])))
         warm_iterations = math.ceil(self.prefs.segment_capacity / self.segments_per_iteration) + math.ceil(k / steps_per_env)
         self.warm_iterations = warm_iterations
 
@@ -103,6 +110,9 @@ class RLHFTraining:
         self.loop = resolve_loop(config.run.loop, spec)
         self._collect = compile_chunk(self._collect_fn, self.loop)
         self._learn = jax.jit(self._learn_fn, donate_argnums=0)
+        self._select = jax.jit(self._select_fn)
+        self._add_answers = jax.jit(self._add_answers_fn, donate_argnums=0)
+        self._fit_and_score = jax.jit(self._fit_and_score_fn, donate_argnums=0)
 
     # ----------------------------------------------------------------- schedule
     def labels_due(self, env_steps: int) -> int:
@@ -124,7 +134,7 @@ class RLHFTraining:
         segments = cut_segments(recent, segments, key, self.segments_per_iteration)
         return recent, segments
 
-    def _ask(self, state: RLHFState, key, wanted, num_queries: int) -> tuple[RLHFState, dict]:
+    def _ask(self, state: RLHFState, key, wanted, num_queries: int) -> RLHFState:
         """Query up to ``num_queries`` pairs (the first ``wanted`` of them) and store the oracle's answers."""
         select_key, answer_key, add_key = jax.random.split(key, 3)
         first, second = select_queries(
@@ -138,8 +148,7 @@ class RLHFTraining:
         asked = jnp.arange(num_queries) < wanted
         labels = add_labels(state.labels, segments, first, second, mu, answered & asked, add_key,
                             self.model_config.validation_fraction)
-        state = state._replace(labels=labels, labels_asked=state.labels_asked + jnp.minimum(wanted, num_queries))
-        return state, {"labels": labels.count}
+        return state._replace(labels=labels, labels_asked=state.labels_asked + jnp.minimum(wanted, num_queries))
 
     def _fit(self, state: RLHFState, key, num_steps: int) -> tuple[RLHFState, dict]:
         fit_key, loss_key, norm_key = jax.random.split(key, 3)
@@ -213,7 +222,7 @@ class RLHFTraining:
         state = state._replace(segments=segments, ensemble=ensemble)
         initial = self.settings.initial_labels
         if initial:
-            state, _ = self._ask(state, ask_key, initial, initial)
+            state = self._ask(state, ask_key, initial, initial)
             epochs_steps = math.ceil(self.settings.pretrain_epochs * initial / self.model_config.batch_size)
             state, _ = self._fit(state, fit_key, max(1, epochs_steps))
         return state
@@ -227,11 +236,57 @@ class RLHFTraining:
 
     def _learn_fn(self, state: RLHFState, wanted):
         """The labels the schedule asks for, then fitting; and the predictor's scores."""
-        key, ask_key, fit_key, score_key = jax.random.split(state.key, 4)
-        state = state._replace(key=key)
-        state, ask_metrics = self._ask(state, ask_key, wanted, self.max_queries)
-        state, fit_metrics = self._fit(state, fit_key, self.fit_steps)
-        return state, {**ask_metrics, **fit_metrics, **self._score_reward(state, score_key)}
+        key, ask_key = jax.random.split(state.key)
+        return self._fit_and_score_fn(self._ask(state._replace(key=key), ask_key, wanted, self.max_queries))
+
+    def _fit_and_score_fn(self, state: RLHFState):
+        key, fit_key, score_key = jax.random.split(state.key, 3)
+        state, fit_metrics = self._fit(state._replace(key=key), fit_key, self.fit_steps)
+        return state, {"labels": state.labels.count, **fit_metrics, **self._score_reward(state, score_key)}
+
+    def _select_fn(self, state: RLHFState):
+        """``max_queries`` pairs chosen for a host labeler: their segments, best first."""
+        first, second = select_queries(
+            jax.random.fold_in(state.key, state.labels_asked), state.segments,
+            self._member_returns(state.ensemble), self.max_queries,
+            candidates_factor=self.prefs.candidates_factor, method=self.prefs.selection,
+            random_answer_prob=self.model_config.random_answer_prob,
+        )
+        pair = lambda x: jnp.stack([x[first], x[second]], axis=1)
+        segments = state.segments
+        return pair(segments.obs), pair(segments.action), pair(segments.oracle_reward)
+
+    def _add_answers_fn(self, state: RLHFState, obs, action, oracle_reward, mu, answered):
+        """Store host answers ``[max_queries]`` (rows where ``answered`` is false are padding)."""
+        n = mu.shape[0]
+        pairs = Segments(jnp.concatenate([obs[:, 0], obs[:, 1]]), jnp.concatenate([action[:, 0], action[:, 1]]),
+                         jnp.concatenate([oracle_reward[:, 0], oracle_reward[:, 1]]),
+                         jnp.int32(2 * n), jnp.int32(0))
+        key, add_key = jax.random.split(state.key)
+        labels = add_labels(state.labels, pairs, jnp.arange(n), n + jnp.arange(n), mu, answered, add_key,
+                            self.model_config.validation_fraction)
+        return state._replace(labels=labels, key=key)
+
+    def _exchange_with_labeler(self, state: RLHFState, wanted: int) -> RLHFState:
+        """Ask the host labeler for ``wanted`` more labels and store whatever answers arrived."""
+        if wanted:
+            obs, action, oracle_reward = jax.device_get(self._select(state))
+            first_id = int(state.labels_asked)
+            asked = [Query(first_id + i, obs[i], action[i], oracle_reward[i]) for i in range(min(wanted, len(obs)))]
+            self.labeler.ask(asked)
+            self.pending.update((q.id, q) for q in asked)
+            state = state._replace(labels_asked=state.labels_asked + len(asked))
+        arrived = [a for a in self.labeler.answers() if a.id in self.pending]
+        for start in range(0, len(arrived), self.max_queries):
+            batch = arrived[start:start + self.max_queries]
+            queries = [self.pending.pop(a.id) for a in batch]
+            padding = self.max_queries - len(batch)
+            stack = lambda xs: np.concatenate([np.stack(xs), np.zeros((padding, *xs[0].shape), xs[0].dtype)])
+            mu = np.array([a.mu if a.mu is not None else 0.0 for a in batch] + [0.0] * padding, np.float32)
+            answered = np.array([a.mu is not None for a in batch] + [False] * padding)  # "can't tell": dropped
+            state = self._add_answers(state, stack([q.obs for q in queries]), stack([q.action for q in queries]),
+                                      stack([q.oracle_reward for q in queries]), mu, answered)
+        return state
 
     # ------------------------------------------------------------ the driver
     def chunk_length(self, chunk: int) -> int:
@@ -242,7 +297,11 @@ class RLHFTraining:
         state, metrics = self._collect(state, length)
         end_steps = (chunk * self.chunk_iterations + length) * self.steps_per_iteration
         wanted = max(0, self.labels_due(end_steps) - int(state.labels_asked))
-        state, learn_metrics = self._learn(state, jnp.int32(wanted))
+        if self.labeler is None:
+            state, learn_metrics = self._learn(state, jnp.int32(wanted))
+        else:
+            state, learn_metrics = self._fit_and_score(self._exchange_with_labeler(state, wanted))
+        learn_metrics["labels_waiting"] = len(self.pending)
         metrics.update({k: np.full(length, v) for k, v in jax.device_get(learn_metrics).items()})
         return state, metrics
 

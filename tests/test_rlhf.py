@@ -3,6 +3,7 @@ preferences, through the command line, and every ablation is one switch."""
 import csv
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -85,3 +86,34 @@ def test_bad_preference_settings_are_refused():
         experiment(["preferences.labels=10", "preferences.initial_labels=20"])
     with pytest.raises(ConfigError, match="reward"):
         experiment(["reward=people"])
+
+
+def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
+    import time
+
+    from rlhf_jax.pipeline import RLHFTraining
+    from rlhf_jax.reward.people import SimulatedPerson
+
+    config = experiment(["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", "preferences.labels=40",
+                         "preferences.segment_capacity=64", "preferences.fit_pairs_per_env_step=0.01"])
+    person = SimulatedPerson(delay=0.2, cant_tell=3)
+    training = RLHFTraining(config, labeler=person)
+    state = training.init_runner(jax.random.PRNGKey(0))
+    initial = int(state.labels.count)
+    assert initial == 10  # the untrained policy's 25% come from the oracle before RL
+    state, metrics = training.run_chunk(state, 0)
+    asked_first = int(state.labels_asked) - initial
+    assert asked_first > 0 and int(state.labels.count) == initial  # nothing answered yet: training went on
+    time.sleep(1.0)
+    for chunk in range(1, training.num_chunks):
+        state, metrics = training.run_chunk(state, chunk)
+    time.sleep(1.0)
+    state = training._exchange_with_labeler(state, 0)
+    asked = int(state.labels_asked) - initial
+    assert asked == 30 and not training.pending  # the schedule's whole budget, all answered
+    stored = int(state.labels.count) - initial
+    assert stored == asked - asked // 3  # every third answer was "can't tell"
+    labels = jax.device_get(state.labels)
+    first, second = labels.oracle_return[:stored + initial].T
+    np.testing.assert_array_equal(labels.mu[:stored + initial],
+                                  np.where(first > second, 1.0, np.where(first < second, 0.0, 0.5)))
