@@ -14,7 +14,7 @@ the host:
 4. the ensemble takes a step of fitting per 10 env steps' worth of pairs, adapts its l2
    coefficients, and renormalises on the recent segments.
 
-``RLHFTraining`` offers the same face as :class:`rlhf_jax.trainer.Training` (``init_runner``,
+``RLHFTraining`` is an :class:`rlhf_jax.trainer.AgentRun` like ``Training`` (``init_runner``,
 ``run_chunk``, chunk counts), so ``rlhf-jax train`` drives, logs and checkpoints both alike;
 its "runner" is the whole :class:`RLHFState`, labels and buffers included.
 """
@@ -28,9 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhf_jax.agents import get_agent
 from rlhf_jax.config import ExperimentConfig
-from rlhf_jax.envs import make
 from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.reward import ensemble as reward_model
 from rlhf_jax.reward.config import resolve
@@ -40,7 +38,7 @@ from rlhf_jax.reward.people import AsyncLabeler, Query
 from rlhf_jax.reward.queries import candidate_pairs, select_queries
 from rlhf_jax.reward.schedule import labels_due
 from rlhf_jax.reward.segments import Recent, cut_segments, empty_recent, record
-from rlhf_jax.trainer import compile_chunk, resolve_loop
+from rlhf_jax.trainer import AgentRun, compile_chunk
 
 # Fresh pairs drawn each chunk to score the reward model against the oracle.
 EVAL_PAIRS = 256
@@ -62,19 +60,16 @@ class RLHFState(NamedTuple):
         return self.runner.env_steps
 
 
-class RLHFTraining:
+class RLHFTraining(AgentRun):
     """Everything compiled for one preference-learning run."""
 
     def __init__(self, config: ExperimentConfig, labeler: AsyncLabeler | None = None):
         """``labeler``: a host-side labeler (people, :mod:`rlhf_jax.reward.people`) in place
         of the synthetic oracle on the device, for the labels asked once RL has begun."""
-        self.config = config
+        # The agent learns from r̂ only: no life-loss episodes or other true-reward helpers.
+        super().__init__(config, config.env)
         self.labeler = labeler
         self.pending: dict[int, Query] = {}  # asked, not yet answered
-        self.agent = get_agent(config.agent)
-        self.agent_config = getattr(config, config.agent)
-        # The agent learns from r̂ only: no life-loss episodes or other true-reward helpers.
-        self.env = make(config.env)
         spec = self.env.spec
         self.prefs = config.preferences
         self.model_config = config.reward_model
@@ -84,11 +79,7 @@ class RLHFTraining:
             # One predictor cannot disagree with itself: the paper's "no ensemble" queries at random.
             self.prefs = dataclasses.replace(self.prefs, selection="random")
 
-        self.steps_per_iteration = self.agent.env_steps_per_iteration(self.agent_config, self.env)
-        self.total_iterations = self.agent.num_iterations(self.agent_config, self.env)
         self.total_env_steps = self.total_iterations * self.steps_per_iteration
-        self.chunk_iterations = max(1, min(self.total_iterations, config.run.chunk_env_steps // self.steps_per_iteration))
-        self.num_chunks = math.ceil(self.total_iterations / self.chunk_iterations)
         k = self.settings.segment_length
         steps_per_env = self.steps_per_iteration // self.env.num_envs
         self.window = k + steps_per_env
@@ -107,7 +98,6 @@ class RLHFTraining:
         self.reward_fn = reward_model.make_reward_fn(self.model_config, spec)
         self.iteration = self.agent.make_iteration(self.agent_config, self.env, self.reward_fn)
         self.init_runner = jax.jit(self._init)
-        self.loop = resolve_loop(config.run.loop, spec)
         self._collect = compile_chunk(self._collect_fn, self.loop)
         self._learn = jax.jit(self._learn_fn, donate_argnums=0)
         self._select = jax.jit(self._select_fn)
@@ -289,9 +279,6 @@ class RLHFTraining:
         return state
 
     # ------------------------------------------------------------ the driver
-    def chunk_length(self, chunk: int) -> int:
-        return min(self.chunk_iterations, self.total_iterations - chunk * self.chunk_iterations)
-
     def run_chunk(self, state: RLHFState, chunk: int):
         length = self.chunk_length(chunk)
         state, metrics = self._collect(state, length)
@@ -306,8 +293,7 @@ class RLHFTraining:
         return state, metrics
 
     def reset_env(self, state: RLHFState, key) -> RLHFState:
-        env_state, timestep = self.env.reset(key)
-        return state._replace(runner=state.runner._replace(env_state=env_state, obs=timestep.obs))
+        return state._replace(runner=super().reset_env(state.runner, key))
 
     def policy_params(self, state: RLHFState):
         return state.runner.params

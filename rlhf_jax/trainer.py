@@ -108,40 +108,48 @@ def compile_chunk(step, loop: str):
     return run_chunk
 
 
-class Training:
-    """Everything compiled for one run, shared by a fresh start and a resume."""
+class AgentRun:
+    """An agent on an environment, its run cut into chunks of iterations: what the training
+    command needs of any run, whatever the reward (true here, learned in the pipeline)."""
 
-    def __init__(self, config: ExperimentConfig):
+    def __init__(self, config: ExperimentConfig, env_config: EnvConfig):
         self.config = config
         self.agent = get_agent(config.agent)
         self.agent_config = getattr(config, config.agent)
-        self.env = make(true_reward_env_config(config))
-        iteration = self.agent.make_iteration(self.agent_config, self.env, env_reward)
+        self.env = make(env_config)
         self.total_iterations = self.agent.num_iterations(self.agent_config, self.env)
         self.steps_per_iteration = self.agent.env_steps_per_iteration(self.agent_config, self.env)
         self.chunk_iterations = max(1, min(self.total_iterations, config.run.chunk_env_steps // self.steps_per_iteration))
         self.num_chunks = math.ceil(self.total_iterations / self.chunk_iterations)
-
         self.loop = resolve_loop(config.run.loop, self.env.spec)
-        self._run_chunk = compile_chunk(lambda r: iteration(r)[:2], self.loop)
-        self.init_runner = jax.jit(lambda key: self.agent.init_runner(key, self.agent_config, self.env))
 
     def chunk_length(self, chunk: int) -> int:
         done = chunk * self.chunk_iterations
         return min(self.chunk_iterations, self.total_iterations - done)
 
-    def run_chunk(self, runner, chunk: int):
-        return self._run_chunk(runner, self.chunk_length(chunk))
-
     def reset_env(self, runner, key):
+        """``runner`` (an agent's) with freshly reset environments: after restoring an EnvPool run."""
         env_state, timestep = self.env.reset(key)
         return runner._replace(env_state=env_state, obs=timestep.obs)
 
-    def policy_params(self, runner):
-        return runner.params
-
     def restore_latest(self, run_dir: Path):
         return restore_latest(self, run_dir)
+
+
+class Training(AgentRun):
+    """The agent on the environment's reward: everything compiled, shared by a fresh start and a resume."""
+
+    def __init__(self, config: ExperimentConfig):
+        super().__init__(config, true_reward_env_config(config))
+        iteration = self.agent.make_iteration(self.agent_config, self.env, env_reward)
+        self._run_chunk = compile_chunk(lambda r: iteration(r)[:2], self.loop)
+        self.init_runner = jax.jit(lambda key: self.agent.init_runner(key, self.agent_config, self.env))
+
+    def run_chunk(self, runner, chunk: int):
+        return self._run_chunk(runner, self.chunk_length(chunk))
+
+    def policy_params(self, runner):
+        return runner.params
 
 
 def restore_latest(training, run_dir: Path):
