@@ -97,9 +97,14 @@ class RLHFTraining(AgentRun):
 
         self.reward_fn = reward_model.make_reward_fn(self.model_config, spec)
         self.iteration = self.agent.make_iteration(self.agent_config, self.env, self.reward_fn)
-        self.init_runner = jax.jit(self._init)
+        self._init_jit = jax.jit(self._init)
         self._collect = compile_chunk(self._collect_fn, self.loop)
+        # On a CPU a CNN's fitting runs one compiled step per dispatch (see trainer.resolve_loop).
+        self.fit_from_python = self.loop == "python"
         self._learn = jax.jit(self._learn_fn, donate_argnums=0)
+        self._ask_now = jax.jit(self._ask_fn, donate_argnums=0)
+        self._fit_one = jax.jit(self._fit_one_fn, donate_argnums=0)
+        self._after_fit_and_score = jax.jit(self._after_fit_and_score_fn, donate_argnums=0)
         self._select = jax.jit(self._select_fn)
         self._add_answers = jax.jit(self._add_answers_fn, donate_argnums=0)
         self._fit_and_score = jax.jit(self._fit_and_score_fn, donate_argnums=0)
@@ -140,10 +145,26 @@ class RLHFTraining(AgentRun):
                             self.model_config.validation_fraction)
         return state._replace(labels=labels, labels_asked=state.labels_asked + jnp.minimum(wanted, num_queries))
 
-    def _fit(self, state: RLHFState, key, num_steps: int) -> tuple[RLHFState, dict]:
-        fit_key, loss_key, norm_key = jax.random.split(key, 3)
-        ensemble, fit_metrics = reward_model.fit(state.ensemble, self.model_config, self.env.spec, state.labels,
-                                                 fit_key, num_steps)
+    def _fit_one_fn(self, state: RLHFState) -> RLHFState:
+        """One step of fitting every member (:func:`rlhf_jax.reward.ensemble.fit`)."""
+        key, fit_key = jax.random.split(state.key)
+        ensemble, _ = reward_model.fit(state.ensemble, self.model_config, self.env.spec, state.labels, fit_key, 1)
+        return state._replace(ensemble=ensemble, key=key)
+
+    def _fit_in_loop(self, state: RLHFState, num_steps: int) -> RLHFState:
+        """``num_steps`` steps of fitting as one compiled loop."""
+        return jax.lax.scan(lambda s, _: (self._fit_one_fn(s), None), state, None, num_steps)[0]
+
+    def _fit_from_python(self, state: RLHFState, num_steps: int) -> RLHFState:
+        """The same steps, one compiled step per dispatch: for CNNs on a CPU (see trainer.resolve_loop)."""
+        for _ in range(num_steps):
+            state = self._fit_one(state)
+        return state
+
+    def _after_fit(self, state: RLHFState) -> tuple[RLHFState, dict]:
+        """Adapt each member's l2 to its validation loss, and renormalise on recent steps."""
+        ensemble = state.ensemble
+        key, loss_key, norm_key = jax.random.split(state.key, 3)
         train_loss, val_loss = reward_model.validation_losses(ensemble, self.model_config, self.env.spec,
                                                               state.labels, loss_key, self.settings.label_capacity)
         ensemble = ensemble._replace(l2=reward_model.adapt_l2(ensemble.l2, train_loss, val_loss, self.model_config))
@@ -151,7 +172,7 @@ class RLHFTraining(AgentRun):
         ensemble = reward_model.update_normalization(ensemble, self.model_config, self.env.spec, obs, action)
         metrics = {"reward_train_loss": jnp.nanmean(train_loss), "reward_val_loss": jnp.nanmean(val_loss),
                    "reward_l2": ensemble.l2.mean()}
-        return state._replace(ensemble=ensemble), metrics
+        return state._replace(ensemble=ensemble, key=key), metrics
 
     def _recent_steps(self, segments: Segments, key):
         """A sample of the (obs, action) steps in the recent segments."""
@@ -182,9 +203,9 @@ class RLHFTraining(AgentRun):
 
     # ---------------------------------------------------------- compiled steps
     def _init(self, key) -> RLHFState:
-        """A fresh run: the untrained policy's segments, the initial labels, pretraining."""
+        """The compiled part of :meth:`init_runner` (all of it, unless fitting runs from Python)."""
         spec = self.env.spec
-        agent_key, model_key, warm_key, ask_key, fit_key, key = jax.random.split(key, 6)
+        agent_key, model_key, warm_key, ask_key, key = jax.random.split(key, 5)
         runner = self.agent.init_runner(agent_key, self.agent_config, self.env)
         ensemble = reward_model.init_ensemble(model_key, self.model_config, spec)
         k = self.settings.segment_length
@@ -213,9 +234,22 @@ class RLHFTraining(AgentRun):
         initial = self.settings.initial_labels
         if initial:
             state = self._ask(state, ask_key, initial, initial)
-            epochs_steps = math.ceil(self.settings.pretrain_epochs * initial / self.model_config.batch_size)
-            state, _ = self._fit(state, fit_key, max(1, epochs_steps))
+            if not self.fit_from_python:
+                state, _ = self._after_fit_and_score_fn(self._fit_in_loop(state, self.pretrain_steps))
         return state
+
+    def init_runner(self, key) -> RLHFState:
+        """A fresh run: the untrained policy's segments, the initial labels, pretraining."""
+        state = self._init_jit(key)
+        if self.fit_from_python and self.settings.initial_labels:
+            state, _ = self._after_fit_and_score(self._fit_from_python(state, self.pretrain_steps))
+        return state
+
+    @property
+    def pretrain_steps(self) -> int:
+        """Fitting steps over the initial labels before RL (``pretrain_epochs`` of them; at least one)."""
+        epochs_steps = self.settings.pretrain_epochs * self.settings.initial_labels / self.model_config.batch_size
+        return max(1, math.ceil(epochs_steps))
 
     def _collect_fn(self, state: RLHFState):
         """One agent iteration on r̂, its steps recorded and cut into segments."""
@@ -224,15 +258,26 @@ class RLHFTraining(AgentRun):
         recent, segments = self._record_and_cut(state.recent, state.segments, cut_key, transitions)
         return state._replace(runner=runner, recent=recent, segments=segments, key=key), metrics
 
+    def _ask_fn(self, state: RLHFState, wanted) -> RLHFState:
+        """The labels the schedule asks for, answered by the synthetic oracle."""
+        key, ask_key = jax.random.split(state.key)
+        return self._ask(state._replace(key=key), ask_key, wanted, self.max_queries)
+
     def _learn_fn(self, state: RLHFState, wanted):
         """The labels the schedule asks for, then fitting; and the predictor's scores."""
-        key, ask_key = jax.random.split(state.key)
-        return self._fit_and_score_fn(self._ask(state._replace(key=key), ask_key, wanted, self.max_queries))
+        return self._fit_and_score_fn(self._ask_fn(state, wanted))
 
     def _fit_and_score_fn(self, state: RLHFState):
-        key, fit_key, score_key = jax.random.split(state.key, 3)
-        state, fit_metrics = self._fit(state._replace(key=key), fit_key, self.fit_steps)
-        return state, {"labels": state.labels.count, **fit_metrics, **self._score_reward(state, score_key)}
+        return self._after_fit_and_score_fn(self._fit_in_loop(state, self.fit_steps))
+
+    def _after_fit_and_score_fn(self, state: RLHFState):
+        state, fit_metrics = self._after_fit(state)
+        return self._score(state, fit_metrics)
+
+    def _score(self, state: RLHFState, fit_metrics: dict):
+        key, score_key = jax.random.split(state.key)
+        metrics = {"labels": state.labels.count, **fit_metrics, **self._score_reward(state, score_key)}
+        return state._replace(key=key), metrics
 
     def _select_fn(self, state: RLHFState):
         """``max_queries`` pairs chosen for a host labeler: their segments, best first."""
@@ -284,13 +329,57 @@ class RLHFTraining(AgentRun):
         state, metrics = self._collect(state, length)
         end_steps = (chunk * self.chunk_iterations + length) * self.steps_per_iteration
         wanted = max(0, self.labels_due(end_steps) - int(state.labels_asked))
-        if self.labeler is None:
+        if self.labeler is not None:
+            state = self._exchange_with_labeler(state, wanted)
+        if self.fit_from_python:
+            if self.labeler is None:
+                state = self._ask_now(state, jnp.int32(wanted))
+            state, learn_metrics = self._after_fit_and_score(self._fit_from_python(state, self.fit_steps))
+        elif self.labeler is None:
             state, learn_metrics = self._learn(state, jnp.int32(wanted))
         else:
-            state, learn_metrics = self._fit_and_score(self._exchange_with_labeler(state, wanted))
+            state, learn_metrics = self._fit_and_score(state)
         learn_metrics["labels_waiting"] = len(self.pending)
         metrics.update({k: np.full(length, v) for k, v in jax.device_get(learn_metrics).items()})
         return state, metrics
+
+    def labels_wanted_per_chunk(self) -> np.ndarray:
+        """What the schedule asks for at the end of each chunk (the synthetic oracle answers all)."""
+        ends = [(c * self.chunk_iterations + self.chunk_length(c)) * self.steps_per_iteration
+                for c in range(self.num_chunks)]
+        due = np.array([self.settings.initial_labels] + [self.labels_due(end) for end in ends])
+        return np.diff(due).astype(np.int32)
+
+    def make_train(self):
+        """The whole run with the synthetic oracle as one pure function, for ``jit`` and ``vmap``:
+
+            train(key) -> (RLHFState, metrics of every iteration, metrics of every chunk)
+
+        Chunk for chunk the same computation as ``rlhf-jax train`` drives from the host
+        (``run_chunk``), so ``jax.vmap(train)`` runs several seeds as one program.
+        """
+        wanted = self.labels_wanted_per_chunk()
+        full = self.total_iterations // self.chunk_iterations  # whole chunks; then a shorter one, if any
+        rest = self.total_iterations - full * self.chunk_iterations
+
+        def chunk(state, wanted, length):
+            state, metrics = jax.lax.scan(lambda s, _: self._collect_fn(s), state, None, length)
+            state, learn_metrics = self._learn_fn(state, wanted)
+            return state, (metrics, learn_metrics)
+
+        def train(key):
+            state = self._init(key)
+            state, (metrics, learn_metrics) = jax.lax.scan(
+                lambda s, w: chunk(s, w, self.chunk_iterations), state, jnp.asarray(wanted[:full]))
+            flatten = lambda x: x.reshape(-1, *x.shape[2:])
+            metrics = jax.tree.map(flatten, metrics)
+            if rest:
+                state, (last, last_learn) = chunk(state, jnp.int32(wanted[-1]), rest)
+                metrics = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), metrics, last)
+                learn_metrics = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), learn_metrics, last_learn)
+            return state, metrics, learn_metrics
+
+        return train
 
     def reset_env(self, state: RLHFState, key) -> RLHFState:
         return state._replace(runner=super().reset_env(state.runner, key))

@@ -119,3 +119,48 @@ def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
     first, second = labels.oracle_return[:stored + initial].T
     np.testing.assert_array_equal(labels.mu[:stored + initial],
                                   np.where(first > second, 1.0, np.where(first < second, 0.0, 0.5)))
+
+
+def test_the_whole_run_as_one_function_equals_the_host_driven_chunks():
+    """``make_train`` (what vmapped sweeps and benchmarks run) computes what ``rlhf-jax train`` does,
+    including a last, shorter chunk (5 chunks of 1024 steps, then 512)."""
+    from rlhf_jax.pipeline import RLHFTraining
+
+    config = experiment(["a2c.total_env_steps=5632", "run.chunk_env_steps=1024", "preferences.labels=40",
+                         "preferences.segment_capacity=64", "preferences.fit_pairs_per_env_step=0.01"])
+    training = RLHFTraining(config)
+    assert training.num_chunks == 6 and training.chunk_length(5) == 2
+    key = jax.random.PRNGKey(3)
+    whole, metrics, learned = jax.jit(training.make_train())(key)
+    state = training.init_runner(key)
+    for chunk in range(training.num_chunks):
+        state, _ = training.run_chunk(state, chunk)
+    assert int(whole.labels_asked) == int(state.labels_asked) == 40
+    np.testing.assert_array_equal(learned["labels"], np.cumsum([10, *training.labels_wanted_per_chunk()])[1:])
+    assert metrics["episodes"].shape == (training.total_iterations,)
+    for a, b in zip(jax.tree.leaves(whole.runner.params), jax.tree.leaves(state.runner.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(whole.labels.mu, state.labels.mu)
+
+
+def test_fitting_from_python_equals_the_compiled_loop():
+    """``run.loop=python`` (CNNs on a CPU) dispatches each fitting step, pretraining included, on its own."""
+    from rlhf_jax.pipeline import RLHFTraining
+
+    small = ["a2c.total_env_steps=2048", "run.chunk_env_steps=1024", "preferences.labels=20",
+             "preferences.segment_capacity=64", "preferences.pretrain_epochs=30"]
+    ends = []
+    for loop in ("scan", "python"):
+        training = RLHFTraining(experiment([*small, f"run.loop={loop}"]))
+        assert training.fit_from_python == (loop == "python") and training.pretrain_steps == 3
+        state = training.init_runner(jax.random.PRNGKey(5))
+        for chunk in range(training.num_chunks):
+            state, metrics = training.run_chunk(state, chunk)
+        ends.append(state)
+    scan, python = ends
+    assert int(python.labels.count) == int(scan.labels.count) == 20
+    assert int(python.ensemble.step) == int(scan.ensemble.step) == 3 + 2 * 2  # pretraining, then 2 per chunk
+    # Compiled differently, the two differ by rounding, which Adam magnifies where it divides a
+    # near-zero gradient by its own size: never by one whole step (lr 3e-4).
+    for a, b in zip(jax.tree.leaves(scan.ensemble.params), jax.tree.leaves(python.ensemble.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4)

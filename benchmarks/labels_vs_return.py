@@ -1,0 +1,188 @@
+"""True return reached from 125, 250, 500 and 1000 synthetic labels, beside RL on the true reward.
+
+    python -m benchmarks.labels_vs_return [--quick] [--tasks cartpole,acrobot] [--labels 125,500]
+
+Every cell is 3 seeds of the RLHF loop run as one compiled program (``jax.vmap`` over
+``RLHFTraining.make_train``), scored by the mean true return of 32 whole, unmodified
+episodes per seed. The agent on the true reward (same agent, same budget, visible episode
+ends) runs the same way. Then the six ablations of section 3.3 on CartPole with 500 labels.
+Results are written after every cell (``benchmarks/results/labels_vs_return.json``, and a
+PNG beside it), so an interrupted run keeps what it finished.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+import jax
+import numpy as np
+
+from benchmarks.common import RESULTS, enable_compilation_cache, write_result
+from rlhf_jax.agents.base import env_reward
+from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
+from rlhf_jax.envs import make
+from rlhf_jax.evaluation import evaluate
+from rlhf_jax.pipeline import RLHFTraining
+from rlhf_jax.trainer import AgentRun
+
+# Each task: overrides of the built-in default (A2C on CartPole from preferences).
+TASKS = {
+    "cartpole": [],
+    # Reaching the goal ends Acrobot's episode: a success, so no penalty; the oracle's -1 per
+    # step already favours segments that reach it.
+    "acrobot": ["env.id=gymnax/Acrobot-v1", "env.termination_penalty=0.0"],
+    # Fixed-length episodes: nothing to hide. The A2C settings of tests/test_a2c.py.
+    "pendulum": ["env.id=gymnax/Pendulum-v1", "env.hide_episode_end=false", "a2c.learning_rate=0.001",
+                 "a2c.gamma=0.95", "a2c.shared_torso=false", "reward_model.normalized_std=1.0",
+                 "a2c.reward_scale=0.1"],
+    "breakout": ["env.id=gymnax/Breakout-MinAtar", "a2c.total_env_steps=5017600", "run.chunk_env_steps=250880"],
+}
+LABELS = (125, 250, 500, 1000)
+# Section 3.3, each one switch, on CartPole with 500 labels.
+ABLATIONS = {
+    "random queries": ["preferences.selection=random"],
+    "no ensemble": ["reward_model.ensemble_size=1"],
+    "no online queries": ["preferences.online=false"],
+    "no regularization": ["reward_model.adapt_l2=false"],
+    "segment length 1": ["preferences.segment_length=1"],
+    "target": ["reward_model.loss=target"],
+}
+SEEDS = 3
+EVAL_EPISODES = 32
+
+
+def experiment(overrides: list[str]) -> ExperimentConfig:
+    return build(ExperimentConfig, apply_overrides(DEFAULT_EXPERIMENT, overrides))
+
+
+def evaluate_seeds(training, params, seed: int) -> list[float]:
+    """Each seed's mean true return over ``EVAL_EPISODES`` whole episodes of the unmodified task."""
+    env_config = dataclasses.replace(training.config.env, num_envs=EVAL_EPISODES, hide_episode_end=False,
+                                     seed=training.config.env.seed + 10_000)
+    env = make(env_config)
+    act = training.agent.make_policy(training.agent_config, env.spec)
+    score = jax.jit(jax.vmap(lambda p, k: evaluate(act, p, env, k, env.spec.max_episode_steps + 1)))
+    keys = jax.random.split(jax.random.PRNGKey(seed + 1), SEEDS)
+    result = jax.device_get(score(params, keys))
+    return [float(s / max(n, 1)) for s, n in zip(result["episode_return_sum"], result["episodes"])]
+
+
+def rlhf_cell(overrides: list[str], seed: int = 0) -> dict:
+    training = RLHFTraining(experiment(overrides))
+    start = time.perf_counter()
+    state, _, learned = jax.jit(jax.vmap(training.make_train()))(jax.random.split(jax.random.PRNGKey(seed), SEEDS))
+    returns = evaluate_seeds(training, state.runner.params, seed)
+    return {"returns": returns, "mean": float(np.mean(returns)), "labels": int(learned["labels"][0, -1]),
+            "reward_accuracy": float(np.nanmean(learned["reward_accuracy"][:, -1])),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def true_reward_cell(overrides: list[str], seed: int = 0) -> dict:
+    """The same agent and budget on the environment's reward, with visible episode ends."""
+    config = experiment([*overrides, "reward=env", "env.hide_episode_end=false"])
+    training = AgentRun(config, config.env)
+    train = training.agent.make_train(training.agent_config, training.env, env_reward)
+    start = time.perf_counter()
+    runner, _ = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(seed), SEEDS))
+    returns = evaluate_seeds(training, runner.params, seed)
+    return {"returns": returns, "mean": float(np.mean(returns)), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def plot(result: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks, names = list(result["tasks"]), list(result["ablations"])
+    columns = len(tasks) + bool(names)
+    fig, axes = plt.subplots(1, columns, figsize=(4 * columns, 3.4), squeeze=False)
+    axes = axes[0]
+    for ax, task in zip(axes, tasks):
+        cells = result["tasks"][task]
+        budgets = sorted(int(b) for b in cells["labels"])
+        if not budgets:
+            continue
+        means = [cells["labels"][str(b)]["mean"] for b in budgets]
+        spread = [np.std(cells["labels"][str(b)]["returns"]) for b in budgets]
+        ax.errorbar(budgets, means, yerr=spread, marker="o", capsize=3, label="preferences")
+        if "true_reward" in cells:
+            ax.axhline(cells["true_reward"]["mean"], color="k", linestyle="--", label="true reward")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.set_title(task)
+        ax.set_xlabel("labels")
+    axes[0].set_ylabel(f"true return (mean of {SEEDS} seeds)")
+    axes[0].legend(fontsize=8)
+    if names:
+        ax = axes[-1]
+        ax.barh(names, [result["ablations"][n]["mean"] for n in names])
+        ax.set_title("cartpole, 500 labels: ablations")
+        ax.set_xlabel("true return")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def table(result: dict) -> str:
+    budgets = sorted({int(b) for cells in result["tasks"].values() for b in cells["labels"]})
+    lines = ["| task | " + " | ".join(f"{b} labels" for b in budgets) + " | true reward |",
+             "| --- |" + " --- |" * (len(budgets) + 1)]
+    for task, cells in result["tasks"].items():
+        row = [f"{cells['labels'][str(b)]['mean']:.1f}" if str(b) in cells["labels"] else "" for b in budgets]
+        row.append(f"{cells['true_reward']['mean']:.1f}" if "true_reward" in cells else "")
+        lines.append(f"| {task} | " + " | ".join(row) + " |")
+    for name, cell in result["ablations"].items():
+        lines.append(f"| cartpole 500, {name} | {cell['mean']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="CartPole only, 125 and 500 labels, no ablations: about 10 minutes on 2 CPU cores")
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
+    parser.add_argument("--labels", default=",".join(map(str, LABELS)))
+    parser.add_argument("--no-ablations", action="store_true")
+    args = parser.parse_args()
+    enable_compilation_cache()
+    # XLA:CPU can hang for good when a large vmapped program is dispatched asynchronously
+    # (seen with jax 0.10.2: every thread idle, the result never ready); synchronous is safe.
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    tasks = ["cartpole"] if args.quick else args.tasks.split(",")
+    budgets = [125, 500] if args.quick else [int(b) for b in args.labels.split(",")]
+    unknown = set(tasks) - set(TASKS)
+    if unknown:
+        parser.error(f"unknown tasks {sorted(unknown)}; known: {', '.join(TASKS)}")
+
+    result = {"seeds": SEEDS, "eval_episodes": EVAL_EPISODES, "tasks": {}, "ablations": {}}
+    name = "labels_vs_return_quick" if args.quick else "labels_vs_return"
+
+    def save():
+        (RESULTS / f"{name}.json").write_text(json.dumps({"benchmark": name, **result}, indent=2) + "\n")
+        plot(result, RESULTS / f"{name}.png")
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for task in tasks:
+        cells = result["tasks"].setdefault(task, {"labels": {}})
+        cells["true_reward"] = true_reward_cell(TASKS[task])
+        print(f"{task}, true reward: {cells['true_reward']}", flush=True)
+        save()
+        for labels in budgets:
+            cells["labels"][str(labels)] = rlhf_cell([*TASKS[task], f"preferences.labels={labels}"])
+            print(f"{task}, {labels} labels: {cells['labels'][str(labels)]}", flush=True)
+            save()
+    if not (args.quick or args.no_ablations):
+        for ablation, overrides in ABLATIONS.items():
+            result["ablations"][ablation] = rlhf_cell(["preferences.labels=500", *overrides])
+            print(f"cartpole 500 labels, {ablation}: {result['ablations'][ablation]}", flush=True)
+            save()
+    print(table(result))
+    save()
+    write_result(name, result)
+
+
+if __name__ == "__main__":
+    main()
