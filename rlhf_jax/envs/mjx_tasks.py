@@ -58,8 +58,10 @@ needs (see ``MjxEnv._fresh_copy``).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import io
 import logging
 import os
 from typing import Callable, NamedTuple, Optional
@@ -68,7 +70,11 @@ import jax
 import jax.numpy as jnp
 import mujoco
 import numpy as np
-from mujoco import mjx
+
+# mujoco-mjx prints a notice to stdout when its optional Warp back end is missing; keep it
+# out of our commands' output (`rlhf-jax envs` is read by scripts).
+with contextlib.redirect_stdout(io.StringIO()):
+    from mujoco import mjx
 
 from rlhf_jax.envs.core import Box, EnvSpec, EnvState, Environment, TimeStep
 from rlhf_jax.envs.options import EnvConfig, reject_options
