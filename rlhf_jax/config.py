@@ -16,7 +16,9 @@ from typing import Any, Literal, Union
 import yaml
 
 from rlhf_jax.agents.a2c import A2CConfig
+from rlhf_jax.agents.acer import ACERConfig
 from rlhf_jax.agents.dqn import DQNConfig
+from rlhf_jax.agents.trpo import TRPOConfig
 from rlhf_jax.envs.options import EnvConfig
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.config import PreferenceConfig
@@ -53,13 +55,15 @@ class ExperimentConfig:
 
     name: str = "experiment"
     seed: int = 0
-    agent: Literal["a2c", "dqn"] = "a2c"
+    agent: Literal["a2c", "acer", "dqn", "trpo"] = "a2c"
     # What the agent learns from: the environment's reward, or a reward model fitted to
     # preferences between its segments (rlhf_jax.pipeline).
     reward: Literal["env", "preferences"] = "env"
     env: EnvConfig = EnvConfig()
     a2c: A2CConfig = A2CConfig()
+    acer: ACERConfig = ACERConfig()
     dqn: DQNConfig = DQNConfig()
+    trpo: TRPOConfig = TRPOConfig()
     reward_model: RewardModelConfig = RewardModelConfig()
     preferences: PreferenceConfig = PreferenceConfig()
     run: RunConfig = RunConfig()

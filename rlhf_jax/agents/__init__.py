@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-AGENTS = ("a2c", "dqn")
+AGENTS = ("a2c", "acer", "dqn", "trpo")
 
 
 def get_agent(name: str):

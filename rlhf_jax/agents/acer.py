@@ -1,0 +1,529 @@
+"""ACER: actor-critic with experience replay (Wang et al. 2016, arXiv 1611.01224, Algorithms 1-3).
+
+**An iteration** (Algorithm 1). ``num_envs`` environments take ``num_steps`` (k = 20)
+steps; the trajectories, with the behaviour policy's distribution mu(.|x_t) at every step,
+go into a replay memory on the device. Then come one on-policy update on them and
+K ~ Poisson(r) replayed updates (r = ``replay_ratio``, 4 in the paper), each on
+``num_envs`` trajectories drawn uniformly from the memory (one per environment, as the
+paper's threads each replay one). Replay waits until ``replay_start`` env steps are stored.
+
+**The Poisson count under jit.** The updates run in ``lax.fori_loop(0, 1 + K, ...)``
+whose bound is traced, which JAX lowers to a ``while_loop``: an iteration costs its K
+updates, where a fixed maximum masked down to K would cost the maximum every time.
+Under ``vmap`` over seeds the loop runs until the largest K among them, the others'
+extra steps discarded. Update 0 reads the trajectories just stored, so one compiled
+update serves both the on-policy and the replayed kind.
+
+**Each update** (Algorithm 2, discrete; 3, continuous), on trajectories of length k:
+
+* Retrace targets from the current network, backwards from Q_ret = V(x_k)
+  (:func:`rlhf_jax.ops.retrace_targets`), c_t = min(1, rho_t), rho_t = pi(a_t|x_t)/mu(a_t|x_t);
+* the critic regresses Q(x_t, a_t) on Q_ret;
+* the policy gradient is truncated importance sampling with bias correction, c = 10
+  (:func:`rlhf_jax.ops.truncated_is_policy_objective`), plus an entropy bonus;
+* the efficient trust region: g, the gradient of that objective with respect to the
+  policy's distribution statistics, and k, the gradient of KL(pi_avg || pi), give
+  z = g - max(0, (k.g - delta) / ||k||^2) k (:func:`rlhf_jax.ops.trust_region_projection`),
+  back-propagated through the network; the average network follows
+  theta_avg <- alpha theta_avg + (1 - alpha) theta after every update.
+
+The statistics are the logits of a softmax policy and (mean, log std) of a Gaussian one.
+The paper names the probability vector for discrete actions; logits are its natural
+parameters, and with them k . z is exactly the first-order change of the KL divergence
+(a step along the probability simplex's normal, which the softmax ignores, no longer
+counts against delta).
+
+**Continuous actions** (section 5): a diagonal Gaussian policy (state-independent
+log std) and a stochastic dueling network Q~(x, a) = V(x) + A(x, a) - (1/n) sum_i A(x, u_i),
+u_i ~ pi(.|x), n = ``sdn_samples``. The policy term uses the Q_opc target (Retrace with
+c_t = 1); Q_ret truncates with c_t = min(1, rho_t)^(1/d), d the action dimension; the bias
+correction uses one action a' ~ pi weighted [1 - c/rho(a')]_+; V learns from
+V_target = min(1, rho_t)(Q_ret - Q~(x_t, a_t)) + V(x_t).
+
+**Episode ends.** A true end (``done`` and not ``info["truncated"]``) is terminal: its
+target is r_t alone (the discount carries the done mask). A time-limit end has lost its
+last observation (gymnax resets within the step) yet is no terminal state, so its target
+is the critic's own estimate Q(x_t, a_t) (reward Q(x_t, a_t), discount 0): no critic
+error there, and the step before bootstraps through V(x_t). EnvPool's reset steps
+(``info["reset_step"]``, whose action is ignored) are no transitions and carry no loss.
+
+**The memory** keeps whole observations, k + 1 per trajectory (the last one to
+bootstrap from): fine for vector observations, though Atari frames would fit more
+trajectories stored once each, as :mod:`rlhf_jax.replay` stores them for DQN.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from rlhf_jax import ops
+from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble
+from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.networks import torso_for
+
+
+@dataclasses.dataclass(frozen=True)
+class ACERConfig:
+    """Defaults are the paper's where it states them (Wang et al. 2016: k = 20, replay
+    ratio 4, c = 10, delta = 1, alpha = 0.99, gamma = 0.99, entropy weight 0.001 on Atari
+    as we read it); the optimiser, memory size, critic weight and gradient clipping it leaves
+    open follow OpenAI Baselines' ACER. Counts of steps are env steps summed over environments.
+    """
+
+    total_env_steps: int = 10_000_000
+    num_steps: int = 20  # k: the length of a trajectory
+    gamma: float = 0.99
+    replay_ratio: float = 4.0  # r: replayed updates per on-policy update, K ~ Poisson(r)
+    replay_capacity: int = 50_000  # env steps the memory holds (whole trajectories of all envs)
+    replay_start: int = 10_000  # env steps stored before replay begins
+    truncation: float = 10.0  # c: importance weights truncated at c in the policy gradient
+    trust_region: bool = True
+    trust_region_delta: float = 1.0  # delta
+    average_decay: float = 0.99  # alpha of the average policy network
+    entropy_coef: float = 0.001
+    value_coef: float = 0.5  # weighs the critic's loss against the policy's
+    learning_rate: float = 7e-4
+    # The rate decays linearly to zero at this many env steps (0: at total_env_steps).
+    lr_decay_env_steps: int = 0
+    rms_decay: float = 0.99
+    rms_eps: float = 1e-5
+    max_grad_norm: float = 10.0
+    # Pixels: the 2013 CNN of the A3C paper ("a3c") or the Nature CNN ("nature").
+    network: Literal["a3c", "nature"] = "a3c"
+    mlp_hidden: tuple[int, ...] = (64, 64)
+    reward_clip: float = 0.0  # clip rewards to [-reward_clip, reward_clip]; 0 = no clipping
+    reward_scale: float = 1.0
+    # Continuous actions only.
+    sdn_samples: int = 5  # n: actions u_i ~ pi in the stochastic dueling network
+    log_std_init: float = 0.0
+
+    def __post_init__(self):
+        for name in ("total_env_steps", "num_steps", "replay_capacity", "sdn_samples"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"acer.{name} must be positive, got {getattr(self, name)}")
+        for name in ("gamma", "average_decay", "rms_decay"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"acer.{name} must lie in [0, 1], got {getattr(self, name)}")
+        for name in ("truncation", "trust_region_delta", "learning_rate", "max_grad_norm"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"acer.{name} must be positive, got {getattr(self, name)}")
+        for name in ("replay_ratio", "replay_start", "lr_decay_env_steps", "entropy_coef", "value_coef",
+                     "reward_clip", "rms_eps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"acer.{name} must be non-negative, got {getattr(self, name)}")
+
+
+# --------------------------------------------------------------------------- networks
+
+
+def _dense(features: int, gain: float) -> nn.Dense:
+    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(gain))
+
+
+class DiscreteActorCritic(nn.Module):
+    """A shared torso with two heads (the paper's Atari network): policy logits and Q-values.
+    ``obs [..., *obs_shape] -> (logits [..., A], q [..., A])``."""
+
+    spec: EnvSpec
+    config: ACERConfig
+
+    @nn.compact
+    def __call__(self, obs):
+        n = self.spec.action_space.n
+        features = torso_for(self.spec.observation_shape, kind=self.config.network, hidden=self.config.mlp_hidden)(obs)
+        return _dense(n, 0.01)(features), _dense(n, 1.0)(features)
+
+
+class GaussianActorCritic(nn.Module):
+    """A Gaussian policy and a stochastic dueling critic, each on a torso of its own.
+
+    ``policy(obs) -> (mean, log_std)``, each ``[..., D]``; ``critic(obs, actions [..., K, D])
+    -> (V [...], A [..., K])``, the advantage head seeing the critic's features beside the action.
+    """
+
+    spec: EnvSpec
+    config: ACERConfig
+
+    def setup(self):
+        dim = self.spec.action_space.shape[0]
+        torso = lambda: torso_for(self.spec.observation_shape, kind=self.config.network, hidden=self.config.mlp_hidden)
+        self.policy_torso = torso()
+        self.mean_head = _dense(dim, 0.01)
+        self.log_std = self.param("log_std", nn.initializers.constant(self.config.log_std_init), (dim,))
+        self.critic_torso = torso()
+        self.value_head = _dense(1, 1.0)
+        self.advantage_hidden = _dense(self.config.mlp_hidden[-1], math.sqrt(2.0))
+        self.advantage_head = _dense(1, 1.0)
+
+    def policy(self, obs):
+        mean = self.mean_head(self.policy_torso(obs))
+        return mean, jnp.broadcast_to(self.log_std, mean.shape)
+
+    def critic(self, obs, actions):
+        features = self.critic_torso(obs)
+        value = self.value_head(features)[..., 0]
+        features = jnp.broadcast_to(features[..., None, :], actions.shape[:-1] + features.shape[-1:])
+        hidden = nn.relu(self.advantage_hidden(jnp.concatenate([features, actions], axis=-1)))
+        return value, self.advantage_head(hidden)[..., 0]
+
+    def __call__(self, obs, actions):
+        return self.policy(obs), self.critic(obs, actions)
+
+
+def make_network(config: ACERConfig, spec: EnvSpec) -> nn.Module:
+    if isinstance(spec.action_space, Box):
+        return GaussianActorCritic(spec, config)
+    return DiscreteActorCritic(spec, config)
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+class Trajectories(NamedTuple):
+    """``num_envs`` trajectories of k steps, time-major (a leading slot axis in the memory)."""
+
+    obs: jax.Array  # [k + 1, N, *obs_shape]: x_0 .. x_k, the last to bootstrap from
+    action: jax.Array  # [k, N] int or [k, N, D]: a_t as sampled (before clipping to the bounds)
+    reward: jax.Array  # [k, N]
+    terminal: jax.Array  # [k, N] bool: a true episode end
+    truncated: jax.Array  # [k, N] bool: a time-limit end
+    valid: jax.Array  # [k, N] bool: a real transition (not an EnvPool reset step)
+    # mu(.|x_t): log-probabilities [k, N, A] (discrete), or (mean, log_std) [k, N, D] each.
+    behaviour: Any
+
+
+class Memory(NamedTuple):
+    data: Trajectories  # every leaf [slots, ...]
+    position: jax.Array  # () int32: the slot the next store writes
+    size: jax.Array  # () int32: slots written so far
+
+
+class Runner(NamedTuple):
+    params: Any
+    avg_params: Any  # the average network, theta_avg
+    opt_state: Any
+    memory: Memory
+    env_state: EnvState
+    obs: jax.Array
+    key: jax.Array
+    env_steps: jax.Array
+    updates: jax.Array  # parameter updates made so far
+
+
+def env_steps_per_iteration(config: ACERConfig, env: Environment) -> int:
+    return config.num_steps * env.num_envs
+
+
+def num_iterations(config: ACERConfig, env: Environment) -> int:
+    return max(1, config.total_env_steps // env_steps_per_iteration(config, env))
+
+
+def memory_slots(config: ACERConfig, env: Environment) -> int:
+    """Iterations' worth of trajectories the memory holds."""
+    slots = config.replay_capacity // env_steps_per_iteration(config, env)
+    if slots < 1:
+        raise ConfigError(f"acer.replay_capacity={config.replay_capacity} holds no trajectory of "
+                          f"num_steps={config.num_steps} x num_envs={env.num_envs} env steps")
+    if config.replay_ratio > 0 and config.replay_start > slots * env_steps_per_iteration(config, env):
+        raise ConfigError(f"acer.replay_start={config.replay_start} exceeds what the memory holds "
+                          f"({slots * env_steps_per_iteration(config, env)} env steps): replay would never start")
+    return slots
+
+
+def _store(memory: Memory, trajectories: Trajectories) -> Memory:
+    data = jax.tree.map(lambda buffer, x: jax.lax.dynamic_update_index_in_dim(buffer, x, memory.position, 0),
+                        memory.data, trajectories)
+    slots = jax.tree.leaves(memory.data)[0].shape[0]
+    return Memory(data, (memory.position + 1) % slots, jnp.minimum(memory.size + 1, slots))
+
+
+def _gather(memory: Memory, slots, envs) -> Trajectories:
+    """Trajectory ``(slots[b], envs[b])`` for each b, time-major ``[k(+1), B, ...]``."""
+    return jax.tree.map(lambda x: jnp.moveaxis(x[slots, :, envs], 0, 1), memory.data)
+
+
+# ------------------------------------------------------------------------ the agent
+
+
+def make_optimizer(config: ACERConfig) -> optax.GradientTransformation:
+    """RMSProp after clipping, without its step size: the caller scales by a rate that
+    decays with env steps (an iteration makes a random number of updates)."""
+    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                       optax.scale_by_rms(decay=config.rms_decay, eps=config.rms_eps))
+
+
+def init_runner(key, config: ACERConfig, env: Environment) -> Runner:
+    slots = memory_slots(config, env)
+    net_key, env_key, key = jax.random.split(key, 3)
+    env_state, timestep = env.reset(env_key)
+    spec = env.spec
+    network = make_network(config, spec)
+    k, n = config.num_steps, env.num_envs
+    if isinstance(spec.action_space, Box):
+        dim = spec.action_space.shape[0]
+        params = network.init(net_key, timestep.obs[:1], jnp.zeros((1, 1, dim)))
+        action = jnp.zeros((k, n, dim))
+        behaviour = (jnp.zeros((k, n, dim)), jnp.zeros((k, n, dim)))
+    else:
+        params = network.init(net_key, timestep.obs[:1])
+        action = jnp.zeros((k, n), jnp.int32)
+        behaviour = jnp.zeros((k, n, spec.action_space.n))
+    flags = jnp.zeros((k, n), bool)
+    obs = jnp.zeros((k + 1, n) + tuple(spec.observation_shape), spec.observation_dtype)
+    one = Trajectories(obs, action, jnp.zeros((k, n)), flags, flags, flags, behaviour)
+    data = jax.tree.map(lambda x: jnp.zeros((slots,) + x.shape, x.dtype), one)
+    memory = Memory(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    zero = jnp.zeros((), jnp.int32)
+    return Runner(params, params, make_optimizer(config).init(params), memory, env_state, timestep.obs, key, zero, zero)
+
+
+def _sample_with_behaviour(config: ACERConfig, spec: EnvSpec):
+    """``(params, obs, key) -> (action, mu)``: an action from pi and the distribution it came
+    from, as the memory stores it."""
+    network = make_network(config, spec)
+
+    if isinstance(spec.action_space, Box):
+        def sample(params, obs, key):
+            mean, log_std = network.apply(params, obs, method=GaussianActorCritic.policy)
+            return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape), (mean, log_std)
+    else:
+        def sample(params, obs, key):
+            logits, _ = network.apply(params, obs)
+            return jax.random.categorical(key, logits), jax.nn.log_softmax(logits)
+
+    return sample
+
+
+def make_policy(config: ACERConfig, spec: EnvSpec):
+    """``act(params, obs, key, greedy=False) -> action``: sample from pi, or take its mode."""
+    network = make_network(config, spec)
+    sample = _sample_with_behaviour(config, spec)
+    continuous = isinstance(spec.action_space, Box)
+
+    def act(params, obs, key, greedy: bool = False):
+        if not greedy:
+            return sample(params, obs, key)[0]
+        if continuous:
+            return network.apply(params, obs, method=GaussianActorCritic.policy)[0]
+        return jnp.argmax(network.apply(params, obs)[0], -1)
+
+    return act
+
+
+# What every update reports (averaged over an iteration's updates).
+METRICS = ("loss", "policy_objective", "value_loss", "entropy", "kl_to_average", "trust_region_active")
+
+
+def _masked_mean(x, mask):
+    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+
+
+def _targets_inputs(config: ACERConfig, batch: Trajectories, q_taken):
+    """Rewards and discounts for Retrace: a terminal end cuts the return; a time-limit end
+    takes the critic's own estimate Q(x_t, a_t) as its target (module docstring)."""
+    q_taken = jax.lax.stop_gradient(q_taken)
+    rewards = jnp.where(batch.truncated, q_taken, batch.reward)
+    discounts = config.gamma * (1.0 - (batch.terminal | batch.truncated).astype(jnp.float32))
+    return rewards, discounts
+
+
+def _trust_region_loss(config: ACERConfig, objective, kl, stats, valid):
+    """The policy's loss from the per-state objective J(stats) and KL(pi_avg || pi)(stats).
+
+    g = dJ/dstats and k = dKL/dstats, one vector per state (each state's objective depends
+    on its own statistics alone, so the gradient of the sum gives them all); z projects g
+    (or is g without a trust region), and -mean_t z . stats back-propagates z through the
+    network. Returns (loss, fraction of states whose step the trust region shortened).
+    """
+    def flat(tree):
+        return jnp.concatenate([x.reshape(valid.shape + (-1,)) for x in jax.tree.leaves(tree)], axis=-1)
+
+    g = flat(jax.grad(lambda s: jnp.sum(jnp.where(valid, objective(s), 0.0)))(stats))
+    k = flat(jax.grad(lambda s: jnp.sum(jnp.where(valid, kl(s), 0.0)))(stats))
+    z = ops.trust_region_projection(g, k, config.trust_region_delta) if config.trust_region else g
+    active = _masked_mean((jnp.sum(k * g, -1) > config.trust_region_delta).astype(jnp.float32), valid)
+    loss = -jnp.sum(jax.lax.stop_gradient(z) * flat(stats)) / jnp.maximum(jnp.sum(valid), 1)
+    return loss, active
+
+
+def make_loss(config: ACERConfig, spec: EnvSpec):
+    """``loss(params, avg_params, batch, key) -> (loss, metrics)`` of one ACER update."""
+    network = make_network(config, spec)
+    c = config.truncation
+
+    def discrete_loss(params, avg_params, batch: Trajectories, key):
+        del key
+        logits, q = network.apply(params, batch.obs)  # [k+1, B, A]
+        avg_logits = jax.lax.stop_gradient(network.apply(avg_params, batch.obs[:-1])[0])
+        log_pi = jax.nn.log_softmax(logits)
+        values = jax.lax.stop_gradient(jnp.sum(jnp.exp(log_pi) * q, -1))  # V(x) = sum_a pi(a|x) Q(x, a)
+        take = lambda x: jnp.take_along_axis(x, batch.action[..., None], -1)[..., 0]
+        q_t, v_t = q[:-1], values[:-1]
+        q_taken = take(q_t)
+        log_rho = jax.lax.stop_gradient(log_pi[:-1] - batch.behaviour)  # [k, B, A]
+        rewards, discounts = _targets_inputs(config, batch, q_taken)
+        q_ret = ops.retrace_targets(rewards, discounts, q_taken, v_t, ops.retrace_traces(take(log_rho)), values[-1])
+        critic_loss = 0.5 * _masked_mean((q_ret - q_taken) ** 2, batch.valid)
+
+        def objective(stats):
+            log_pi_t = jax.nn.log_softmax(stats)
+            j = ops.truncated_is_policy_objective(
+                take(log_pi_t), take(log_rho), q_ret - v_t,
+                log_pi_t, log_rho, q_t - v_t[..., None], jnp.exp(log_pi_t), c)
+            return j + config.entropy_coef * ops.entropy(stats)
+
+        kl = lambda stats: ops.categorical_kl(avg_logits, stats)
+        policy_loss, active = _trust_region_loss(config, objective, kl, logits[:-1], batch.valid)
+        metrics = {
+            "policy_objective": _masked_mean(objective(logits[:-1]), batch.valid),
+            "value_loss": critic_loss,
+            "entropy": _masked_mean(ops.entropy(logits[:-1]), batch.valid),
+            "kl_to_average": _masked_mean(kl(logits[:-1]), batch.valid),
+            "trust_region_active": active,
+        }
+        return policy_loss + config.value_coef * critic_loss, metrics
+
+    def gaussian_loss(params, avg_params, batch: Trajectories, key):
+        policy = lambda p, obs: network.apply(p, obs, method=GaussianActorCritic.policy)
+        mean, log_std = policy(params, batch.obs)  # [k+1, B, D]
+        avg_mean, avg_log_std = jax.lax.stop_gradient(policy(avg_params, batch.obs[:-1]))
+        dim = mean.shape[-1]
+        # a' (index 0) and u_1..u_n ~ pi(.|x), for every x including the bootstrap x_k.
+        noise = jax.random.normal(key, mean.shape[:-1] + (1 + config.sdn_samples, dim))
+        samples = jax.lax.stop_gradient(mean[..., None, :] + jnp.exp(log_std)[..., None, :] * noise)
+        alt = samples[:-1, :, 0]
+        # The critic sees [a_t, a', u_1..u_n] at every x_t (at x_k, a' stands in for a_k).
+        taken = jnp.concatenate([batch.action, samples[-1:, :, 0]], axis=0)
+        value, advantage = network.apply(params, batch.obs, jnp.concatenate([taken[..., None, :], samples], -2),
+                                         method=GaussianActorCritic.critic)
+        sampled = advantage[..., 2:]
+        q_taken = ops.stochastic_dueling_q(value, advantage[..., 0], sampled)[:-1]
+        q_alt = ops.stochastic_dueling_q(value, advantage[..., 1], sampled)[:-1]
+        v_t = value[:-1]
+        mu_mean, mu_log_std = batch.behaviour
+        log_prob = ops.gaussian_log_prob
+        log_rho = jax.lax.stop_gradient(log_prob(mean[:-1], log_std[:-1], batch.action)
+                                        - log_prob(mu_mean, mu_log_std, batch.action))
+        log_rho_alt = jax.lax.stop_gradient(log_prob(mean[:-1], log_std[:-1], alt) - log_prob(mu_mean, mu_log_std, alt))
+        rewards, discounts = _targets_inputs(config, batch, q_taken)
+        bootstrap = jax.lax.stop_gradient(value[-1])
+        v_sg = jax.lax.stop_gradient(v_t)
+        q_ret = ops.retrace_targets(rewards, discounts, q_taken, v_sg, ops.retrace_traces(log_rho, dim), bootstrap)
+        q_opc = ops.retrace_targets(rewards, discounts, q_taken, v_sg, jnp.ones_like(log_rho), bootstrap)
+        v_target = ops.truncated_value_target(q_ret, jax.lax.stop_gradient(q_taken), v_sg, log_rho)
+        critic_loss = 0.5 * _masked_mean((q_ret - q_taken) ** 2 + (v_target - v_t) ** 2, batch.valid)
+        q_alt = jax.lax.stop_gradient(q_alt)
+
+        def objective(stats):
+            m, s = stats
+            j = ops.truncated_is_policy_objective(
+                log_prob(m, s, batch.action), log_rho, q_opc - v_sg,
+                log_prob(m, s, alt)[..., None], log_rho_alt[..., None], (q_alt - v_sg)[..., None],
+                jnp.ones_like(log_rho_alt)[..., None], c)
+            return j + config.entropy_coef * ops.gaussian_entropy(s)
+
+        kl = lambda stats: ops.gaussian_kl(avg_mean, avg_log_std, *stats)
+        stats = (mean[:-1], log_std[:-1])
+        policy_loss, active = _trust_region_loss(config, objective, kl, stats, batch.valid)
+        metrics = {
+            "policy_objective": _masked_mean(objective(stats), batch.valid),
+            "value_loss": critic_loss,
+            "entropy": _masked_mean(ops.gaussian_entropy(log_std[:-1]), batch.valid),
+            "kl_to_average": _masked_mean(kl(stats), batch.valid),
+            "trust_region_active": active,
+        }
+        return policy_loss + config.value_coef * critic_loss, metrics
+
+    return gaussian_loss if isinstance(spec.action_space, Box) else discrete_loss
+
+
+def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
+    """``iteration(runner, reward_params) -> (runner, metrics, transitions)``: k steps of every
+    environment into the memory, one on-policy update and K ~ Poisson(r) replayed ones.
+
+    Jit it with ``donate_argnums=0`` so the memory is updated in place.
+    """
+    spec = env.spec
+    slots = memory_slots(config, env)
+    space = spec.action_space
+    continuous = isinstance(space, Box)
+    sample_action = _sample_with_behaviour(config, spec)
+    loss_fn = make_loss(config, spec)
+    optimizer = make_optimizer(config)
+    per_iteration = env_steps_per_iteration(config, env)
+    decay_steps = config.lr_decay_env_steps or config.total_env_steps
+    learning_rate = ops.linear_schedule(config.learning_rate, 0.0, max(1, decay_steps))
+    n = env.num_envs
+
+    def rollout_step(carry, _):
+        params, env_state, obs, key, reward_params = carry
+        key, act_key = jax.random.split(key)
+        action, behaviour = sample_action(params, obs, act_key)
+        # The environment gets actions inside its bounds; the loss sees the sampled ones.
+        env_action = jnp.clip(action, space.low, space.high) if continuous else action
+        env_state, timestep = env.step(env_state, env_action)
+        reward = reward_fn(reward_params, obs, env_action, timestep) * config.reward_scale
+        if config.reward_clip:
+            reward = jnp.clip(reward, -config.reward_clip, config.reward_clip)
+        info = timestep.info
+        truncated = timestep.done & info["truncated"]
+        valid = ~info["reset_step"] if "reset_step" in info else jnp.ones_like(timestep.done)
+        step = (obs, env_action, action, behaviour, reward, timestep.done & ~truncated, truncated, valid,
+                timestep.reward, timestep.done, info)
+        return (params, env_state, timestep.obs, key, reward_params), step
+
+    def make_update(memory: Memory, key, rate):
+        """The body of the update loop: update ``i`` on trajectories from ``memory``."""
+
+        def update(i, carry):
+            params, avg_params, opt_state, sums = carry
+            slot_key, env_key, loss_key = jax.random.split(jax.random.fold_in(key, i), 3)
+            # Update 0 learns from the trajectories just stored, the others from the whole memory.
+            latest = (memory.position - 1) % slots
+            rows = jnp.where(i == 0, latest, jax.random.randint(slot_key, (n,), 0, memory.size))
+            envs = jnp.where(i == 0, jnp.arange(n), jax.random.randint(env_key, (n,), 0, n))
+            batch = _gather(memory, rows, envs)
+            (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, avg_params, batch, loss_key)
+            step, opt_state = optimizer.update(grads, opt_state, params)
+            params = jax.tree.map(lambda p, u: p - rate * u, params, step)
+            # theta_avg <- alpha theta_avg + (1 - alpha) theta
+            avg_params = optax.incremental_update(params, avg_params, 1.0 - config.average_decay)
+            sums = {name: sums[name] + value for name, value in dict(metrics, loss=loss).items()}
+            return params, avg_params, opt_state, sums
+
+        return update
+
+    def iteration(runner: Runner, reward_params=None):
+        carry = (runner.params, runner.env_state, runner.obs, runner.key, reward_params)
+        (_, env_state, obs, key, _), steps = jax.lax.scan(rollout_step, carry, None, config.num_steps)
+        observations, env_actions, actions, behaviour, rewards, terminal, truncated, valid, oracle, dones, info = steps
+        trajectories = Trajectories(jnp.concatenate([observations, obs[None]]), actions, rewards, terminal,
+                                    truncated, valid, behaviour)
+        memory = _store(runner.memory, trajectories)
+        key, count_key, update_key = jax.random.split(key, 3)
+        replaying = memory.size * per_iteration >= config.replay_start
+        replays = jnp.where(replaying, jax.random.poisson(count_key, config.replay_ratio), 0).astype(jnp.int32)
+        update = make_update(memory, update_key, learning_rate(runner.env_steps))
+        sums = {name: jnp.zeros(()) for name in METRICS}
+        carry = (runner.params, runner.avg_params, runner.opt_state, sums)
+        # A traced bound: a while loop of 1 + K updates (module docstring).
+        params, avg_params, opt_state, sums = jax.lax.fori_loop(0, 1 + replays, update, carry)
+        env_steps = runner.env_steps + per_iteration
+        metrics = {name: total / (1 + replays) for name, total in sums.items()}  # means over the updates
+        metrics.update(env_steps=env_steps, replay_updates=replays, **episode_metrics(info))
+        transitions = Transitions(observations, env_actions, oracle, dones)
+        runner = Runner(params, avg_params, opt_state, memory, env_state, obs, key, env_steps,
+                        runner.updates + 1 + replays)
+        return runner, metrics, transitions
+
+    return iteration
+
+
+make_train = assemble(init_runner, make_iteration, num_iterations)

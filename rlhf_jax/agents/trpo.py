@@ -1,0 +1,359 @@
+"""TRPO (Schulman et al. 2015) as Christiano et al. 2017 used it for MuJoCo (appendix A.1).
+
+Each iteration collects ``batch_size`` env steps from ``num_envs`` environments,
+estimates advantages with GAE (Schulman et al. 2016; the paper's gamma = 0.995,
+lambda = 0.97), and then
+
+1. takes one natural-gradient step on the policy: the gradient ``g`` of the
+   surrogate ``L(theta) = mean[pi_theta(a|s) / pi_old(a|s) A] + beta mean[H(pi_theta)]``,
+   the direction ``s = F^{-1} g`` by 10 conjugate-gradient iterations on
+   Fisher-vector products, scaled to the edge of the trust region (mean KL 0.01) and
+   shrunk by a backtracking line search until the true KL is inside it and ``L`` has
+   improved (:mod:`rlhf_jax.ops.trust_region`);
+2. fits a separate value network to the lambda-returns by regression (Adam on the
+   squared error, a few epochs of minibatches).
+
+The policy is a diagonal Gaussian with a state-independent log standard deviation
+for continuous actions (Schulman et al. 2015, section 8), or a softmax for discrete
+ones. Policy and value networks share nothing, so the natural gradient is taken
+over the policy's parameters alone.
+
+**The paper's settings.** Appendix A.1 gives gamma, lambda and the entropy bonus:
+0.01 (0.001 on Swimmer) *when learning from the reward predictor*; on the true
+reward ``entropy_coef`` defaults to 0, and an RLHF config sets it to 0.01. The other
+defaults (mean KL 0.01, 10 CG iterations, CG damping 0.1, 10 halvings in the line
+search, 5,000 env steps per iteration) are the usual TRPO settings of Schulman's
+and Ho & Ermon's (2016) MuJoCo experiments, not numbers stated in the paper.
+
+**Episode ends.** A true end is terminal. A time-limit end (``info["truncated"]``) is
+not: its return should bootstrap from the value of the last state. EnvPool resets on
+the step after an end (``info["reset_step"]``), so that state is real: the
+time-limit step bootstraps from it, and the reset step (whose action is ignored) is
+left out of both losses. A back end that resets within the step (gymnax, MJX) has
+replaced the last state by the next episode's first, so we bootstrap from the
+value of the state before it, ``V(s_T) ~ V(s_{T-1})``; treating a time-limit end as
+terminal would instead make the value depend on the clock, which it cannot see.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+
+from rlhf_jax import ops
+from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble
+from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.networks import torso_for
+from rlhf_jax.ops.trust_region import (
+    backtracking_line_search,
+    categorical_kl,
+    conjugate_gradient,
+    fisher_vector_product,
+    gaussian_kl,
+    max_step,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TRPOConfig:
+    """Defaults follow Christiano et al. appendix A.1 (gamma, lambda) and common TRPO practice (module docstring)."""
+
+    total_env_steps: int = 5_000_000
+    # Env steps per iteration, summed over environments; each environment takes
+    # ceil(batch_size / num_envs) steps. Copies that start together and run episodes of one
+    # fixed length stay in step, so let each take a whole number of episodes: otherwise a
+    # batch holds only part of the episode and the KL bound ignores the rest
+    # (configs/trpo_pendulum.yaml shows what that does).
+    batch_size: int = 5_000
+    gamma: float = 0.995
+    gae_lambda: float = 0.97
+    max_kl: float = 0.01  # delta: the bound on the mean KL(pi_old || pi_new)
+    cg_iterations: int = 10
+    cg_damping: float = 0.1
+    line_search_steps: int = 10
+    line_search_decay: float = 0.5
+    # beta: 0 on the true reward; 0.01 (Swimmer: 0.001) when learning from the reward predictor.
+    entropy_coef: float = 0.0
+    normalize_advantages: bool = True
+    # The value function: its own network fitted with Adam to the lambda-returns.
+    value_learning_rate: float = 1e-3
+    value_epochs: int = 5
+    value_minibatches: int = 8
+    policy_hidden: tuple[int, ...] = (64, 64)
+    value_hidden: tuple[int, ...] = (64, 64)
+    activation: Literal["tanh", "relu"] = "tanh"
+    network: Literal["a3c", "nature"] = "a3c"  # the torso for stacked Atari frames, if ever used
+    log_std_init: float = 0.0  # Gaussian policies only
+    reward_scale: float = 1.0
+
+    def __post_init__(self):
+        if self.total_env_steps < 1 or self.batch_size < 1:
+            raise ConfigError("trpo.total_env_steps and trpo.batch_size must be positive")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"trpo.gamma must lie in [0, 1], got {self.gamma}")
+        if not 0.0 <= self.gae_lambda <= 1.0:
+            raise ConfigError(f"trpo.gae_lambda must lie in [0, 1], got {self.gae_lambda}")
+        if self.max_kl <= 0.0:
+            raise ConfigError(f"trpo.max_kl must be positive, got {self.max_kl}")
+        if self.cg_iterations < 1 or self.line_search_steps < 1:
+            raise ConfigError("trpo.cg_iterations and trpo.line_search_steps must be positive")
+        if not 0.0 < self.line_search_decay < 1.0:
+            raise ConfigError(f"trpo.line_search_decay must lie in (0, 1), got {self.line_search_decay}")
+        if self.value_epochs < 1 or self.value_minibatches < 1:
+            raise ConfigError("trpo.value_epochs and trpo.value_minibatches must be positive")
+
+
+_ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+
+
+class Policy(nn.Module):
+    """``obs -> (mean, log_std)`` (Gaussian) or ``(logits,)`` (softmax): the distribution's parameters."""
+
+    spec: EnvSpec
+    config: TRPOConfig
+
+    @nn.compact
+    def __call__(self, obs):
+        c = self.config
+        features = torso_for(self.spec.observation_shape, kind=c.network, hidden=c.policy_hidden,
+                             activation=_ACTIVATIONS[c.activation])(obs)
+        # A small output gain: the first policy is close to state-independent.
+        out = nn.initializers.orthogonal(0.01)
+        if isinstance(self.spec.action_space, Box):
+            mean = nn.Dense(self.spec.action_space.shape[0], kernel_init=out, name="mean")(features)
+            log_std = self.param("log_std", nn.initializers.constant(c.log_std_init), mean.shape[-1:])
+            return mean, jnp.broadcast_to(log_std, mean.shape)
+        return (nn.Dense(self.spec.action_space.n, kernel_init=out, name="logits")(features),)
+
+
+class Value(nn.Module):
+    """``obs -> V(s)``, a network of its own."""
+
+    spec: EnvSpec
+    config: TRPOConfig
+
+    @nn.compact
+    def __call__(self, obs):
+        c = self.config
+        features = torso_for(self.spec.observation_shape, kind=c.network, hidden=c.value_hidden,
+                             activation=_ACTIVATIONS[c.activation])(obs)
+        return nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(features)[..., 0]
+
+
+class Runner(NamedTuple):
+    params: Any  # {"policy": ..., "value": ...}
+    opt_state: Any  # the value network's Adam state (the policy has no optimiser state)
+    env_state: EnvState
+    obs: jax.Array
+    key: jax.Array
+    env_steps: jax.Array
+
+
+def steps_per_env(config: TRPOConfig, env: Environment) -> int:
+    """How many steps each environment takes per iteration."""
+    return math.ceil(config.batch_size / env.num_envs)
+
+
+def env_steps_per_iteration(config: TRPOConfig, env: Environment) -> int:
+    return steps_per_env(config, env) * env.num_envs
+
+
+def num_iterations(config: TRPOConfig, env: Environment) -> int:
+    return max(1, config.total_env_steps // env_steps_per_iteration(config, env))
+
+
+def make_value_optimizer(config: TRPOConfig) -> optax.GradientTransformation:
+    return optax.adam(config.value_learning_rate)
+
+
+def init_runner(key, config: TRPOConfig, env: Environment) -> Runner:
+    policy_key, value_key, env_key, key = jax.random.split(key, 4)
+    env_state, timestep = env.reset(env_key)
+    params = {
+        "policy": Policy(env.spec, config).init(policy_key, timestep.obs[:1]),
+        "value": Value(env.spec, config).init(value_key, timestep.obs[:1]),
+    }
+    opt_state = make_value_optimizer(config).init(params["value"])
+    return Runner(params, opt_state, env_state, timestep.obs, key, jnp.zeros((), jnp.int32))
+
+
+# --- The policy's distribution: one set of functions for both action spaces ----------
+
+
+def _log_prob(dist, action, continuous: bool):
+    if continuous:
+        mean, log_std = dist
+        return ops.gaussian_log_prob(mean, log_std, action)
+    return ops.categorical_log_prob(dist[0], action)
+
+
+def _entropy(dist, continuous: bool):
+    return ops.gaussian_entropy(dist[1]) if continuous else ops.entropy(dist[0])
+
+
+def _kl(old, new, continuous: bool):
+    return gaussian_kl(*old, *new) if continuous else categorical_kl(old[0], new[0])
+
+
+def make_policy(config: TRPOConfig, spec: EnvSpec):
+    """``act(params, obs, key, greedy=False) -> action``: sample from pi, or take its mode."""
+    policy = Policy(spec, config)
+    continuous = isinstance(spec.action_space, Box)
+
+    def act(params, obs, key, greedy: bool = False):
+        dist = policy.apply(params["policy"], obs)
+        if continuous:
+            mean, log_std = dist
+            return mean if greedy else mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
+        logits = dist[0]
+        return jnp.argmax(logits, -1) if greedy else jax.random.categorical(key, logits)
+
+    return act
+
+
+def _masked_mean(x, mask):
+    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def returns_and_mask(config: TRPOConfig, rewards, dones, info, values, bootstrap):
+    """Lambda-returns ``G_t`` ``[T, N]`` and the mask of the steps that enter the losses.
+
+    The returns are TD(lambda) returns (:func:`rlhf_jax.ops.lambda_returns`), so that
+    ``G_t - V(s_t)`` is GAE(gamma, lambda). Episode ends (module docstring):
+
+    * a true end: ``G_t = r_t``;
+    * a time-limit end, EnvPool: ``G_t = r_t + gamma V(s_{t+1})`` with the real last
+      state ``s_{t+1}``; the reset step after it is masked out;
+    * a time-limit end, reset within the step: ``G_t = r_t + gamma V(s_t)``, the value
+      of the last state we saw standing in for that of the state we did not.
+
+    ``lambda`` is 0 on every end step, so nothing of the next episode leaks into a return.
+    """
+    dones = dones.astype(jnp.float32)
+    truncated = info["truncated"].astype(jnp.float32)
+    if "reset_step" in info:  # EnvPool: the observation after a time-limit end is real
+        reset_step = info["reset_step"].astype(jnp.float32)
+        discounts = config.gamma * (1.0 - dones * (1.0 - truncated)) * (1.0 - reset_step)
+        mask = 1.0 - reset_step
+    else:
+        rewards = rewards + config.gamma * truncated * jax.lax.stop_gradient(values)
+        discounts = config.gamma * (1.0 - dones)
+        mask = jnp.ones_like(dones)
+    lambdas = config.gae_lambda * (1.0 - dones)
+    return ops.lambda_returns(rewards, discounts, values, bootstrap, lambdas), mask
+
+
+def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
+    policy, value = Policy(env.spec, config), Value(env.spec, config)
+    value_optimizer = make_value_optimizer(config)
+    act = make_policy(config, env.spec)
+    space = env.spec.action_space
+    continuous = isinstance(space, Box)
+    num_steps = steps_per_env(config, env)
+    if env_steps_per_iteration(config, env) < config.value_minibatches:
+        raise ConfigError(f"trpo.batch_size ({config.batch_size}) must be at least trpo.value_minibatches "
+                          f"({config.value_minibatches})")
+
+    def rollout_step(carry, _):
+        params, env_state, obs, key, reward_params = carry
+        key, act_key = jax.random.split(key)
+        action = act(params, obs, act_key)
+        # The environment gets actions inside its bounds; the surrogate sees the sampled ones.
+        env_action = jnp.clip(action, space.low, space.high) if continuous else action
+        env_state, timestep = env.step(env_state, env_action)
+        reward = reward_fn(reward_params, obs, env_action, timestep) * config.reward_scale
+        transition = (obs, env_action, action, reward, timestep.reward, timestep.done, timestep.info)
+        return (params, env_state, timestep.obs, key, reward_params), transition
+
+    def update_policy(policy_params, observations, actions, advantages, mask):
+        """One natural-gradient step with a line search (Schulman et al. 2015, appendix C)."""
+        flat_old, unravel = ravel_pytree(policy_params)
+        old_dist = jax.lax.stop_gradient(policy.apply(policy_params, observations))
+        old_log_prob = _log_prob(old_dist, actions, continuous)
+
+        def surrogate(flat):
+            dist = policy.apply(unravel(flat), observations)
+            ratio = jnp.exp(_log_prob(dist, actions, continuous) - old_log_prob)
+            entropy = jnp.broadcast_to(_entropy(dist, continuous), mask.shape)
+            return _masked_mean(ratio * advantages, mask) + config.entropy_coef * _masked_mean(entropy, mask)
+
+        def mean_kl(flat):
+            return _masked_mean(_kl(old_dist, policy.apply(unravel(flat), observations), continuous), mask)
+
+        gradient = jax.grad(surrogate)(flat_old)
+        fvp = lambda v: fisher_vector_product(mean_kl, flat_old, v, config.cg_damping)
+        direction = conjugate_gradient(fvp, gradient, config.cg_iterations)
+        full_step = max_step(direction, fvp(direction), config.max_kl)
+        evaluate = lambda flat: (surrogate(flat), mean_kl(flat))
+        flat_new, fraction = backtracking_line_search(
+            evaluate, flat_old, full_step, config.max_kl, config.line_search_steps, config.line_search_decay
+        )
+        surrogate_new, kl = evaluate(flat_new)
+        metrics = {
+            "surrogate_gain": surrogate_new - surrogate(flat_old), "kl": kl, "step_fraction": fraction,
+            "entropy": _masked_mean(jnp.broadcast_to(_entropy(old_dist, continuous), mask.shape), mask),
+        }
+        return unravel(flat_new), metrics
+
+    def update_value(value_params, opt_state, observations, returns, mask, key):
+        """Regression of V on the returns: ``value_epochs`` passes of ``value_minibatches`` Adam steps."""
+        flat = lambda x: x.reshape((-1,) + x.shape[2:])  # [T, N, ...] -> [T*N, ...]
+        observations, returns, mask = flat(observations), flat(returns), flat(mask)
+        size = returns.shape[0] // config.value_minibatches
+
+        def loss_fn(params, obs, target, weight):
+            return _masked_mean(0.5 * (value.apply(params, obs) - target) ** 2, weight)
+
+        def minibatch_step(carry, index):
+            params, opt_state = carry
+            loss, grads = jax.value_and_grad(loss_fn)(params, observations[index], returns[index], mask[index])
+            updates, opt_state = value_optimizer.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        def epoch(carry, key):
+            # A fresh shuffle each epoch; the few steps beyond size * minibatches wait for the next one.
+            order = jax.random.permutation(key, returns.shape[0])[: size * config.value_minibatches]
+            return jax.lax.scan(minibatch_step, carry, order.reshape(config.value_minibatches, size))
+
+        (value_params, opt_state), losses = jax.lax.scan(
+            epoch, (value_params, opt_state), jax.random.split(key, config.value_epochs)
+        )
+        return value_params, opt_state, losses[-1].mean()
+
+    def iteration(runner: Runner, reward_params=None):
+        carry = (runner.params, runner.env_state, runner.obs, runner.key, reward_params)
+        (_, env_state, obs, key, _), (observations, env_actions, actions, rewards, oracle_rewards, dones, info) = jax.lax.scan(
+            rollout_step, carry, None, num_steps
+        )
+        key, value_key = jax.random.split(key)
+        params = runner.params
+        values = value.apply(params["value"], observations)
+        bootstrap = value.apply(params["value"], obs)
+        returns, mask = returns_and_mask(config, rewards, dones, info, values, bootstrap)
+        advantages = returns - values
+        if config.normalize_advantages:
+            mean = _masked_mean(advantages, mask)
+            std = jnp.sqrt(_masked_mean((advantages - mean) ** 2, mask))
+            advantages = (advantages - mean) / (std + 1e-8)
+
+        policy_params, policy_metrics = update_policy(params["policy"], observations, actions, advantages, mask)
+        value_params, opt_state, value_loss = update_value(
+            params["value"], runner.opt_state, observations, returns, mask, value_key
+        )
+        env_steps = runner.env_steps + env_steps_per_iteration(config, env)
+        metrics = {**policy_metrics, "value_loss": value_loss, "env_steps": env_steps, **episode_metrics(info)}
+        transitions = Transitions(observations, env_actions, oracle_rewards, dones)
+        params = {"policy": policy_params, "value": value_params}
+        return Runner(params, opt_state, env_state, obs, key, env_steps), metrics, transitions
+
+    return iteration
+
+
+make_train = assemble(init_runner, make_iteration, num_iterations)

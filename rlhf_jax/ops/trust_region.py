@@ -1,0 +1,222 @@
+"""The trust-region maths of TRPO (Schulman et al. 2015, "Trust Region Policy Optimization").
+
+TRPO maximises a surrogate objective subject to a bound on the mean KL divergence
+between the old and the new policy (section 6, eq. 14):
+
+    maximise_theta  L(theta) = E[ pi_theta(a|s) / pi_old(a|s) A(s, a) ]
+    subject to      KL(theta) = E_s[ D_KL(pi_old(.|s) || pi_theta(.|s)) ] <= delta.
+
+Its practical algorithm (appendix C) linearises L and takes the quadratic
+approximation of the KL around theta_old, whose Hessian is the Fisher matrix F:
+
+    s = F^{-1} g                         (conjugate gradient on Fisher-vector products)
+    full step = sqrt(2 delta / s^T F s) s  (the largest step with 1/2 s^T F s = delta)
+    theta = theta_old + decay^k full step  (backtracking until the true KL and L agree)
+
+The pieces here work on *flat* parameter vectors ``[P]`` (``jax.flatten_util.
+ravel_pytree`` turns a network's parameters into one); they never build ``F``, which
+has ``P^2`` entries, only products ``F v``.
+
+The KL divergences of the two policy families are here too, because TRPO is what
+needs them.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import chex
+import jax
+import jax.numpy as jnp
+
+
+def conjugate_gradient(
+    matvec: Callable[[jax.Array], jax.Array],
+    b: chex.Array,
+    num_iterations: int = 10,
+    residual_tol: float = 1e-10,
+) -> jax.Array:
+    """Approximately solve ``A x = b`` for a symmetric positive-definite ``A`` given only
+    ``matvec(v) = A v`` (Hestenes & Stiefel 1952; Schulman et al. 2015, appendix C).
+
+    Starting from ``x_0 = 0``, ``r_0 = p_0 = b``, each iteration does
+
+        alpha_k = r_k^T r_k / p_k^T A p_k
+        x_{k+1} = x_k + alpha_k p_k
+        r_{k+1} = r_k - alpha_k A p_k
+        beta_k  = r_{k+1}^T r_{k+1} / r_k^T r_k
+        p_{k+1} = r_{k+1} + beta_k p_k.
+
+    In exact arithmetic it solves an ``n``-dimensional system in ``n`` iterations; TRPO
+    stops after 10, which already gives a good step direction. Once the squared residual
+    ``r^T r`` falls below ``residual_tol`` the iterate stops moving (the remaining
+    iterations would divide by almost zero).
+
+    Args:
+      matvec: ``v -> A v`` for vectors ``[n]``.
+      b: ``[n]``.
+      num_iterations: how many iterations to run (a static number).
+      residual_tol: stop once ``r^T r`` is below this.
+
+    Returns:
+      ``[n]``, the approximate solution ``x``.
+    """
+    chex.assert_rank(b, 1)
+
+    def iteration(_, carry):
+        x, r, p, rr = carry
+        converged = rr < residual_tol
+        ap = matvec(p)
+        # Once converged, alpha and beta are 0: x stays put and nothing divides by ~0.
+        alpha = jnp.where(converged, 0.0, rr / jnp.where(converged, 1.0, jnp.vdot(p, ap)))
+        x = x + alpha * p
+        r = r - alpha * ap
+        rr_next = jnp.vdot(r, r)
+        beta = jnp.where(converged, 0.0, rr_next / jnp.where(converged, 1.0, rr))
+        p = r + beta * p
+        return x, r, p, jnp.where(converged, rr, rr_next)
+
+    init = (jnp.zeros_like(b), b, b, jnp.vdot(b, b))
+    x, *_ = jax.lax.fori_loop(0, num_iterations, iteration, init)
+    return x
+
+
+def fisher_vector_product(
+    kl_fn: Callable[[jax.Array], jax.Array],
+    params: chex.Array,
+    vector: chex.Array,
+    damping: float = 0.0,
+) -> jax.Array:
+    """``(F + damping I) v``, with ``F`` the Hessian of the mean KL at ``theta_old``
+    (Schulman et al. 2015, appendix C.1):
+
+        F v = d/d eps  grad_theta KL(theta) |_{theta = theta_old + eps v}
+            = (d^2/d theta^2 KL(theta) |_{theta_old}) v,
+        KL(theta) = E_s[ D_KL(pi_old(.|s) || pi_theta(.|s)) ].
+
+    At ``theta = theta_old`` this Hessian equals the Fisher information matrix
+    ``E[grad log pi grad log pi^T]`` of the policy. ``grad`` is a reverse-mode product
+    (a ``vjp``) and the directional derivative of it a forward-mode one (``jvp``), so
+    ``F v`` costs about two backward passes and ``F`` itself is never formed. The
+    ``damping`` (0.1 in Schulman's implementation) keeps ``F + damping I`` well
+    conditioned for :func:`conjugate_gradient`.
+
+    Args:
+      kl_fn: ``theta [P] -> KL(theta)``, a scalar, with ``pi_old`` held fixed inside.
+      params: ``[P]``, ``theta_old``.
+      vector: ``[P]``, ``v``.
+      damping: added multiple of ``v``.
+
+    Returns:
+      ``[P]``, ``(F + damping I) v``.
+    """
+    chex.assert_rank(params, 1)
+    chex.assert_equal_shape([params, vector])
+    _, hessian_vector = jax.jvp(jax.grad(kl_fn), (params,), (vector,))
+    return hessian_vector + damping * vector
+
+
+def max_step(step_direction: chex.Array, fisher_step: chex.Array, max_kl: float) -> jax.Array:
+    """Scale a step direction ``s`` to the edge of the trust region (Schulman et al. 2015, appendix C):
+
+        beta = sqrt(2 delta / s^T F s),
+
+    so that the quadratic model of the KL, ``1/2 (beta s)^T F (beta s)``, equals ``delta``.
+
+    Args:
+      step_direction: ``[P]``, ``s`` (e.g. ``F^{-1} g`` from :func:`conjugate_gradient`).
+      fisher_step: ``[P]``, ``F s``.
+      max_kl: ``delta``.
+
+    Returns:
+      ``[P]``, the full step ``beta s`` (zero if ``s^T F s`` is not positive).
+    """
+    chex.assert_equal_shape([step_direction, fisher_step])
+    shs = jnp.vdot(step_direction, fisher_step)
+    beta = jnp.where(shs > 0.0, jnp.sqrt(2.0 * max_kl / jnp.where(shs > 0.0, shs, 1.0)), 0.0)
+    return beta * step_direction
+
+
+def backtracking_line_search(
+    evaluate: Callable[[jax.Array], tuple[jax.Array, jax.Array]],
+    params: chex.Array,
+    full_step: chex.Array,
+    max_kl: float,
+    num_steps: int = 10,
+    decay: float = 0.5,
+) -> tuple[jax.Array, jax.Array]:
+    """Shrink the step until the true KL and surrogate agree (Schulman et al. 2015, appendix C):
+
+        theta_k = theta_old + decay^k full_step,   k = 0, 1, ..., num_steps - 1,
+
+    and take the first ``theta_k`` with
+
+        KL(theta_k) <= delta   and   L(theta_k) > L(theta_old),
+
+    or stay at ``theta_old`` if none qualifies. The quadratic model that sized
+    ``full_step`` is only a model: the real KL can exceed ``delta`` and the real
+    surrogate can fall, and this check is what keeps every accepted step inside the
+    trust region.
+
+    Args:
+      evaluate: ``theta [P] -> (L(theta), KL(theta))``, both scalars.
+      params: ``[P]``, ``theta_old``.
+      full_step: ``[P]``.
+      max_kl: ``delta``.
+      num_steps: how many step sizes to try (a static number).
+      decay: factor by which each try shrinks the step.
+
+    Returns:
+      ``(theta, fraction)``: the accepted parameters and ``decay^k`` (0 if no step was
+      accepted and ``theta = theta_old``).
+    """
+    chex.assert_rank(params, 1)
+    chex.assert_equal_shape([params, full_step])
+    surrogate_old, _ = evaluate(params)
+
+    def not_done(carry):
+        k, accepted = carry
+        return (k < num_steps) & ~accepted
+
+    def try_step(carry):
+        k, _ = carry
+        surrogate, kl = evaluate(params + decay**k * full_step)
+        accepted = (kl <= max_kl) & (surrogate > surrogate_old)
+        return jnp.where(accepted, k, k + 1), accepted
+
+    k, accepted = jax.lax.while_loop(not_done, try_step, (jnp.zeros((), jnp.int32), jnp.zeros((), bool)))
+    fraction = jnp.where(accepted, decay ** k.astype(params.dtype), 0.0)
+    return params + fraction * full_step, fraction
+
+
+def gaussian_kl(mean_p: chex.Array, log_std_p: chex.Array, mean_q: chex.Array, log_std_q: chex.Array) -> jax.Array:
+    """KL divergence between diagonal Gaussians, summed over action dimensions:
+
+        D_KL(p || q) = sum_d [ log(sigma_q,d / sigma_p,d)
+                               + (sigma_p,d^2 + (mu_p,d - mu_q,d)^2) / (2 sigma_q,d^2) - 1/2 ].
+
+    Args:
+      mean_p, log_std_p, mean_q, log_std_q: ``[..., D]`` (log-stds broadcastable).
+
+    Returns:
+      ``[...]`` divergences in nats.
+    """
+    chex.assert_equal_shape([mean_p, mean_q])
+    var_p, var_q = jnp.exp(2.0 * log_std_p), jnp.exp(2.0 * log_std_q)
+    per_dim = log_std_q - log_std_p + (var_p + (mean_p - mean_q) ** 2) / (2.0 * var_q) - 0.5
+    return jnp.sum(per_dim, axis=-1)
+
+
+def categorical_kl(logits_p: chex.Array, logits_q: chex.Array) -> jax.Array:
+    """KL divergence between softmax distributions:
+
+        D_KL(p || q) = sum_a p(a) (log p(a) - log q(a)).
+
+    Args:
+      logits_p, logits_q: ``[..., A]``.
+
+    Returns:
+      ``[...]`` divergences in nats.
+    """
+    chex.assert_equal_shape([logits_p, logits_q])
+    log_p, log_q = jax.nn.log_softmax(logits_p, axis=-1), jax.nn.log_softmax(logits_q, axis=-1)
+    return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)

@@ -1,0 +1,307 @@
+"""ACER: its pure pieces against plain NumPy loops, the agent's memory and replay, and learning
+CartPole (discrete) and Pendulum (continuous) with the shipped configs."""
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax import ops
+from rlhf_jax.agents import acer
+from rlhf_jax.config import ExperimentConfig, load_config
+from rlhf_jax.envs import EnvConfig, make
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.evaluation import evaluate
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+# ------------------------------------------------------------------------ pure pieces
+
+
+def test_retrace_matches_a_numpy_loop_on_off_policy_data_with_episode_ends():
+    rng = np.random.default_rng(0)
+    T, B, A, gamma = 9, 4, 3, 0.9
+    pi, mu = softmax(rng.normal(size=(T, B, A))), softmax(rng.normal(size=(T, B, A)))
+    actions = rng.integers(0, A, size=(T, B))
+    q = rng.normal(size=(T, B, A))
+    rewards = rng.normal(size=(T, B))
+    done = rng.random((T, B)) < 0.2
+    bootstrap = rng.normal(size=B)
+    values = (pi * q).sum(-1)
+    q_taken = np.take_along_axis(q, actions[..., None], -1)[..., 0]
+    rho = np.take_along_axis(pi / mu, actions[..., None], -1)[..., 0]
+
+    expected = np.zeros((T, B))
+    for b in range(B):
+        q_ret = bootstrap[b]
+        for t in reversed(range(T)):
+            q_ret = rewards[t, b] + (0.0 if done[t, b] else gamma) * q_ret
+            expected[t, b] = q_ret
+            q_ret = min(1.0, rho[t, b]) * (q_ret - q_taken[t, b]) + values[t, b]
+
+    discounts = gamma * (1.0 - done)
+    traces = ops.retrace_traces(jnp.log(rho))
+    got = jax.jit(ops.retrace_targets)(rewards, discounts, q_taken, values, traces, bootstrap)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert (rho > 1).any() and (rho < 1).any()  # both sides of the truncation are exercised
+    # An episode end leaves the reward alone as the target.
+    np.testing.assert_allclose(np.asarray(got)[done], rewards[done], rtol=1e-6)
+    # Zero traces give one-step targets r_t + gamma_t V(x_{t+1}), whatever follows.
+    one_step = ops.retrace_targets(rewards, discounts, q_taken, values, np.zeros((T, B)), bootstrap)
+    next_values = np.concatenate([values[1:], bootstrap[None]])
+    np.testing.assert_allclose(one_step, rewards + discounts * next_values, rtol=1e-5, atol=1e-6)
+
+
+def test_continuous_traces_take_the_dth_root():
+    log_rho = jnp.log(jnp.array([0.25, 1.0, 8.0]))
+    np.testing.assert_allclose(ops.retrace_traces(log_rho, action_dim=2), [0.5, 1.0, 1.0], rtol=1e-6)
+
+
+def grad_log_softmax(pi, b):
+    """d log pi(b) / d logits = e_b - pi."""
+    e = np.zeros_like(pi)
+    e[b] = 1.0
+    return e - pi
+
+
+def test_truncated_importance_sampling_gradient_matches_a_numpy_loop():
+    rng = np.random.default_rng(1)
+    N, A, c = 64, 4, 1.5  # a small c, so that many weights are truncated
+    logits = rng.normal(size=(N, A))
+    mu = softmax(rng.normal(size=(N, A)) * 2.0)
+    actions = rng.integers(0, A, size=N)
+    q = rng.normal(size=(N, A))
+    q_ret = rng.normal(size=N)
+
+    def objective(logits):
+        log_pi = jax.nn.log_softmax(logits)
+        log_rho = jax.lax.stop_gradient(log_pi - jnp.log(mu))
+        values = jax.lax.stop_gradient((jnp.exp(log_pi) * q).sum(-1))
+        take = lambda x: jnp.take_along_axis(x, actions[:, None], -1)[:, 0]
+        return ops.truncated_is_policy_objective(take(log_pi), take(log_rho), q_ret - values, log_pi, log_rho,
+                                                 q - values[:, None], jnp.exp(log_pi), c)
+
+    got = jax.jit(jax.grad(lambda l: objective(l).sum()))(logits)
+
+    pi = softmax(logits)
+    expected = np.zeros((N, A))
+    truncated = corrected = 0
+    for i in range(N):
+        v = (pi[i] * q[i]).sum()
+        rho = pi[i] / mu[i]
+        a = actions[i]
+        expected[i] += min(c, rho[a]) * (q_ret[i] - v) * grad_log_softmax(pi[i], a)
+        truncated += rho[a] > c
+        for b in range(A):
+            weight = max(0.0, 1.0 - c / rho[b])
+            corrected += weight > 0
+            expected[i] += weight * pi[i, b] * (q[i, b] - v) * grad_log_softmax(pi[i], b)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert truncated > 0 and corrected > 0
+
+
+def test_bias_correction_makes_the_truncated_gradient_unbiased():
+    """Averaged over a_t ~ mu, with Q(x, a_t) in place of Q_ret, the truncated term plus the
+    correction is the on-policy gradient sum_a pi(a) grad log pi(a) (Q(a) - V) (the paper's eq. 7)."""
+    rng = np.random.default_rng(2)
+    A, c = 5, 1.2
+    logits = rng.normal(size=A)
+    mu = softmax(rng.normal(size=A) * 2.0)
+    q = rng.normal(size=A)
+    pi = softmax(logits)
+    v = (pi * q).sum()
+
+    def objective(logits, a):
+        log_pi = jax.nn.log_softmax(logits)
+        log_rho = jnp.log(pi) - jnp.log(mu)
+        return ops.truncated_is_policy_objective(log_pi[a], log_rho[a], q[a] - v, log_pi, log_rho, q - v, pi, c)
+
+    grad = jax.grad(objective)
+    off_policy = sum(mu[a] * np.asarray(grad(logits, a)) for a in range(A))
+    on_policy = sum(pi[a] * (q[a] - v) * grad_log_softmax(pi, a) for a in range(A))
+    np.testing.assert_allclose(off_policy, on_policy, rtol=1e-4, atol=1e-6)
+    # Truncation alone (no correction) would be biased here.
+    assert (pi / mu > c).any()
+
+
+def test_trust_region_projection_respects_the_kl_bound():
+    rng = np.random.default_rng(3)
+    g = rng.normal(size=(200, 6)) * 3.0
+    k = rng.normal(size=(200, 6))
+    k[0] = 0.0  # no divergence from the average policy: nothing to correct
+    delta = 1.0
+    z = np.asarray(jax.jit(ops.trust_region_projection)(g, k, delta))
+
+    for i in range(len(g)):
+        k_dot_g, k_norm2 = k[i] @ g[i], k[i] @ k[i]
+        scale = max(0.0, (k_dot_g - delta) / k_norm2) if k_norm2 > 0 else 0.0
+        np.testing.assert_allclose(z[i], g[i] - scale * k[i], rtol=1e-5, atol=1e-5)
+    k_dot_z = (k * z).sum(-1)
+    active = (k * g).sum(-1) > delta
+    assert active.sum() > 20 and (~active).sum() > 20
+    assert np.all(k_dot_z <= delta + 1e-4)
+    np.testing.assert_allclose(k_dot_z[active], delta, rtol=1e-4)  # on the boundary, not inside it
+    np.testing.assert_allclose(z[~active], g[~active], rtol=1e-6)
+    # The correction is along k only (what minimising ||g - z|| under one linear bound allows).
+    step = g[active] - z[active]
+    cosine = (step * k[active]).sum(-1) / np.linalg.norm(step, axis=-1) / np.linalg.norm(k[active], axis=-1)
+    np.testing.assert_allclose(cosine, 1.0, rtol=1e-5)
+
+
+def test_stochastic_dueling_q_and_value_target():
+    rng = np.random.default_rng(4)
+    value, advantage, sampled = rng.normal(size=5), rng.normal(size=5), rng.normal(size=(5, 3))
+    q = ops.stochastic_dueling_q(value, advantage, sampled)
+    for i in range(5):
+        assert np.isclose(q[i], value[i] + advantage[i] - sum(sampled[i]) / 3, atol=1e-6)
+    q_ret, log_rho = rng.normal(size=5), np.log(np.array([0.2, 0.5, 1.0, 3.0, 40.0]))
+    target = ops.truncated_value_target(q_ret, np.asarray(q), value, log_rho)
+    expected = [min(1.0, np.exp(l)) * (r - qq) + v for l, r, qq, v in zip(log_rho, q_ret, np.asarray(q), value)]
+    np.testing.assert_allclose(target, expected, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------ the agent
+
+
+def test_bad_config_values():
+    with pytest.raises(ConfigError, match="gamma"):
+        acer.ACERConfig(gamma=1.5)
+    with pytest.raises(ConfigError, match="truncation"):
+        acer.ACERConfig(truncation=0.0)
+    env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=4))
+    with pytest.raises(ConfigError, match="holds no trajectory"):
+        acer.init_runner(jax.random.PRNGKey(0), acer.ACERConfig(replay_capacity=79), env)
+    with pytest.raises(ConfigError, match="never start"):
+        acer.init_runner(jax.random.PRNGKey(0), acer.ACERConfig(replay_capacity=800, replay_start=1000), env)
+
+
+def test_the_memory_stores_trajectories_with_the_behaviour_policy():
+    env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=3, max_episode_steps=15))
+    config = acer.ACERConfig(num_steps=20, replay_capacity=3 * 20 * 4, replay_start=0, replay_ratio=0.0)
+    runner = acer.init_runner(jax.random.PRNGKey(0), config, env)
+    iteration = jax.jit(acer.make_iteration(config, env, lambda p, o, a, ts: ts.reward))
+    new, metrics, transitions = iteration(runner)
+    data = jax.tree.map(lambda x: np.asarray(x[0]), new.memory.data)  # the first slot
+    assert int(new.memory.size) == 1 and int(new.memory.position) == 1
+    # x_0 .. x_{k-1} are the steps' observations, and x_k the one to bootstrap from.
+    np.testing.assert_array_equal(data.obs[:-1], transitions.obs)
+    np.testing.assert_array_equal(data.obs[-1], new.obs)
+    np.testing.assert_array_equal(data.action, transitions.action)
+    # mu(.|x_t) is what the acting parameters gave at each step.
+    logits, _ = acer.make_network(config, env.spec).apply(runner.params, transitions.obs)
+    np.testing.assert_allclose(data.behaviour, jax.nn.log_softmax(logits), rtol=1e-5, atol=1e-6)
+    # Episodes of 15 steps end inside a 20-step trajectory; CartPole may fail earlier.
+    # A time-limit end is truncated, a failure terminal, and every step ends at most once.
+    assert (data.terminal | data.truncated).any(axis=0).all()  # every copy's episode ended
+    np.testing.assert_array_equal(data.terminal | data.truncated, np.asarray(transitions.done))
+    assert not (data.terminal & data.truncated).any()
+    assert data.valid.all()
+    # No replay yet: one (on-policy) update.
+    assert int(metrics["replay_updates"]) == 0 and int(new.updates) == 1
+
+
+def test_a_time_limit_end_targets_the_critics_own_estimate():
+    """A truncated step's target is Q(x_t, a_t) and cuts the return; a terminal one is r_t."""
+    config = acer.ACERConfig(gamma=0.5)
+    batch = acer.Trajectories(obs=None, action=None, reward=jnp.array([1.0, 2.0, 3.0, 4.0]),
+                              terminal=jnp.array([False, True, False, False]),
+                              truncated=jnp.array([False, False, True, False]), valid=None, behaviour=None)
+    q_taken = jnp.array([10.0, 20.0, 30.0, 40.0])
+    rewards, discounts = acer._targets_inputs(config, batch, q_taken)
+    np.testing.assert_allclose(rewards, [1.0, 2.0, 30.0, 4.0])
+    np.testing.assert_allclose(discounts, [0.5, 0.0, 0.0, 0.5])
+    values = jnp.array([7.0, 8.0, 9.0, 11.0])
+    q_ret = ops.retrace_targets(rewards, discounts, q_taken, values, jnp.ones(4), jnp.array(100.0))
+    # Step 1 ends the episode (target r = 2); step 2 hits the time limit (target Q = 30);
+    # step 0 bootstraps through step 1 only: 1 + 0.5 * (2 - 20 + 8) = -4; step 3: 4 + 0.5 * 100.
+    np.testing.assert_allclose(q_ret, [-4.0, 2.0, 30.0, 54.0])
+
+
+# A few iterations of 4 CartPoles, replay from the third on.
+SMALL_RUN = dict(total_env_steps=4 * 20 * 12, replay_capacity=4 * 20 * 6, replay_start=160, learning_rate=3e-3)
+
+
+def test_vmap_over_seeds_equals_separate_runs():
+    env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=4))
+    train = acer.make_train(acer.ACERConfig(**SMALL_RUN), env)
+    keys = jax.random.split(jax.random.PRNGKey(7), 3)
+    batched, batched_metrics = jax.jit(jax.vmap(train))(keys)
+    single = jax.jit(train)
+    for seed in range(3):
+        runner, metrics = single(keys[seed])
+        for a, b in zip(jax.tree.leaves(runner.params), jax.tree.leaves(batched.params)):
+            np.testing.assert_allclose(a, b[seed], rtol=2e-4, atol=2e-5)
+        np.testing.assert_array_equal(metrics["replay_updates"], batched_metrics["replay_updates"][seed])
+    # The seeds drew different numbers of replays (the loop ran to their maximum under vmap).
+    counts = np.asarray(batched_metrics["replay_updates"])
+    assert not (counts == counts[0]).all()
+    assert (counts[:, :1] == 0).all() and counts[:, 2:].sum() > 0  # replay starts at 160 env steps
+
+
+def test_a_tight_trust_region_keeps_the_policy_near_its_average():
+    env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=4))
+    kl, active = {}, {}
+    for delta in (1e-2, 1.0):  # 1 is the paper's (and SMALL_RUN's: one compiled program less)
+        config = acer.ACERConfig(**dict(SMALL_RUN, trust_region_delta=delta))
+        _, metrics = jax.jit(acer.make_train(config, env))(jax.random.PRNGKey(7))
+        kl[delta] = float(metrics["kl_to_average"][4:].mean())
+        active[delta] = float(metrics["trust_region_active"][4:].mean())
+    # A tight bound shortens about half of the steps and keeps the divergence 5x smaller.
+    assert active[1e-2] > 0.3 and active[1.0] < 0.5 * active[1e-2]
+    assert kl[1e-2] < 0.2 * kl[1.0]
+
+
+# ------------------------------------------------------------------------ learning
+
+
+def mean_return(score) -> float:
+    assert int(score["episodes"]) > 0
+    return float(score["episode_return_sum"] / score["episodes"])
+
+
+def train_shipped_config(name, seed=0):
+    """Train with configs/<name>.yaml; return (runner, metrics, the policy's mean true return)."""
+    experiment = load_config(ExperimentConfig, CONFIGS / f"{name}.yaml")
+    assert experiment.agent == "acer"
+    config = experiment.acer
+    env = make(experiment.env)
+    runner, metrics = jax.jit(acer.make_train(config, env))(jax.random.PRNGKey(seed))
+    eval_env = make(EnvConfig(id=experiment.env.id, num_envs=32))
+    act = acer.make_policy(config, env.spec)
+    steps = eval_env.spec.max_episode_steps + 1
+    score = jax.jit(lambda p, k: evaluate(act, p, eval_env, k, steps))(runner.params, jax.random.PRNGKey(100))
+    return config, env, runner, jax.tree.map(np.asarray, metrics), mean_return(score)
+
+
+@pytest.fixture(scope="module")
+def cartpole():
+    return train_shipped_config("acer_cartpole")
+
+
+def test_acer_solves_cartpole(cartpole):
+    *_, score = cartpole
+    assert score >= 475
+
+
+def test_replays_follow_a_poisson_count_once_the_memory_is_warm(cartpole):
+    config, env, runner, metrics, _ = cartpole
+    replays = metrics["replay_updates"]
+    stored = (np.arange(len(replays)) + 1) * acer.env_steps_per_iteration(config, env)
+    warm = stored >= config.replay_start
+    assert (replays[~warm] == 0).all() and warm.sum() > 300
+    # Poisson(r): mean r and variance r (standard error of the mean about 0.1 here).
+    assert abs(replays[warm].mean() - config.replay_ratio) < 0.4
+    assert abs(replays[warm].var() - config.replay_ratio) < 1.5
+    assert int(runner.updates) == len(replays) + replays.sum()
+
+
+def test_acer_continuous_solves_pendulum():
+    *_, score = train_shipped_config("acer_pendulum")
+    assert score >= -300
