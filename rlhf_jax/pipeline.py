@@ -357,6 +357,10 @@ class RLHFTraining(AgentRun):
 
         Chunk for chunk the same computation as ``rlhf-jax train`` drives from the host
         (``run_chunk``), so ``jax.vmap(train)`` runs several seeds as one program.
+        ``train.from_state(state)`` is the run after :meth:`init_runner`: on a CPU with few
+        cores, initialise seeds one at a time and vmap only this, because vmapped orthogonal
+        initialisers run batched LAPACK QR kernels that can wait on each other for good
+        (seen on 2 cores with jax 0.10.2: every thread idle inside ``lapack_sgeqrf``).
         """
         wanted = self.labels_wanted_per_chunk()
         full = self.total_iterations // self.chunk_iterations  # whole chunks; then a shorter one, if any
@@ -367,8 +371,7 @@ class RLHFTraining(AgentRun):
             state, learn_metrics = self._learn_fn(state, wanted)
             return state, (metrics, learn_metrics)
 
-        def train(key):
-            state = self._init(key)
+        def train_from(state):
             state, (metrics, learn_metrics) = jax.lax.scan(
                 lambda s, w: chunk(s, w, self.chunk_iterations), state, jnp.asarray(wanted[:full]))
             flatten = lambda x: x.reshape(-1, *x.shape[2:])
@@ -379,6 +382,10 @@ class RLHFTraining(AgentRun):
                 learn_metrics = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), learn_metrics, last_learn)
             return state, metrics, learn_metrics
 
+        def train(key):
+            return train_from(self._init(key))
+
+        train.from_state = train_from
         return train
 
     def reset_env(self, state: RLHFState, key) -> RLHFState:
