@@ -82,7 +82,9 @@ def rlhf_cell(overrides: list[str], seed: int = 0) -> dict:
     state, _, learned = jax.jit(jax.vmap(training.make_train().from_state))(init_seeds(training.init_runner, seed))
     returns = evaluate_seeds(training, state.runner.params, seed)
     return {"returns": returns, "mean": float(np.mean(returns)), "labels": int(learned["labels"][0, -1]),
-            "reward_accuracy": float(np.nanmean(learned["reward_accuracy"][:, -1])),
+            # None when every fresh pair tied at the end (a policy that never fails).
+            "reward_accuracy": None if np.isnan(learned["reward_accuracy"][:, -1]).all()
+            else float(np.nanmean(learned["reward_accuracy"][:, -1])),
             "seconds": round(time.perf_counter() - start, 1)}
 
 
