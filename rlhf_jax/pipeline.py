@@ -88,10 +88,7 @@ class RLHFTraining(AgentRun):
         self.fit_steps = math.ceil(self.prefs.fit_pairs_per_env_step * self.chunk_iterations * self.steps_per_iteration
                                    / self.model_config.batch_size)
         # The most labels any chunk asks for: every chunk's share of the schedule fits.
-        ends = [min(self.total_iterations, c * self.chunk_iterations) * self.steps_per_iteration
-                for c in range(self.num_chunks + 1)]
-        due = [self.settings.initial_labels] + [self.labels_due(end) for end in ends[1:]]
-        self.max_queries = max(1, max(b - a for a, b in zip(due, due[1:])))
+        self.max_queries = max(1, int(self.labels_wanted_per_chunk().max()))
         warm_iterations = math.ceil(self.prefs.segment_capacity / self.segments_per_iteration) + math.ceil(k / steps_per_env)
         self.warm_iterations = warm_iterations
 
