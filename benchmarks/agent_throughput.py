@@ -2,7 +2,8 @@
 
     python benchmarks/agent_throughput.py [--quick]
 
-* CartPole with 1, 8 and 64 seeds vmapped in one program, for each agent;
+* CartPole with 1, 8 and 64 seeds vmapped in one program, for A2C, DQN and ACER
+  (discrete), and Pendulum likewise for TRPO (``trpo_pendulum_*``);
 * ``a2c_cartpole_64seeds_over_sb3``: our A2C with 64 seeds over Stable-Baselines3's A2C
   on the same machine and budget (when ``stable-baselines3`` is installed; target >= 50);
 * ``a2c_pong_over_raw_env``: A2C training on Pong through EnvPool's XLA interface, driven
@@ -11,12 +12,22 @@
   ceiling on 2 cores can be read off: env steps and the network's passes share the cores.
 
 Every seed count runs the same env steps per seed (``--quick``: 2,048, with DQN learning
-from step 512 so that the short run times its learning phase; full: 65,536).
+and ACER replaying from step 512 or 640 so that the short run times its learning phase;
+full: 65,536). TRPO takes whole iterations of configs/trpo_pendulum.yaml's 6,400 env steps
+(32 environments x one 200-step Pendulum episode each): ``--quick`` one iteration
+(6,400 env steps per seed), full 10 (64,000).
+
+On CPU, jax/jaxlib 0.10.2 can deadlock running ``jax.jit(jax.vmap(train))`` when ``train``
+makes several orthogonal initialisations (batched QRs; TRPO and ACER do): every thread
+idles in ``block_until_ready`` for good (TRPO on Pendulum with 8 seeds and one iteration
+did, every time). XLA's concurrency-optimised scheduler is what deadlocks, so this script
+turns it off (:func:`avoid_cpu_scheduler_deadlock`) for all the agents it times.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import time
 
 import jax
@@ -24,10 +35,21 @@ import jax.numpy as jnp
 
 from benchmarks.common import enable_compilation_cache, steps_per_second, write_result
 from benchmarks.env_throughput import measure_envpool_python
-from rlhf_jax.agents import a2c, dqn
+from rlhf_jax.agents import a2c, acer, dqn, trpo
 from rlhf_jax.config import ExperimentConfig, RunConfig
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.trainer import Training
+
+CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def avoid_cpu_scheduler_deadlock() -> None:
+    """Turn off XLA's concurrency-optimised CPU scheduler (module docstring). It must run
+    before JAX creates its CPU client, i.e. before the first computation."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if CPU_SCHEDULER_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {CPU_SCHEDULER_FLAG}".strip()
+
 
 # The settings that solve CartPole (configs/a2c_cartpole.yaml).
 A2C_CARTPOLE = a2c.A2CConfig(num_steps=8, learning_rate=3e-3)
@@ -40,6 +62,18 @@ def agent_setups():
                                  epsilon_end=0.05, target_update_period=250, learning_rate=1e-3,
                                  batch_size=128, huber_delta=10.0)
     return {"a2c": (a2c, A2C_CARTPOLE), "dqn": (dqn, cartpole_dqn)}
+
+
+def trust_region_setups():
+    """name -> (agent module, config, env id): ACER (discrete) on CartPole with the settings of
+    configs/acer_cartpole.yaml, TRPO on Pendulum with those of configs/trpo_pendulum.yaml.
+    Both run ``CARTPOLE_ENVS`` (32) environments per seed, as the agents above do
+    (acer_cartpole.yaml itself runs 16)."""
+    return {
+        "acer_cartpole": (acer, acer.ACERConfig(learning_rate=2e-3, replay_capacity=32_000, replay_start=3_200),
+                          "gymnax/CartPole-v1"),
+        "trpo_pendulum": (trpo, trpo.TRPOConfig(batch_size=6_400, reward_scale=0.1), "gymnax/Pendulum-v1"),
+    }
 
 
 def measure_training(agent, config, env_config: EnvConfig, seeds: int, env_steps: int, repeats: int) -> float:
@@ -104,6 +138,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small budgets: under a minute on 2 CPU cores")
     args = parser.parse_args()
+    avoid_cpu_scheduler_deadlock()
     enable_compilation_cache()
     quick = args.quick
     repeats = 1 if quick else 3
@@ -117,6 +152,19 @@ def main() -> None:
         for seeds in (1, 8, 64):
             results[f"{name}_cartpole_{seeds}seeds_steps_per_s"] = measure_training(
                 agent, config, cartpole, seeds, steps, repeats
+            )
+
+    for name, (agent, config, env_id) in trust_region_setups().items():
+        env_config = EnvConfig(id=env_id, num_envs=CARTPOLE_ENVS)
+        env_steps = steps
+        if agent is acer and quick:
+            # One iteration (32 x 20 env steps) fills the memory enough to replay from the second on.
+            config = dataclasses.replace(config, replay_start=640)
+        if agent is trpo:
+            env_steps = (1 if quick else 10) * config.batch_size
+        for seeds in (1, 8, 64):
+            results[f"{name}_{seeds}seeds_steps_per_s"] = measure_training(
+                agent, config, env_config, seeds, env_steps, repeats
             )
 
     sb3 = measure_sb3_a2c(5_000 if quick else 50_000)
@@ -144,7 +192,8 @@ def main() -> None:
     results["a2c_pong_over_raw_env"] = max(trained) / max(raw)
 
     write_result("agent_throughput", {
-        "quick": quick, "cartpole_envs": CARTPOLE_ENVS, "pong_envs": pong_envs,
+        "quick": quick, "cartpole_envs": CARTPOLE_ENVS, "pendulum_envs": CARTPOLE_ENVS, "pong_envs": pong_envs,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         **{k: round(v, 4) if "over" in k else round(v, 1) for k, v in results.items()},
     })
 
