@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble
+from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble, step_with_reward
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, torso_for
 from rlhf_jax.errors import ConfigError
@@ -128,19 +128,14 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
     network = ActorCritic(env.spec, config)
     optimizer = make_optimizer(config, env)
     act = make_policy(config, env.spec)
-    space = env.spec.action_space
-    continuous = isinstance(space, Box)
+    continuous = isinstance(env.spec.action_space, Box)
 
     def rollout_step(carry, _):
         params, env_state, obs, key, reward_params = carry
         key, act_key = jax.random.split(key)
         action = act(params, obs, act_key)
-        # The environment gets actions inside its bounds; the loss sees the sampled ones.
-        env_action = jnp.clip(action, space.low, space.high) if continuous else action
-        env_state, timestep = env.step(env_state, env_action)
-        reward = reward_fn(reward_params, obs, env_action, timestep) * config.reward_scale
-        if config.reward_clip:
-            reward = jnp.clip(reward, -config.reward_clip, config.reward_clip)
+        env_state, timestep, env_action, reward = step_with_reward(
+            env, env_state, obs, action, reward_fn, reward_params, config.reward_scale, config.reward_clip)
         transition = (obs, env_action, action, reward, timestep.reward, timestep.done, timestep.info)
         return (params, env_state, timestep.obs, key, reward_params), transition
 

@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble
+from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble, step_with_reward
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
@@ -452,8 +452,6 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
     """
     spec = env.spec
     slots = memory_slots(config, env)
-    space = spec.action_space
-    continuous = isinstance(space, Box)
     sample_action = _sample_with_behaviour(config, spec)
     loss_fn = make_loss(config, spec)
     optimizer = make_optimizer(config)
@@ -466,12 +464,8 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
         params, env_state, obs, key, reward_params = carry
         key, act_key = jax.random.split(key)
         action, behaviour = sample_action(params, obs, act_key)
-        # The environment gets actions inside its bounds; the loss sees the sampled ones.
-        env_action = jnp.clip(action, space.low, space.high) if continuous else action
-        env_state, timestep = env.step(env_state, env_action)
-        reward = reward_fn(reward_params, obs, env_action, timestep) * config.reward_scale
-        if config.reward_clip:
-            reward = jnp.clip(reward, -config.reward_clip, config.reward_clip)
+        env_state, timestep, env_action, reward = step_with_reward(
+            env, env_state, obs, action, reward_fn, reward_params, config.reward_scale, config.reward_clip)
         info = timestep.info
         truncated = timestep.done & info["truncated"]
         valid = ~info["reset_step"] if "reset_step" in info else jnp.ones_like(timestep.done)

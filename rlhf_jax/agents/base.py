@@ -34,7 +34,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.envs.core import TimeStep
+from rlhf_jax.envs.core import Box, Environment, TimeStep
 
 RewardFn = Callable[[Any, jax.Array, jax.Array, TimeStep], jax.Array]
 
@@ -43,6 +43,24 @@ def env_reward(reward_params, obs, action, timestep: TimeStep) -> jax.Array:
     """The environment's own reward: RL on the true (or oracle's) reward."""
     del reward_params, obs, action
     return timestep.reward
+
+
+def step_with_reward(env: Environment, env_state, obs, action, reward_fn: RewardFn, reward_params,
+                     reward_scale: float = 1.0, reward_clip: float = 0.0):
+    """One environment step as every agent takes it: a continuous action is clipped into the
+    action space's bounds (the agent's losses keep the sampled one), and the reward is
+    ``reward_fn``'s, times ``reward_scale``, then clipped to ``[-reward_clip, reward_clip]``
+    (0: no clipping).
+
+    Returns ``(env_state, timestep, env_action, reward)``.
+    """
+    space = env.spec.action_space
+    env_action = jnp.clip(action, space.low, space.high) if isinstance(space, Box) else action
+    env_state, timestep = env.step(env_state, env_action)
+    reward = reward_fn(reward_params, obs, env_action, timestep) * reward_scale
+    if reward_clip:
+        reward = jnp.clip(reward, -reward_clip, reward_clip)
+    return env_state, timestep, env_action, reward
 
 
 class Transitions(NamedTuple):

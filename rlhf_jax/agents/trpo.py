@@ -47,7 +47,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble
+from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble, step_with_reward
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
@@ -254,8 +254,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
     policy, value = Policy(env.spec, config), Value(env.spec, config)
     value_optimizer = make_value_optimizer(config)
     act = make_policy(config, env.spec)
-    space = env.spec.action_space
-    continuous = isinstance(space, Box)
+    continuous = isinstance(env.spec.action_space, Box)
     num_steps = steps_per_env(config, env)
     if env_steps_per_iteration(config, env) < config.value_minibatches:
         raise ConfigError(f"trpo.batch_size ({config.batch_size}) must be at least trpo.value_minibatches "
@@ -265,10 +264,8 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         params, env_state, obs, key, reward_params = carry
         key, act_key = jax.random.split(key)
         action = act(params, obs, act_key)
-        # The environment gets actions inside its bounds; the surrogate sees the sampled ones.
-        env_action = jnp.clip(action, space.low, space.high) if continuous else action
-        env_state, timestep = env.step(env_state, env_action)
-        reward = reward_fn(reward_params, obs, env_action, timestep) * config.reward_scale
+        env_state, timestep, env_action, reward = step_with_reward(
+            env, env_state, obs, action, reward_fn, reward_params, config.reward_scale)
         transition = (obs, env_action, action, reward, timestep.reward, timestep.done, timestep.info)
         return (params, env_state, timestep.obs, key, reward_params), transition
 
