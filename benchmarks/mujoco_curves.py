@@ -245,13 +245,14 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     parser.add_argument("--num-envs", type=int, default=0, help="environments per seed (default 64 on GPU, 4 on CPU)")
     parser.add_argument("--points", type=int, default=0, help="chunks, i.e. points per curve (default 50; quick 4)")
+    parser.add_argument("--name", default="", help="results file name (default mujoco_curves, or mujoco_curves_quick)")
     args = parser.parse_args()
     enable_compilation_cache()
     on_cpu = jax.default_backend() == "cpu"
     env_steps = args.steps or (2_560 if args.quick else 1_000_000)
     num_envs = args.num_envs or (4 if on_cpu else 64)
     points = args.points or (4 if args.quick else 50)
-    name = "mujoco_curves_quick" if args.quick else "mujoco_curves"
+    name = args.name or ("mujoco_curves_quick" if args.quick else "mujoco_curves")
     settings = {"quick": args.quick, "seeds": SEEDS, "env_steps_per_seed": env_steps, "num_envs": num_envs,
                 "points": points, "true_reward": True}
     curves: dict = {}

@@ -9,6 +9,7 @@ import pytest
 
 from rlhf_jax import ops
 from rlhf_jax.agents import acer
+from rlhf_jax.agents.base import env_reward
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.errors import ConfigError
@@ -186,7 +187,7 @@ def test_the_memory_stores_trajectories_with_the_behaviour_policy():
     env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=3, max_episode_steps=15))
     config = acer.ACERConfig(num_steps=20, replay_capacity=3 * 20 * 4, replay_start=0, replay_ratio=0.0)
     runner = acer.init_runner(jax.random.PRNGKey(0), config, env)
-    iteration = jax.jit(acer.make_iteration(config, env, lambda p, o, a, ts: ts.reward))
+    iteration = jax.jit(acer.make_iteration(config, env, env_reward))
     new, metrics, transitions = iteration(runner)
     data = jax.tree.map(lambda x: np.asarray(x[0]), new.memory.data)  # the first slot
     assert int(new.memory.size) == 1 and int(new.memory.position) == 1
@@ -305,3 +306,78 @@ def test_replays_follow_a_poisson_count_once_the_memory_is_warm(cartpole):
 def test_acer_continuous_solves_pendulum():
     *_, score = train_shipped_config("acer_pendulum")
     assert score >= -300
+
+
+# ------------------------------------------------------------------------ relabelled rewards
+
+
+def stored_batch(action, reward, k=3, n=2, obs_dim=4):
+    """Trajectories of k steps of n envs, as the memory gives them to an update."""
+    obs = jnp.arange((k + 1) * n * obs_dim, dtype=jnp.float32).reshape(k + 1, n, obs_dim) / 10.0 - 1.0
+    flags = jnp.zeros((k, n), bool)
+    return acer.Trajectories(obs, action, reward, flags, flags, ~flags, jnp.zeros((k, n, 2)))
+
+
+def test_relabel_rewards_recomputes_a_learned_discrete_reward_under_the_current_params():
+    spec = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=2)).spec
+
+    def reward_fn(params, obs, action, timestep):
+        assert timestep is None  # the memory keeps no timestep; a learned reward ignores it
+        return params * obs[..., 0] + action
+
+    config = acer.ACERConfig(reward_scale=2.0, reward_clip=3.0)
+    action = jnp.array([[0, 1], [1, 0], [1, 1]])
+    obs = stored_batch(action, jnp.zeros((3, 2))).obs
+    stale = jnp.clip(2.0 * reward_fn(0.5, obs[:-1], action, None), -3.0, 3.0)  # written under params a = 0.5
+    batch = stored_batch(action, stale)
+    new = acer.relabel_rewards(config, spec, reward_fn, batch, 1.5)  # read under params b = 1.5
+    expected = np.clip(2.0 * (1.5 * np.asarray(obs[:-1, :, 0]) + np.asarray(action)), -3.0, 3.0)
+    np.testing.assert_allclose(new.reward, expected, rtol=1e-6)
+    assert (np.abs(expected) == 3.0).any() and (np.abs(expected) < 3.0).any()  # the clip is exercised
+    assert not np.allclose(new.reward, stale)
+    for name in ("obs", "action", "terminal", "truncated", "valid", "behaviour"):
+        np.testing.assert_array_equal(getattr(new, name), getattr(batch, name))
+    # Under jit, with the params traced, it is the same.
+    jitted = jax.jit(lambda b, p: acer.relabel_rewards(config, spec, reward_fn, b, p))(batch, 1.5)
+    np.testing.assert_allclose(jitted.reward, expected, rtol=1e-6)
+
+
+def test_relabel_rewards_clips_continuous_actions_into_the_bounds_before_the_reward():
+    spec = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=2)).spec
+    assert (spec.action_space.low, spec.action_space.high) == (-2.0, 2.0)
+    reward_fn = lambda params, obs, action, timestep: params * action[..., 0]
+    action = jnp.array([[[-5.0], [-1.0]], [[0.5], [3.0]], [[2.0], [-2.5]]])  # as sampled: some out of bounds
+    batch = stored_batch(action, reward_fn(1.0, None, jnp.clip(action, -2.0, 2.0), None))  # params a = 1
+    new = acer.relabel_rewards(acer.ACERConfig(reward_scale=0.1), spec, reward_fn, batch, -3.0)  # b = -3
+    clipped = np.clip(np.asarray(action[..., 0]), -2.0, 2.0)
+    np.testing.assert_allclose(new.reward, 0.1 * -3.0 * clipped, rtol=1e-6)
+    np.testing.assert_array_equal(new.action, action)  # the losses keep the sampled actions
+
+
+def test_relabel_rewards_leaves_the_true_reward_as_stored():
+    from rlhf_jax.agents.base import env_reward
+
+    spec = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=2)).spec
+    batch = stored_batch(jnp.zeros((3, 2), jnp.int32), jnp.array([[1.0, -1.0], [0.5, 2.0], [0.0, 7.0]]))
+    config = acer.ACERConfig(reward_scale=3.0, reward_clip=1.0)
+    new = acer.relabel_rewards(config, spec, env_reward, batch, None)
+    assert new is batch
+
+
+def test_replayed_updates_use_the_current_reward_params_not_the_stored_rewards():
+    """Two memories alike but for their stored rewards give the same update under a learned
+    reward: every update (replayed ones included) recomputes r-hat under the current params."""
+    env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=2))
+    config = acer.ACERConfig(num_steps=4, mlp_hidden=(8,), replay_capacity=2 * 4 * 3, replay_start=0,
+                             replay_ratio=20.0, reward_scale=0.5)
+    reward_fn = lambda params, obs, action, timestep: params * obs[..., 0] - action
+    iteration = jax.jit(acer.make_iteration(config, env, reward_fn))
+    runner, *_ = iteration(acer.init_runner(jax.random.PRNGKey(0), config, env), 1.0)  # rewards under a = 1
+    stale = runner._replace(memory=runner.memory._replace(
+        data=runner.memory.data._replace(reward=jnp.full_like(runner.memory.data.reward, 1e3))))
+    fresh, metrics, _ = iteration(runner, 2.0)  # params b = 2
+    garbled, garbled_metrics, _ = iteration(stale, 2.0)
+    assert int(metrics["replay_updates"]) > 0
+    for a, b in zip(jax.tree.leaves(fresh.params), jax.tree.leaves(garbled.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(metrics["value_loss"], garbled_metrics["value_loss"], rtol=1e-6)

@@ -50,6 +50,11 @@ error there, and the step before bootstraps through V(x_t). EnvPool's reset step
 **The memory** keeps whole observations, k + 1 per trajectory (the last one to
 bootstrap from): fine for vector observations, though Atari frames would fit more
 trajectories stored once each, as :mod:`rlhf_jax.replay` stores them for DQN.
+It also keeps the rewards as collected, but only the true reward
+(:func:`rlhf_jax.agents.base.env_reward`, which needs the environment's timestep) is read
+from there. A learned reward r̂ is refit between iterations, so a replayed trajectory's
+stored r̂ comes from old reward parameters; every update recomputes it instead from the
+stored observations and actions with the current ones (:func:`relabel_rewards`).
 """
 from __future__ import annotations
 
@@ -63,7 +68,8 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble, step_with_reward
+from rlhf_jax.agents.base import (RewardFn, Transitions, env_reward, episode_metrics, make_train as assemble,
+                                  step_with_reward)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
@@ -191,7 +197,7 @@ class Trajectories(NamedTuple):
 
     obs: jax.Array  # [k + 1, N, *obs_shape]: x_0 .. x_k, the last to bootstrap from
     action: jax.Array  # [k, N] int or [k, N, D]: a_t as sampled (before clipping to the bounds)
-    reward: jax.Array  # [k, N]
+    reward: jax.Array  # [k, N]: as collected (a learned reward is recomputed on replay: relabel_rewards)
     terminal: jax.Array  # [k, N] bool: a true episode end
     truncated: jax.Array  # [k, N] bool: a time-limit end
     valid: jax.Array  # [k, N] bool: a real transition (not an EnvPool reset step)
@@ -247,6 +253,31 @@ def _store(memory: Memory, trajectories: Trajectories) -> Memory:
 def _gather(memory: Memory, slots, envs) -> Trajectories:
     """Trajectory ``(slots[b], envs[b])`` for each b, time-major ``[k(+1), B, ...]``."""
     return jax.tree.map(lambda x: jnp.moveaxis(x[slots, :, envs], 0, 1), memory.data)
+
+
+def relabel_rewards(config: ACERConfig, spec: EnvSpec, reward_fn: RewardFn, batch: Trajectories,
+                    reward_params) -> Trajectories:
+    """``batch`` with its rewards recomputed by ``reward_fn`` under ``reward_params``.
+
+    Why: the memory holds rewards as they were at collection time. A learned reward r̂ is
+    refit between iterations, so replayed trajectories would carry stale r̂ from old reward
+    parameters; each update recomputes them from the stored observations and actions, as
+    :func:`rlhf_jax.agents.base.step_with_reward` computes them: the sampled action clipped
+    into a ``Box``'s bounds, the reward times ``reward_scale``, then clipped to
+    ``[-reward_clip, reward_clip]`` (0: no clipping). The true reward
+    (:func:`rlhf_jax.agents.base.env_reward`) comes from the environment's timestep, which the
+    memory does not keep, and never goes stale: its batch is returned as it is.
+    """
+    if reward_fn is env_reward:
+        return batch
+    space = spec.action_space
+    env_action = jnp.clip(batch.action, space.low, space.high) if isinstance(space, Box) else batch.action
+    # A learned reward function ignores its timestep argument (rlhf_jax.reward.ensemble.make_reward_fn),
+    # and the memory keeps none: None stands in for it.
+    reward = reward_fn(reward_params, batch.obs[:-1], env_action, None) * config.reward_scale
+    if config.reward_clip:
+        reward = jnp.clip(reward, -config.reward_clip, config.reward_clip)
+    return batch._replace(reward=reward.astype(batch.reward.dtype))
 
 
 # ------------------------------------------------------------------------ the agent
@@ -447,6 +478,8 @@ def make_loss(config: ACERConfig, spec: EnvSpec):
 def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
     """``iteration(runner, reward_params) -> (runner, metrics, transitions)``: k steps of every
     environment into the memory, one on-policy update and K ~ Poisson(r) replayed ones.
+    ``reward_params`` give the rollout's rewards and, for a learned ``reward_fn``, every
+    update's (:func:`relabel_rewards`); the true reward (``env_reward``) needs none.
 
     Jit it with ``donate_argnums=0`` so the memory is updated in place.
     """
@@ -473,8 +506,9 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
                 timestep.reward, timestep.done, info)
         return (params, env_state, timestep.obs, key, reward_params), step
 
-    def make_update(memory: Memory, key, rate):
-        """The body of the update loop: update ``i`` on trajectories from ``memory``."""
+    def make_update(memory: Memory, key, rate, reward_params):
+        """The body of the update loop: update ``i`` on trajectories from ``memory``, their
+        rewards recomputed under ``reward_params`` (:func:`relabel_rewards`)."""
 
         def update(i, carry):
             params, avg_params, opt_state, sums = carry
@@ -483,7 +517,7 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
             latest = (memory.position - 1) % slots
             rows = jnp.where(i == 0, latest, jax.random.randint(slot_key, (n,), 0, memory.size))
             envs = jnp.where(i == 0, jnp.arange(n), jax.random.randint(env_key, (n,), 0, n))
-            batch = _gather(memory, rows, envs)
+            batch = relabel_rewards(config, spec, reward_fn, _gather(memory, rows, envs), reward_params)
             (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, avg_params, batch, loss_key)
             step, opt_state = optimizer.update(grads, opt_state, params)
             params = jax.tree.map(lambda p, u: p - rate * u, params, step)
@@ -504,7 +538,7 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
         key, count_key, update_key = jax.random.split(key, 3)
         replaying = memory.size * per_iteration >= config.replay_start
         replays = jnp.where(replaying, jax.random.poisson(count_key, config.replay_ratio), 0).astype(jnp.int32)
-        update = make_update(memory, update_key, learning_rate(runner.env_steps))
+        update = make_update(memory, update_key, learning_rate(runner.env_steps), reward_params)
         sums = {name: jnp.zeros(()) for name in METRICS}
         carry = (runner.params, runner.avg_params, runner.opt_state, sums)
         # A traced bound: a while loop of 1 + K updates (module docstring).
