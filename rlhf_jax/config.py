@@ -23,6 +23,7 @@ from rlhf_jax.envs.options import EnvConfig
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.config import PreferenceConfig
 from rlhf_jax.reward.ensemble import RewardModelConfig
+from rlhf_jax.reward.ibt import IBTConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +57,10 @@ class ExperimentConfig:
     name: str = "experiment"
     seed: int = 0
     agent: Literal["a2c", "acer", "dqn", "trpo"] = "a2c"
-    # What the agent learns from: the environment's reward, or a reward model fitted to
-    # preferences between its segments (rlhf_jax.pipeline).
-    reward: Literal["env", "preferences"] = "env"
+    # What the agent learns from: the environment's reward, a reward model fitted to
+    # preferences between its segments (rlhf_jax.pipeline), or an IBT utility fitted to
+    # progress and regress marks in its episodes (rlhf_jax.ibt_pipeline).
+    reward: Literal["env", "preferences", "ibt"] = "env"
     env: EnvConfig = EnvConfig()
     a2c: A2CConfig = A2CConfig()
     acer: ACERConfig = ACERConfig()
@@ -66,6 +68,7 @@ class ExperimentConfig:
     trpo: TRPOConfig = TRPOConfig()
     reward_model: RewardModelConfig = RewardModelConfig()
     preferences: PreferenceConfig = PreferenceConfig()
+    ibt: IBTConfig = IBTConfig()
     run: RunConfig = RunConfig()
 
 

@@ -164,6 +164,10 @@ def make_training(config: ExperimentConfig):
         from rlhf_jax.pipeline import RLHFTraining
 
         return RLHFTraining(config)
+    if config.reward == "ibt":
+        from rlhf_jax.ibt_pipeline import IBTTraining
+
+        return IBTTraining(config)
     return Training(config)
 
 
@@ -224,7 +228,7 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
         bar.close()
         log.close()
         checkpoints.close()
-    title = f"{config.agent} on {config.env.id}" + (" from preferences" if config.reward == "preferences" else "")
+    title = f"{config.agent} on {config.env.id}" + {"preferences": " from preferences", "ibt": " from IBT marks"}.get(config.reward, "")
     plot_learning_curve(log.rows(), run_dir / "learning_curve.png", title)
     if hasattr(training, "save_labels"):
         training.save_labels(runner, run_dir / "labels.npz")

@@ -1,0 +1,212 @@
+"""The RLHF loop with IBT in place of pairwise preferences (the IBT paper, sections 4-5).
+
+The same shape as :mod:`rlhf_jax.pipeline`, with whole annotated episodes instead of
+labelled pairs:
+
+1. before RL the untrained policy plays; clips of ``ibt.episode_length`` steps are cut
+   from its rollouts (never across a restart) and the first ``initial_episodes`` of them
+   are annotated by the synthetic annotator (:mod:`rlhf_jax.reward.annotators`);
+2. each chunk runs the agent's iterations on equation 2's reward, ``U(x_{t+1}) - U(x_t)``
+   scaled to ``ibt.normalized_std``, and cuts clips from the steps taken;
+3. the episodes the schedule asks for by now (rate ~ c / (T + c), as for labels) are
+   drawn at random from the recent clips and annotated on the device;
+4. the utility takes ``fit_episodes_per_env_step`` episodes' worth of Adam steps on
+   Algorithm 1's loss, and the reward's scale is renewed on recent clips.
+
+Metrics besides the true return: ``labels`` (annotated episodes), ``ibt_loss`` and
+``reward_correlation``, the correlation of U's rise with the annotator's progress signal on
+recent clips.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhf_jax.config import ExperimentConfig
+from rlhf_jax.reward import ibt
+from rlhf_jax.reward.annotators import progress_increments, synthetic_marks
+from rlhf_jax.reward.data import Segments, empty_segments
+from rlhf_jax.reward.schedule import labels_due
+from rlhf_jax.reward.segments import Recent, cut_segments, empty_recent, record
+from rlhf_jax.trainer import AgentRun, compile_chunk
+
+SCORE_CLIPS = 64  # recent clips the reward is scored (and scaled) on each chunk
+
+
+class Annotated(NamedTuple):
+    """Annotated episodes: the dataset D of Algorithm 1."""
+
+    obs: jax.Array  # [C, T, *obs_shape]
+    marks: jax.Array  # [C, T] int32 in {-1, 0, +1}
+    count: jax.Array  # () int32
+
+
+class IBTRunState(NamedTuple):
+    runner: Any
+    model: ibt.IBTState
+    recent: Recent
+    clips: Segments  # recent clips: where episodes to annotate come from
+    annotated: Annotated
+    key: jax.Array
+    episodes_asked: jax.Array  # () int32
+
+    @property
+    def env_steps(self):
+        return self.runner.env_steps
+
+
+class IBTTraining(AgentRun):
+    """Everything compiled for one IBT run; driven by ``rlhf-jax train`` like the others."""
+
+    def __init__(self, config: ExperimentConfig):
+        super().__init__(config, config.env)
+        self.ibt = config.ibt
+        spec = self.env.spec
+        length = self.ibt.episode_length
+        steps_per_env = self.steps_per_iteration // self.env.num_envs
+        self.window = length + steps_per_env
+        self.clips_per_iteration = max(1, round(self.steps_per_iteration / length))
+        self.total_env_steps = self.total_iterations * self.steps_per_iteration
+        self.initial_episodes = self.ibt.resolved_initial_episodes
+        self.fit_steps = math.ceil(self.ibt.fit_episodes_per_env_step * self.chunk_iterations
+                                   * self.steps_per_iteration / self.ibt.batch_episodes)
+        self.pretrain_steps = max(1, math.ceil(self.ibt.pretrain_epochs * self.initial_episodes
+                                               / self.ibt.batch_episodes))
+        self.warm_iterations = (math.ceil(self.ibt.episode_capacity / self.clips_per_iteration)
+                                + math.ceil(length / steps_per_env))
+        self.max_queries = max(1, int(self.episodes_wanted_per_chunk().max()))
+        self.reward_fn = ibt.make_reward_fn(self.ibt, spec)
+        self.iteration = self.agent.make_iteration(self.agent_config, self.env, self.reward_fn)
+        self._collect = compile_chunk(self._collect_fn, self.loop)
+        self._learn = jax.jit(self._learn_fn, donate_argnums=0)
+        self.init_runner = jax.jit(self._init)
+
+    # ----------------------------------------------------------------- schedule
+    def episodes_due(self, env_steps: int) -> int:
+        return labels_due(env_steps, self.total_env_steps, self.ibt.episodes, self.initial_episodes,
+                          self.ibt.annotation_decay_steps)
+
+    def episodes_wanted_per_chunk(self) -> np.ndarray:
+        ends = [(c * self.chunk_iterations + self.chunk_length(c)) * self.steps_per_iteration
+                for c in range(self.num_chunks)]
+        return np.diff([self.initial_episodes] + [self.episodes_due(end) for end in ends]).astype(np.int32)
+
+    # ------------------------------------------------------------ pure pieces
+    def _record_and_cut(self, recent, clips, key, transitions):
+        recent = record(recent, transitions.obs, transitions.action, transitions.oracle_reward, transitions.done)
+        return recent, cut_segments(recent, clips, key, self.clips_per_iteration)
+
+    def _annotate(self, state: IBTRunState, key, wanted, num: int) -> IBTRunState:
+        """Draw ``num`` recent clips at random, annotate the first ``wanted`` and store them."""
+        pick_key, mark_key = jax.random.split(key)
+        clips = state.clips
+        index = jax.random.randint(pick_key, (num,), 0, jnp.maximum(clips.count, 1))
+        increments = progress_increments(self.ibt.annotator, self.env.spec.id, clips.obs[index],
+                                         clips.oracle_reward[index])
+        marks = synthetic_marks(mark_key, self.ibt.annotator, increments)
+        taken = jnp.minimum(wanted, num)
+        stored = state.annotated
+        capacity = stored.marks.shape[0]
+        rows = jnp.where(jnp.arange(num) < taken, stored.count + jnp.arange(num), capacity)  # beyond: dropped
+        annotated = Annotated(stored.obs.at[rows].set(clips.obs[index], mode="drop"),
+                              stored.marks.at[rows].set(marks, mode="drop"),
+                              jnp.minimum(stored.count + taken, capacity))
+        return state._replace(annotated=annotated, episodes_asked=state.episodes_asked + taken)
+
+    def _fit(self, state: IBTRunState, steps: int) -> tuple[IBTRunState, jax.Array]:
+        """``steps`` Adam steps on batches of annotated episodes drawn with replacement."""
+        spec, config = self.env.spec, self.ibt
+
+        def step(carry, key):
+            model = carry
+            pick_key, loss_key = jax.random.split(key)
+            index = jax.random.randint(pick_key, (config.batch_episodes,), 0, jnp.maximum(state.annotated.count, 1))
+            marks = state.annotated.marks[index]
+            valid = jnp.broadcast_to(state.annotated.count > 0, marks.shape)
+            return ibt.fit_step(model, config, spec, state.annotated.obs[index], marks, valid, loss_key)
+
+        key, fit_key = jax.random.split(state.key)
+        model, losses = jax.lax.scan(step, state.model, jax.random.split(fit_key, steps))
+        return state._replace(model=model, key=key), losses.mean()
+
+    def _rescale_and_score(self, state: IBTRunState) -> tuple[IBTRunState, dict]:
+        key, score_key = jax.random.split(state.key)
+        clips = state.clips
+        index = jax.random.randint(score_key, (SCORE_CLIPS,), 0, jnp.maximum(clips.count, 1))
+        obs = clips.obs[index]
+        model = ibt.update_reward_scale(state.model, self.ibt, self.env.spec, obs)
+        rise = ibt.utility_rises(model, self.ibt, self.env.spec, obs).ravel()
+        signal = progress_increments(self.ibt.annotator, self.env.spec.id, obs, clips.oracle_reward[index]).ravel()
+        x, y = rise - rise.mean(), signal - signal.mean()
+        correlation = (x * y).sum() / jnp.sqrt((x * x).sum() * (y * y).sum() + 1e-12)
+        metrics = {"labels": state.annotated.count, "reward_correlation": correlation,
+                   "marks": jnp.abs(state.annotated.marks).sum()}
+        return state._replace(model=model, key=key), metrics
+
+    # ---------------------------------------------------------- compiled steps
+    def _init(self, key) -> IBTRunState:
+        spec = self.env.spec
+        agent_key, model_key, warm_key, ask_key, key = jax.random.split(key, 5)
+        runner = self.agent.init_runner(agent_key, self.agent_config, self.env)
+        model = ibt.init_ibt(model_key, self.ibt, spec)
+        length = self.ibt.episode_length
+        state = IBTRunState(
+            runner=runner, model=model, recent=empty_recent(spec, self.env.num_envs, self.window),
+            clips=empty_segments(spec, self.ibt.episode_capacity, length),
+            annotated=Annotated(jnp.zeros((self.ibt.episodes, length, *spec.observation_shape), spec.observation_dtype),
+                                jnp.zeros((self.ibt.episodes, length), jnp.int32), jnp.zeros((), jnp.int32)),
+            key=key, episodes_asked=jnp.zeros((), jnp.int32))
+
+        def warm(carry, key):  # the untrained policy plays; its parameters are put back
+            playing, recent, clips = carry
+            playing, _, transitions = self.iteration(playing, model)
+            playing = playing._replace(params=runner.params, opt_state=runner.opt_state)
+            recent, clips = self._record_and_cut(recent, clips, key, transitions)
+            return (playing, recent, clips), None
+
+        (_, _, clips), _ = jax.lax.scan(warm, (runner, state.recent, state.clips),
+                                        jax.random.split(warm_key, self.warm_iterations))
+        model = ibt.set_input_statistics(model, spec, clips.obs)
+        state = state._replace(clips=clips, model=model)
+        if self.initial_episodes:
+            state = self._annotate(state, ask_key, self.initial_episodes, self.initial_episodes)
+            state, _ = self._fit(state, self.pretrain_steps)
+        return self._rescale_and_score(state)[0]
+
+    def _collect_fn(self, state: IBTRunState):
+        key, cut_key = jax.random.split(state.key)
+        runner, metrics, transitions = self.iteration(state.runner, state.model)
+        recent, clips = self._record_and_cut(state.recent, state.clips, cut_key, transitions)
+        return state._replace(runner=runner, recent=recent, clips=clips, key=key), metrics
+
+    def _learn_fn(self, state: IBTRunState, wanted):
+        key, ask_key = jax.random.split(state.key)
+        state = self._annotate(state._replace(key=key), ask_key, wanted, self.max_queries)
+        state, loss = self._fit(state, self.fit_steps)
+        state, metrics = self._rescale_and_score(state)
+        return state, {**metrics, "ibt_loss": loss}
+
+    def run_chunk(self, state: IBTRunState, chunk: int):
+        length = self.chunk_length(chunk)
+        state, metrics = self._collect(state, length)
+        end_steps = (chunk * self.chunk_iterations + length) * self.steps_per_iteration
+        wanted = max(0, self.episodes_due(end_steps) - int(state.episodes_asked))
+        state, learn_metrics = self._learn(state, jnp.int32(wanted))
+        metrics.update({k: np.full(length, v) for k, v in jax.device_get(learn_metrics).items()})
+        return state, metrics
+
+    def reset_env(self, state: IBTRunState, key) -> IBTRunState:
+        return state._replace(runner=super().reset_env(state.runner, key))
+
+    def policy_params(self, state: IBTRunState):
+        return state.runner.params
+
+    def save_labels(self, state: IBTRunState, path) -> None:
+        """The annotated episodes and their marks, as a NumPy archive."""
+        annotated = jax.device_get(state.annotated)
+        n = int(annotated.count)
+        np.savez_compressed(path, obs=annotated.obs[:n], marks=annotated.marks[:n])
