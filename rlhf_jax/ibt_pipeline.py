@@ -10,6 +10,7 @@ labelled pairs:
    scaled to ``ibt.normalized_std``, and cuts clips from the steps taken;
 3. the episodes the schedule asks for by now (rate ~ c / (T + c), as for labels) are
    drawn at random from the recent clips and annotated on the device;
+   (or, given a host ``labeler``, sent to people, whose marks are stored when they arrive);
 4. the utility takes ``fit_episodes_per_env_step`` episodes' worth of Adam steps on
    Algorithm 1's loss, and the reward's scale is renewed on recent clips.
 
@@ -30,6 +31,7 @@ from rlhf_jax.config import ExperimentConfig
 from rlhf_jax.reward import ibt
 from rlhf_jax.reward.annotators import progress_increments, synthetic_marks
 from rlhf_jax.reward.data import Segments, empty_segments
+from rlhf_jax.reward.people import AsyncLabeler, Query
 from rlhf_jax.reward.schedule import labels_due
 from rlhf_jax.reward.segments import Recent, cut_segments, empty_recent, record
 from rlhf_jax.trainer import AgentRun, compile_chunk
@@ -62,9 +64,13 @@ class IBTRunState(NamedTuple):
 class IBTTraining(AgentRun):
     """Everything compiled for one IBT run; driven by ``rlhf-jax train`` like the others."""
 
-    def __init__(self, config: ExperimentConfig):
+    def __init__(self, config: ExperimentConfig, labeler: AsyncLabeler | None = None):
+        """``labeler``: people (or any host-side annotator, :mod:`rlhf_jax.reward.people`) in place
+        of the synthetic annotator on the device, for the episodes asked once RL has begun."""
         super().__init__(config, config.env)
         self.ibt = config.ibt
+        self.labeler = labeler
+        self.pending: dict[int, Query] = {}  # asked, not yet answered
         spec = self.env.spec
         length = self.ibt.episode_length
         steps_per_env = self.steps_per_iteration // self.env.num_envs
@@ -83,6 +89,9 @@ class IBTTraining(AgentRun):
         self.iteration = self.agent.make_iteration(self.agent_config, self.env, self.reward_fn)
         self._collect = compile_chunk(self._collect_fn, self.loop)
         self._learn = jax.jit(self._learn_fn, donate_argnums=0)
+        self._pick = jax.jit(self._pick_fn, static_argnums=2)
+        self._store = jax.jit(self._store_fn, donate_argnums=0)
+        self._fit_and_score = jax.jit(self._fit_and_score_fn, donate_argnums=0)
         self.init_runner = jax.jit(self._init)
 
     # ----------------------------------------------------------------- schedule
@@ -100,22 +109,55 @@ class IBTTraining(AgentRun):
         recent = record(recent, transitions.obs, transitions.action, transitions.oracle_reward, transitions.done)
         return recent, cut_segments(recent, clips, key, self.clips_per_iteration)
 
+    def _pick_fn(self, clips: Segments, key, num: int):
+        """``num`` recent clips drawn at random: their indices."""
+        return jax.random.randint(key, (num,), 0, jnp.maximum(clips.count, 1))
+
+    def _store_fn(self, state: IBTRunState, obs, marks, keep) -> IBTRunState:
+        """Append the episodes ``obs [n, T, ...]`` with ``marks [n, T]`` where ``keep [n]``."""
+        stored = state.annotated
+        capacity = stored.marks.shape[0]
+        rows = jnp.where(keep, stored.count + jnp.cumsum(keep) - 1, capacity)  # beyond capacity: dropped
+        annotated = Annotated(stored.obs.at[rows].set(obs, mode="drop"), stored.marks.at[rows].set(marks, mode="drop"),
+                              jnp.minimum(stored.count + keep.sum(), capacity).astype(jnp.int32))
+        return state._replace(annotated=annotated)
+
     def _annotate(self, state: IBTRunState, key, wanted, num: int) -> IBTRunState:
         """Draw ``num`` recent clips at random, annotate the first ``wanted`` and store them."""
         pick_key, mark_key = jax.random.split(key)
         clips = state.clips
-        index = jax.random.randint(pick_key, (num,), 0, jnp.maximum(clips.count, 1))
+        index = self._pick_fn(clips, pick_key, num)
         increments = progress_increments(self.ibt.annotator, self.env.spec.id, clips.obs[index],
                                          clips.oracle_reward[index])
         marks = synthetic_marks(mark_key, self.ibt.annotator, increments)
         taken = jnp.minimum(wanted, num)
-        stored = state.annotated
-        capacity = stored.marks.shape[0]
-        rows = jnp.where(jnp.arange(num) < taken, stored.count + jnp.arange(num), capacity)  # beyond: dropped
-        annotated = Annotated(stored.obs.at[rows].set(clips.obs[index], mode="drop"),
-                              stored.marks.at[rows].set(marks, mode="drop"),
-                              jnp.minimum(stored.count + taken, capacity))
-        return state._replace(annotated=annotated, episodes_asked=state.episodes_asked + taken)
+        state = self._store_fn(state, clips.obs[index], marks, jnp.arange(num) < taken)
+        return state._replace(episodes_asked=state.episodes_asked + taken)
+
+    def _exchange_with_labeler(self, state: IBTRunState, wanted: int) -> IBTRunState:
+        """Send ``wanted`` recent clips to the host annotator; store the marks that have arrived."""
+        if wanted:
+            key, pick_key = jax.random.split(state.key)
+            index = self._pick(state.clips, pick_key, wanted)
+            clips = jax.device_get(state.clips)
+            index = np.asarray(index)
+            first = int(state.episodes_asked)
+            asked = [Query(first + i, clips.obs[j][None], clips.action[j][None], clips.oracle_reward[j][None])
+                     for i, j in enumerate(index)]
+            self.labeler.ask(asked)
+            self.pending.update((q.id, q) for q in asked)
+            state = state._replace(key=key, episodes_asked=state.episodes_asked + len(asked))
+        arrived = [a for a in self.labeler.answers() if a.id in self.pending]
+        if arrived:
+            queries = [self.pending.pop(a.id) for a in arrived]
+            obs = np.stack([q.obs[0] for q in queries])
+            marks = np.stack([a.marks if a.marks is not None else np.zeros(obs.shape[1], np.int32) for a in arrived])
+            keep = np.array([a.marks is not None for a in arrived])  # no marks: skipped, never stored
+            # Padded to a power of two, so that few batch sizes are ever compiled.
+            pad = (1 << (len(arrived) - 1).bit_length()) - len(arrived)
+            padding = lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
+            state = self._store(state, padding(obs), padding(marks.astype(np.int32)), padding(keep))
+        return state
 
     def _fit(self, state: IBTRunState, steps: int) -> tuple[IBTRunState, jax.Array]:
         """``steps`` Adam steps on batches of annotated episodes drawn with replacement."""
@@ -185,7 +227,9 @@ class IBTTraining(AgentRun):
 
     def _learn_fn(self, state: IBTRunState, wanted):
         key, ask_key = jax.random.split(state.key)
-        state = self._annotate(state._replace(key=key), ask_key, wanted, self.max_queries)
+        return self._fit_and_score_fn(self._annotate(state._replace(key=key), ask_key, wanted, self.max_queries))
+
+    def _fit_and_score_fn(self, state: IBTRunState):
         state, loss = self._fit(state, self.fit_steps)
         state, metrics = self._rescale_and_score(state)
         return state, {**metrics, "ibt_loss": loss}
@@ -195,7 +239,11 @@ class IBTTraining(AgentRun):
         state, metrics = self._collect(state, length)
         end_steps = (chunk * self.chunk_iterations + length) * self.steps_per_iteration
         wanted = max(0, self.episodes_due(end_steps) - int(state.episodes_asked))
-        state, learn_metrics = self._learn(state, jnp.int32(wanted))
+        if self.labeler is None:
+            state, learn_metrics = self._learn(state, jnp.int32(wanted))
+        else:
+            state, learn_metrics = self._fit_and_score(self._exchange_with_labeler(state, wanted))
+        learn_metrics["labels_waiting"] = len(self.pending)
         metrics.update({k: np.full(length, v) for k, v in jax.device_get(learn_metrics).items()})
         return state, metrics
 

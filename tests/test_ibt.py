@@ -2,7 +2,9 @@
 direct transcription, where the marks count, the annotator, equation 2's reward, the AR
 baseline, and A2C learning CartPole from synthetic progress/regress marks."""
 import csv
+import json
 import math
+import time
 from pathlib import Path
 
 import jax
@@ -168,8 +170,6 @@ def ibt_run(tmp_path_factory):
 
 
 def test_a2c_learns_cartpole_from_ibt_marks(ibt_run):
-    import json
-
     ibt_return = json.loads((ibt_run / "ibt" / "eval.json").read_text())["mean_true_return"]
     true_return = json.loads((ibt_run / "true" / "eval.json").read_text())["mean_true_return"]
     # Issue 6: at least 80% of what the same budget gives on the true reward (500 here).
@@ -182,3 +182,29 @@ def test_a2c_learns_cartpole_from_ibt_marks(ibt_run):
     saved = np.load(ibt_run / "ibt" / "labels.npz")
     assert saved["marks"].shape == (200, 50) and set(np.unique(saved["marks"])) <= {-1, 0, 1}
     assert (saved["marks"][:, 0] == 0).all()  # frame 0 of a clip follows no transition of the clip
+
+
+def test_people_mark_episodes_at_their_own_pace():
+    """A host annotator (the web page's interface) in place of the device's: marks arrive late,
+    training goes on meanwhile, and an episode returned without marks is never stored."""
+    from rlhf_jax.ibt_pipeline import IBTTraining
+    from rlhf_jax.reward.people import SimulatedPerson
+
+    config = build(ExperimentConfig, apply_overrides(yaml.safe_load(CONFIG.read_text()), [
+        "a2c.total_env_steps=20480", "run.chunk_env_steps=4096", "ibt.episodes=40", "ibt.episode_capacity=64",
+        "ibt.batch_episodes=8", "ibt.annotator.signal=reward"]))
+    person = SimulatedPerson(delay=0.05, cant_tell=5)
+    training = IBTTraining(config, labeler=person)
+    state = training.init_runner(jax.random.PRNGKey(0))
+    initial = int(state.annotated.count)
+    assert initial == 10  # 25% of the budget, from the device's annotator before RL
+    for chunk in range(training.num_chunks):
+        state, metrics = training.run_chunk(state, chunk)
+    time.sleep(0.3)
+    state = training._exchange_with_labeler(state, 0)
+    asked = int(state.episodes_asked) - initial
+    assert asked == 30 and not training.pending
+    assert int(state.annotated.count) == initial + asked - asked // 5  # every 5th came back unmarked
+    marks = np.asarray(state.annotated.marks[initial:int(state.annotated.count)])
+    # CartPole's reward is +1 on every step of a clip: each frame after the first is marked progress.
+    assert (marks[:, 0] == 0).all() and (marks[:, 1:] == 1).all()

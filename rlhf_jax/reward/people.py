@@ -18,8 +18,10 @@ import numpy as np
 
 
 class Query(NamedTuple):
+    """Two segments to compare, or (IBT) one episode to mark: ``obs [2 or 1, k, *obs_shape]``."""
+
     id: int
-    obs: np.ndarray  # [2, k, *observation_shape]: the two segments
+    obs: np.ndarray  # [2, k, *observation_shape]: the two segments ([1, k, ...]: the episode)
     action: np.ndarray  # [2, k, *action_shape]
     oracle_reward: np.ndarray  # [2, k]: for simulated people and metrics, never shown to a person
 
@@ -27,6 +29,7 @@ class Query(NamedTuple):
 class Answer(NamedTuple):
     id: int
     mu: float | None  # P[segment 0 preferred]: 1.0, 0.0 or 0.5 (tie); None: "can't tell"
+    marks: np.ndarray | None = None  # IBT: int [k] in {-1, 0, +1}, one per frame of the episode
 
 
 class AsyncLabeler(Protocol):
@@ -39,7 +42,9 @@ class AsyncLabeler(Protocol):
 
 class SimulatedPerson:
     """Answers each query like the synthetic oracle, ``delay`` seconds after it was asked,
-    from a thread of its own; ``cant_tell`` answers "can't tell" to every n-th query."""
+    from a thread of its own; ``cant_tell`` answers "can't tell" to every n-th query (for an
+    episode: no marks, so it is not stored). An episode (IBT) is marked like the synthetic
+    annotator with ``signal=reward, threshold=0``."""
 
     def __init__(self, delay: float = 0.0, cant_tell: int = 0):
         self.delay, self.cant_tell = delay, cant_tell
@@ -65,6 +70,11 @@ class SimulatedPerson:
             self._count += 1
             if self.cant_tell and self._count % self.cant_tell == 0:
                 self._answered.put(Answer(query.id, None))
+                continue
+            if len(query.obs) == 1:  # an episode to mark: +1 / -1 on the frame after a reward above / below 0
+                reward = query.oracle_reward[0, :-1]
+                marks = np.concatenate([[0], np.sign(reward)]).astype(np.int32)
+                self._answered.put(Answer(query.id, None, marks))
                 continue
             first, second = query.oracle_reward.sum(-1)
             self._answered.put(Answer(query.id, 1.0 if first > second else 0.0 if first < second else 0.5))
