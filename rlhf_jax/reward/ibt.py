@@ -133,9 +133,29 @@ def utility_reward(utility_now: jax.Array, utility_next: jax.Array) -> jax.Array
 # ---------------------------------------------------------------------- networks
 
 
+class _FrameFeatures(nn.Module):
+    """Features of each frame: the reward MLP's hidden layers of leaky ReLUs or, on Atari
+    frame stacks, the Nature CNN. ``__call__(obs [..., *obs_shape]) -> [..., F]``."""
+
+    observation_shape: Sequence[int]
+    hidden: Sequence[int]
+    slope: float
+
+    @nn.compact
+    def __call__(self, obs):
+        leading = obs.shape[: obs.ndim - len(self.observation_shape)]
+        x = obs.reshape((-1, *self.observation_shape))
+        if is_atari_frames(self.observation_shape):
+            x = torso_for(self.observation_shape)(x)
+        else:
+            x = x.astype(jnp.float32).reshape(x.shape[0], -1)
+            for features in self.hidden:
+                x = _leaky_relu(_dense(features, math.sqrt(2.0))(x), self.slope)
+        return x.reshape((*leading, x.shape[-1]))
+
+
 class UtilityMLP(nn.Module):
-    """U(x_t) of the current observation: two hidden layers of leaky ReLUs (the reward
-    MLP's shape) or, on Atari frame stacks, the Nature CNN; a scalar head.
+    """U(x_t) of the current observation: frame features and a scalar head.
 
     ``__call__(obs [..., *obs_shape]) -> [...]`` over any leading axes.
     """
@@ -146,36 +166,8 @@ class UtilityMLP(nn.Module):
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        rank = len(self.observation_shape)
-        leading = obs.shape[: obs.ndim - rank]
-        x = obs.reshape((-1, *self.observation_shape))
-        if is_atari_frames(self.observation_shape):
-            x = torso_for(self.observation_shape)(x)
-        else:
-            x = x.astype(jnp.float32).reshape(x.shape[0], -1)
-            for features in self.hidden:
-                x = _leaky_relu(_dense(features, math.sqrt(2.0))(x), self.slope)
-        return _dense(1, 1.0)(x)[:, 0].reshape(leading)
-
-
-class _StepFeatures(nn.Module):
-    """Per-frame features for the recurrent models: the MLP's hidden layers or the Nature CNN."""
-
-    observation_shape: Sequence[int]
-    hidden: Sequence[int]
-    slope: float
-
-    @nn.compact
-    def __call__(self, obs):  # [B, T, *obs_shape] -> [B, T, F]
-        batch, steps = obs.shape[:2]
-        x = obs.reshape((batch * steps, *self.observation_shape))
-        if is_atari_frames(self.observation_shape):
-            x = torso_for(self.observation_shape)(x)
-        else:
-            x = x.astype(jnp.float32).reshape(x.shape[0], -1)
-            for features in self.hidden:
-                x = _leaky_relu(_dense(features, math.sqrt(2.0))(x), self.slope)
-        return x.reshape(batch, steps, -1)
+        x = _FrameFeatures(self.observation_shape, self.hidden, self.slope)(obs)
+        return _dense(1, 1.0)(x)[..., 0]
 
 
 class UtilityLSTM(nn.Module):
@@ -191,7 +183,7 @@ class UtilityLSTM(nn.Module):
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        x = _StepFeatures(self.observation_shape, self.hidden, self.slope)(obs)
+        x = _FrameFeatures(self.observation_shape, self.hidden, self.slope)(obs)
         x = nn.RNN(nn.OptimizedLSTMCell(self.lstm_size))(x)
         return _dense(1, 1.0)(x)[..., 0]
 
@@ -222,7 +214,7 @@ class AnnotationLSTM(nn.Module):
     slope: float = 0.01
 
     def setup(self):
-        self.features = _StepFeatures(self.observation_shape, self.hidden, self.slope)
+        self.features = _FrameFeatures(self.observation_shape, self.hidden, self.slope)
         self.cell = nn.OptimizedLSTMCell(self.lstm_size)
         self.head = _dense(3, 1.0)
 
