@@ -7,7 +7,8 @@ Every cell is 3 seeds of the RLHF loop run as one compiled program (``jax.vmap``
 episodes per seed. The agent on the true reward (same agent, same budget, visible episode
 ends) runs the same way. Then the six ablations of section 3.3 on CartPole with 500 labels.
 Results are written after every cell (``benchmarks/results/labels_vs_return.json``, and a
-PNG beside it), so an interrupted run keeps what it finished.
+PNG beside it), so an interrupted run keeps what it finished; cells from earlier runs that
+this run does not repeat are kept, so tasks can be run one at a time.
 """
 from __future__ import annotations
 
@@ -165,6 +166,11 @@ def main() -> None:
 
     result = {"seeds": SEEDS, "eval_episodes": EVAL_EPISODES, "tasks": {}, "ablations": {}}
     name = "labels_vs_return_quick" if args.quick else "labels_vs_return"
+    # Cells run before (other tasks, other budgets) stay: a run replaces only the cells it runs.
+    earlier = RESULTS / f"{name}.json"
+    if earlier.exists():
+        saved = json.loads(earlier.read_text())
+        result["tasks"], result["ablations"] = saved.get("tasks", {}), saved.get("ablations", {})
 
     def save():
         (RESULTS / f"{name}.json").write_text(json.dumps({"benchmark": name, **result}, indent=2) + "\n")
