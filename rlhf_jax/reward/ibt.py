@@ -67,10 +67,10 @@ def _marks_between(marks: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def _pair_loss(u1, u2, positive, negative, no_mark_weight):
     """Algorithm 1's loss of pairs, and which pairs count (not marks of both signs)."""
-    loss = jnp.where(
-        (positive > 0) & (negative == 0), -jax.nn.log_sigmoid(u2 - u1),
-        jnp.where((negative > 0) & (positive == 0), -jax.nn.log_sigmoid(u1 - u2),
-                  no_mark_weight * jnp.square(u2 - u1)))
+    # -log sigmoid(s (u2 - u1)) = softplus(-s (u2 - u1)), s = +1 (progress only) or -1 (regress only).
+    sign = jnp.where(negative == 0, 1.0, 0.0) * (positive > 0) - jnp.where(positive == 0, 1.0, 0.0) * (negative > 0)
+    rise = u2 - u1
+    loss = jnp.where(sign != 0, jax.nn.softplus(-sign * rise), no_mark_weight * jnp.square(rise))
     counted = (positive == 0) | (negative == 0)
     return jnp.where(counted, loss, 0.0), counted
 
@@ -104,8 +104,9 @@ def sampled_ibt_loss(key: jax.Array, utility: jax.Array, marks: jax.Array, valid
                      num_pairs: int, no_mark_weight: float = 1.0) -> jax.Array:
     """:func:`ibt_loss` on ``num_pairs`` pairs per episode, each drawn uniformly among the
     pairs ``t1 < t2`` of its valid frames (a prefix): ``O(B * num_pairs)`` memory instead of
-    ``O(B * T^2)``, for long episodes. Unbiased for the mean over pairs when the episodes are
-    equally long; otherwise it weighs episodes equally where :func:`ibt_loss` weighs pairs."""
+    ``O(B * T^2)``, for long episodes. Its mean is over the sampled pairs that count, so it
+    tracks :func:`ibt_loss` when episodes are equally long (tested); otherwise it weighs
+    episodes equally where :func:`ibt_loss` weighs pairs."""
     chex.assert_rank([utility, marks, valid], 2)
     batch, steps = utility.shape
     length = valid.sum(-1)[:, None]
@@ -334,7 +335,7 @@ def set_input_statistics(state: IBTState, spec: EnvSpec, obs: jax.Array) -> IBTS
     if is_atari_frames(spec.observation_shape):
         return state
     flat = obs.reshape(-1, *spec.observation_shape).astype(jnp.float32)
-    return state._replace(obs_mean=flat.mean(0), obs_std=flat.std(0) + 1e-6)
+    return state._replace(obs_mean=flat.mean(0), obs_std=jnp.maximum(flat.std(0), 1e-3))  # a constant input stays finite
 
 
 def utilities(state: IBTState, config: IBTConfig, spec: EnvSpec, episodes: jax.Array) -> jax.Array:

@@ -1,0 +1,615 @@
+"""IBT (inter-temporal Bradley-Terry) against the AR baseline and pairwise preferences:
+loss-and-gradient throughput, and reward quality at equal annotation budgets.
+
+    python -m benchmarks.ibt [--quick] [--skip-throughput] [--skip-quality]
+
+Writes ``benchmarks/results/ibt.json`` and ``ibt.png`` (``--quick``: ``ibt_quick.*``).
+
+**Part 1, throughput** (JSON ``throughput``). One jitted ``jax.value_and_grad`` of a loss
+through its network, for a batch of 96 episodes of T = 100, 300 and 1000 frames of
+CartPole-sized observations (4 floats, standard normal) with random marks (+1 and -1 on
+10% of the frames each), all frames valid:
+
+* ``mlp_all_pairs``: :class:`UtilityMLP` (64, 64) and :func:`ibt_loss` over every pair
+  ``t1 < t2`` (``O(B T^2)`` memory);
+* ``mlp_sampled_pairs``: :class:`UtilityMLP` and :func:`sampled_ibt_loss`, 256 pairs per episode;
+* ``lstm_all_pairs``: :class:`UtilityLSTM` (64 features, LSTM 64) and :func:`ibt_loss`;
+* ``ar_teacher_forced``: the AR baseline :class:`AnnotationLSTM` (64, LSTM 64), teacher-forced
+  logits and :func:`annotation_nll` (no pairs: ``O(B T)``).
+
+Per case and T: ``compile_s`` (first call, compile included), ``median_s`` (median of
+``timed_calls`` calls, each blocked until ready), ``episodes_per_s = 96 / median_s`` and
+``frames_per_s = 96 T / median_s`` (annotated frames through the loss and its gradient),
+``pairs`` (pairs scored per call). A case that is not measured says why in ``skipped``
+(``--quick`` skips the all-pairs cases at T = 1000, which take seconds per call on 2 cores;
+the default run measures them with 3 timed calls, the others with 5; ``--quick`` with 3).
+
+**Part 2, reward quality, offline, equal annotation budgets** (JSON ``quality``). On gymnax
+CartPole-v1 and Acrobot-v1:
+
+* *Data.* 64 copies of the environment act for 1,024 steps (held-out: another 32 copies from
+  other keys), each copy with its own chance ``eps ~ U(0, 1)`` of a uniformly random action
+  and otherwise a simple heuristic (CartPole: push toward the side the pole falls to,
+  ``theta + 0.5 theta_dot``; Acrobot: torque along the first joint's swing), so clips show both
+  progress and regress. Clips of 50 frames are cut every 25 frames where no auto-reset falls
+  inside (a clip never spans two episodes). Up to 1,024 training clips and 256 held-out clips.
+* *Annotator.* :func:`synthetic_marks` with ``signal="potential"`` (the built-in
+  :data:`POTENTIALS`), ``threshold`` 0, ``fraction`` 0.2 (a person marks one event in five),
+  ``noise`` 0.05 (sign flipped); the true progress of transition ``t -> t+1`` is
+  ``d_t = phi(x_{t+1}) - phi(x_t)``.
+* *Budget.* ``b`` annotated clips (20, 50, 100; ``--quick`` 50 only), the first ``b`` of a
+  per-seed shuffle of the training clips. **The number of annotator decisions is the number
+  of nonzero marks** on those ``b`` clips, ``L``; the preference model gets exactly ``L``
+  preference labels (per seed), each a pair of 25-step segments cut at random from the same
+  ``b`` clips (same footage), answered by the synthetic oracle
+  (:func:`oracle_answers`) on the summed ``d_t`` with ``mistake_prob`` = the annotator's noise.
+* *Models*, each fit for a fixed number of steps with its own key per seed, the 3 seeds as
+  one ``jax.vmap`` (initialised one seed at a time: vmapped orthogonal initialisers can hang
+  XLA:CPU, see README). ``ibt``: :class:`UtilityMLP` (64, 64) via :func:`fit_step`, every pair,
+  C = 1; ``ar``: :class:`AnnotationLSTM` (64, LSTM 64) on teacher-forced NLL. Both: Adam at
+  1e-4 with b1 = 0 (:class:`IBTConfig`'s, the paper's), batches of 16 clips drawn with
+  replacement from the ``b``, inputs standardised by the training clips, 1,000 steps
+  (``--quick`` 200). ``preferences``: the 3-member ensemble of :mod:`rlhf_jax.reward.ensemble`
+  with its defaults (batches of 64 pairs, Adam 3e-4, 1/e of the labels held out per member,
+  adaptive l2 after every 100 steps), 600 steps (``--quick`` 200; 600 x 64 pairs drawn is
+  38 passes over 1,000 labels). No early stopping: with Adam at 1e-3 (batches of 32) IBT's
+  score on CartPole with 100 clips fell from 0.58 after 300 steps to 0.43 after 1,000 and
+  0.33 after 3,000, and AR's expected mark fell likewise (presumably the networks learn
+  which training transitions happened to be marked); at 1e-4 and 1,000 steps IBT scored
+  0.60-0.61 (batches of 16 or 32). The ensemble has its held-out labels and adaptive l2
+  against overfitting.
+* *Score* (per seed, over all transitions of the held-out clips): Pearson correlation between
+  a model's per-step reward and ``d_t``. ``ibt``: ``U(x_{t+1}) - U(x_t)`` (:func:`utility_rises`);
+  ``ar_sampled``: the AR model's own sampled mark on frame ``t+1`` (``AnnotationLSTM.sample``,
+  the reward of appendix A.5); ``ar_expected``: ``p(+1) - p(-1)`` of that frame given its own
+  previous samples (the distribution the sample was drawn from); ``preferences``:
+  ``r̂(x_t, a_t)`` (:func:`normalized_reward`); ``annotator_marks``: the annotator's own
+  marks on the held-out clips, i.e. what a model that samples marks exactly as the annotator
+  does would score (marks are thinned by ``fraction`` and flipped by ``noise``, so well
+  below 1).
+
+JSON ``quality``: ``annotator``, ``fit`` (the settings above); ``tasks.<task>``: ``data``
+(clip counts, shares of frames marked +1/-1 and of transitions with ``d > 0``/``d < 0``),
+``compile_s`` per compiled function, ``seconds``; ``tasks.<task>.budgets.<b>``: ``decisions``
+(L per seed), ``preference_labels_answered`` (= L), ``models.<m>``: ``mean`` and ``seeds``
+(correlations) and, where there is one, ``final_loss`` per seed (mean of the last 50 steps;
+preferences: the last 100-step chunk), ``fit_seconds`` per model (the first budget includes
+compiling).
+
+Top level: ``quick``, ``seconds`` (the whole run), ``xla_flags``, ``machine``.
+
+Options (``--help``): ``--tasks``, ``--budgets``, ``--ibt-steps``, ``--ar-steps``,
+``--pref-steps``, ``--batch-episodes``, ``--learning-rate``, ``--fraction``, ``--noise``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from benchmarks.common import RESULTS, enable_compilation_cache, write_result
+from rlhf_jax.envs import EnvConfig, make
+from rlhf_jax.reward import ensemble
+from rlhf_jax.reward import ibt
+from rlhf_jax.reward.annotators import AnnotatorConfig, progress_increments, synthetic_marks
+from rlhf_jax.reward.data import Segments, empty_labels
+from rlhf_jax.reward.labelers import TeacherConfig, add_labels, oracle_answers
+
+# ------------------------------------------------------------------- part 1: throughput
+
+BATCH = 96
+LENGTHS = (100, 300, 1000)
+PAIR_SAMPLES = 256
+OBS_SHAPE = (4,)
+CASES = ("mlp_all_pairs", "mlp_sampled_pairs", "lstm_all_pairs", "ar_teacher_forced")
+
+
+def loss_and_params(case: str, key, obs, marks):
+    """``(loss(params, obs, marks, valid, key), params)`` of one case."""
+    if case.startswith("mlp"):
+        net = ibt.UtilityMLP(OBS_SHAPE)
+    elif case.startswith("lstm"):
+        net = ibt.UtilityLSTM(OBS_SHAPE)
+    else:
+        net = ibt.AnnotationLSTM(OBS_SHAPE)
+        params = net.init(key, obs[:1, :2], ibt.previous_classes(marks[:1, :2]))
+
+        def ar_loss(params, obs, marks, valid, key):
+            del key
+            return ibt.annotation_nll(net.apply(params, obs, ibt.previous_classes(marks)), marks, valid)
+
+        return ar_loss, params
+    params = net.init(key, obs[:1, :2])
+    if case.endswith("sampled_pairs"):
+        def loss(params, obs, marks, valid, key):
+            return ibt.sampled_ibt_loss(key, net.apply(params, obs), marks, valid, PAIR_SAMPLES)
+    else:
+        def loss(params, obs, marks, valid, key):
+            del key
+            return ibt.ibt_loss(net.apply(params, obs), marks, valid)
+    return loss, params
+
+
+def measure_case(case: str, steps: int, calls: int) -> dict:
+    key_obs, key_marks, key_init, key_loss = jax.random.split(jax.random.key(0), 4)
+    obs = jax.random.normal(key_obs, (BATCH, steps, *OBS_SHAPE))
+    marks = jax.random.choice(key_marks, jnp.array([-1, 0, 1], jnp.int32), (BATCH, steps), p=jnp.array([0.1, 0.8, 0.1]))
+    valid = jnp.ones((BATCH, steps), bool)
+    loss, params = loss_and_params(case, key_init, obs, marks)
+    grad_fn = jax.jit(jax.value_and_grad(loss))
+    start = time.perf_counter()
+    jax.block_until_ready(grad_fn(params, obs, marks, valid, key_loss))
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(grad_fn(params, obs, marks, valid, key_loss))
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    pairs = BATCH * (PAIR_SAMPLES if "sampled" in case else steps * (steps - 1) // 2 if "pairs" in case else 0)
+    return {"compile_s": round(compile_s, 3), "median_s": round(median, 5), "timed_calls": calls,
+            "episodes_per_s": round(BATCH / median, 1), "frames_per_s": round(BATCH * steps / median, 1),
+            "pairs": pairs}
+
+
+def throughput(quick: bool) -> dict:
+    out = {"batch_episodes": BATCH, "observation_shape": list(OBS_SHAPE), "pair_samples": PAIR_SAMPLES,
+           "mark_rate": {"+1": 0.1, "-1": 0.1}, "cases": {}}
+    for case in CASES:
+        cells = out["cases"].setdefault(case, {})
+        for steps in LENGTHS:
+            all_pairs = case.endswith("all_pairs")
+            if quick and all_pairs and steps >= 1000:
+                cells[str(steps)] = {"skipped": "--quick: every pair of 96 x 1000 frames (48M pairs) takes "
+                                                "seconds per call on a CPU; the default run measures it"}
+            else:
+                calls = 3 if quick or (all_pairs and steps >= 1000) else 5
+                try:
+                    cells[str(steps)] = measure_case(case, steps, calls)
+                except Exception as error:  # e.g. out of memory: recorded, not hidden
+                    cells[str(steps)] = {"skipped": f"{type(error).__name__}: {str(error)[:300]}"}
+            cell = cells[str(steps)]
+            if "skipped" in cell:
+                print(f"{case:20s} T={steps:5d}  SKIPPED: {cell['skipped']}", flush=True)
+            else:
+                print(f"{case:20s} T={steps:5d}  {cell['episodes_per_s']:10.1f} episodes/s  "
+                      f"{cell['frames_per_s']:12.0f} frames/s  (median {cell['median_s'] * 1e3:.1f} ms of "
+                      f"{cell['timed_calls']}, first call {cell['compile_s']:.1f} s)", flush=True)
+    return out
+
+
+# --------------------------------------------------------------- part 2: reward quality
+
+TASKS = {"cartpole": "gymnax/CartPole-v1", "acrobot": "gymnax/Acrobot-v1"}
+SEEDS = 3
+CLIP = 50
+SEGMENT = 25
+ROLLOUT_STEPS = 1024
+TRAIN_ENVS, HELD_OUT_ENVS = 64, 32
+MAX_TRAIN_CLIPS, MAX_HELD_OUT_CLIPS = 1024, 256
+
+
+def heuristic(env_id: str, obs):
+    if env_id.endswith("CartPole-v1"):
+        return (obs[:, 2] + 0.5 * obs[:, 3] > 0).astype(jnp.int32)
+    # Acrobot: torque (+1: action 2, -1: action 0) along the first joint's angular velocity.
+    return jnp.where(obs[:, 4] > 0, 2, 0).astype(jnp.int32)
+
+
+def collect_clips(env_id: str, num_envs: int, key, max_clips: int, rng: np.random.Generator):
+    """Clips ``obs [N, CLIP, *obs]``, ``action [N, CLIP]`` that never cross an auto-reset."""
+    env = make(EnvConfig(id=env_id, num_envs=num_envs))
+    actions = env.spec.action_space.n
+
+    @jax.jit
+    def rollout(key):
+        reset_key, eps_key, key = jax.random.split(key, 3)
+        state, ts = env.reset(reset_key)
+        eps = jax.random.uniform(eps_key, (num_envs,))
+
+        def body(carry, key):
+            state, obs = carry
+            random_key, coin_key = jax.random.split(key)
+            random_action = jax.random.randint(random_key, (num_envs,), 0, actions)
+            action = jnp.where(jax.random.uniform(coin_key, (num_envs,)) < eps, random_action, heuristic(env_id, obs))
+            state, ts = env.step(state, action)
+            return (state, ts.obs), (action, ts.obs, ts.done)
+
+        _, (action, next_obs, done) = jax.lax.scan(body, (state, ts.obs), jax.random.split(key, ROLLOUT_STEPS))
+        return jnp.concatenate([ts.obs[None], next_obs]), action, done
+
+    obs, action, done = jax.device_get(rollout(key))  # [L+1, N, ...], [L, N], [L, N]
+    # done[t]: frame t+1 already belongs to a new episode. Clip s..s+CLIP-1 needs done[s..s+CLIP-2] all false.
+    crossings = np.concatenate([np.zeros((1, num_envs)), np.cumsum(done, axis=0)])
+    clips_obs, clips_action = [], []
+    for start in range(0, ROLLOUT_STEPS - CLIP + 1, CLIP // 2):
+        clean = crossings[start + CLIP - 1] - crossings[start] == 0
+        for env_index in np.flatnonzero(clean):
+            clips_obs.append(obs[start:start + CLIP, env_index])
+            clips_action.append(action[start:start + CLIP, env_index])
+    order = rng.permutation(len(clips_obs))[:max_clips]
+    return np.stack(clips_obs)[order], np.stack(clips_action)[order].astype(np.int32)
+
+
+def pearson(x, y):
+    x, y = x.ravel() - x.mean(), y.ravel() - y.mean()
+    return (x * y).sum() / jnp.sqrt((x * x).sum() * (y * y).sum() + 1e-12)
+
+
+def stack(trees):
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    budgets: tuple[int, ...]
+    ibt_steps: int
+    ar_steps: int
+    pref_steps: int
+    pref_chunk_steps: int
+    learning_rate: float  # IBT and AR (Adam, b1 = 0, b2 = 0.999, as IBTConfig)
+    batch_episodes: int  # IBT and AR: clips per step, drawn with replacement from the budget's
+    annotator: AnnotatorConfig
+
+
+class Compiled:
+    """Compiles each function once (ahead of time, so compiling and running are timed apart)."""
+
+    def __init__(self):
+        self.executables, self.compile_s = {}, {}
+
+    def __call__(self, name, fn, *args):
+        if name not in self.executables:
+            start = time.perf_counter()
+            self.executables[name] = jax.jit(fn).lower(*args).compile()
+            self.compile_s[name] = round(time.perf_counter() - start, 1)
+        return self.executables[name](*args)
+
+
+def quality_task(task: str, settings: Settings, seed: int) -> dict:
+    env_id = TASKS[task]
+    rng = np.random.default_rng(seed)
+    train_key, held_key, seeds_key = jax.random.split(jax.random.fold_in(jax.random.key(seed), list(TASKS).index(task)), 3)
+    start = time.perf_counter()
+    train_obs, train_action = collect_clips(env_id, TRAIN_ENVS, train_key, MAX_TRAIN_CLIPS, rng)
+    held_obs, held_action = collect_clips(env_id, HELD_OUT_ENVS, held_key, MAX_HELD_OUT_CLIPS, rng)
+    spec = make(EnvConfig(id=env_id, num_envs=1)).spec
+    annotator = settings.annotator
+    increments = np.asarray(progress_increments(annotator, env_id, jnp.asarray(train_obs), None))  # [P, CLIP-1]
+    held_obs, held_action = jnp.asarray(held_obs), jnp.asarray(held_action)
+    held_d = progress_increments(annotator, env_id, held_obs, None)  # [H, CLIP-1]
+    train_obs, train_action = jnp.asarray(train_obs), jnp.asarray(train_action)
+    collect_s = time.perf_counter() - start
+
+    max_budget = max(settings.budgets)
+    if train_obs.shape[0] < max_budget:
+        raise RuntimeError(f"{task}: only {train_obs.shape[0]} training clips for a budget of {max_budget}")
+    seed_keys = jax.random.split(seeds_key, SEEDS)
+    # Per seed: which clips (a shuffle; budget b takes the first b) and the annotator's marks on them.
+    chosen, marks = [], []
+    for k in seed_keys:
+        pick_key, mark_key = jax.random.split(jax.random.fold_in(k, 0))
+        index = jax.random.permutation(pick_key, train_obs.shape[0])[:max_budget]
+        chosen.append(index)
+        marks.append(synthetic_marks(mark_key, annotator, jnp.asarray(increments)[index]))
+    chosen, marks = jnp.stack(chosen), jnp.stack(marks)  # [S, Bmax], [S, Bmax, CLIP]
+    episodes, episode_actions = train_obs[chosen], train_action[chosen]  # [S, Bmax, CLIP, ...]
+    episode_d = jnp.asarray(increments)[chosen]  # [S, Bmax, CLIP-1]
+    data = {"train_clips": int(train_obs.shape[0]), "held_out_clips": int(held_obs.shape[0]),
+            "held_out_transitions": int(held_d.size),
+            "share_of_frames_marked_+1": round(float((marks[..., 1:] > 0).mean()), 4),
+            "share_of_frames_marked_-1": round(float((marks[..., 1:] < 0).mean()), 4),
+            "share_of_transitions_d>0": round(float((increments > 0).mean()), 4),
+            "share_of_transitions_d<0": round(float((increments < 0).mean()), 4),
+            "collect_s": round(collect_s, 1)}
+    compiled = Compiled()
+    batch = settings.batch_episodes
+
+    # --- IBT -----------------------------------------------------------------------
+    ibt_config = ibt.IBTConfig(utility="mlp", learning_rate=settings.learning_rate, batch_episodes=batch)
+
+    def ibt_init(k):
+        return ibt.set_input_statistics(ibt.init_ibt(k, ibt_config, spec), spec, train_obs)
+
+    ibt_states = stack([ibt_init(jax.random.fold_in(k, 1)) for k in seed_keys])  # one at a time: no vmapped QR
+
+    def fit_ibt(states, episodes, marks, budget, keys, held_obs, held_d):
+        def one(state, episodes, marks, key):
+            def step(state, key):
+                pick, loss_key = jax.random.split(key)
+                index = jax.random.randint(pick, (batch,), 0, budget)
+                return ibt.fit_step(state, ibt_config, spec, episodes[index], marks[index],
+                                    jnp.ones((batch, CLIP), bool), loss_key)
+
+            state, losses = jax.lax.scan(step, state, jax.random.split(key, settings.ibt_steps))
+            rises = ibt.utility_rises(state, ibt_config, spec, held_obs)
+            return pearson(rises, held_d), losses[-50:].mean()
+
+        return jax.vmap(one)(states, episodes, marks, keys)
+
+    # --- AR ------------------------------------------------------------------------
+    ar_net = ibt.AnnotationLSTM(tuple(spec.observation_shape), hidden=(64,), lstm_size=64)
+    optimizer = optax.adam(settings.learning_rate, b1=0.0, b2=0.999)
+    flat = train_obs.reshape(-1, *spec.observation_shape)
+    mean, std = flat.mean(0), flat.std(0) + 1e-6  # the inputs' standardisation, as ibt.set_input_statistics
+
+    def standardize(x):
+        return (x - mean) / std
+
+    ar_params = stack([ar_net.init(jax.random.fold_in(k, 2), jnp.zeros((1, 2, *spec.observation_shape)),
+                                   jnp.zeros((1, 2), jnp.int32)) for k in seed_keys])
+
+    def fit_ar(params, episodes, marks, budget, keys, held_obs, held_d):
+        def one(params, episodes, marks, key):
+            def loss_fn(params, obs, marks):
+                logits = ar_net.apply(params, standardize(obs), ibt.previous_classes(marks))
+                return ibt.annotation_nll(logits, marks, jnp.ones(marks.shape, bool))
+
+            def step(carry, key):
+                params, opt_state = carry
+                index = jax.random.randint(key, (batch,), 0, budget)
+                loss, grads = jax.value_and_grad(loss_fn)(params, episodes[index], marks[index])
+                updates, opt_state = optimizer.update(grads, opt_state, params)
+                return (optax.apply_updates(params, updates), opt_state), loss
+
+            fit_key, sample_key = jax.random.split(key)
+            (params, _), losses = jax.lax.scan(step, (params, optimizer.init(params)),
+                                               jax.random.split(fit_key, settings.ar_steps))
+            held = standardize(held_obs)
+            sampled = ar_net.apply(params, held, sample_key, method=ibt.AnnotationLSTM.sample)
+            # The same logits the sampler drew from: teacher-forced on its own samples.
+            p = jax.nn.softmax(ar_net.apply(params, held, ibt.previous_classes(sampled)))
+            expected = p[..., 1] - p[..., 2]
+            return (pearson(sampled[:, 1:].astype(jnp.float32), held_d), pearson(expected[:, 1:], held_d),
+                    losses[-50:].mean())
+
+        return jax.vmap(one)(params, episodes, marks, keys)
+
+    # --- preferences ----------------------------------------------------------------
+    pref_config = ensemble.RewardModelConfig()
+    decisions_all = {b: np.asarray((marks[:, :b] != 0).sum((1, 2))) for b in settings.budgets}
+    capacity = int(max(d.max() for d in decisions_all.values()))
+    teacher = TeacherConfig(mistake_prob=annotator.noise, tie_gap=annotator.threshold)
+
+    def pref_init(k):
+        return ensemble.set_input_statistics(ensemble.init_ensemble(k, pref_config, spec), spec, train_obs)
+
+    def make_labels(episodes, actions, d, budget, decisions, key):
+        """``capacity`` pairs of segments from the first ``budget`` clips, the first ``decisions`` answered.
+        Pair p's segments come from ``fold_in(key, p)``: the same pairs whatever the capacity."""
+        def draw(p):
+            clip_key, start_key = jax.random.split(jax.random.fold_in(key, p))
+            clip = jax.random.randint(clip_key, (2,), 0, budget)
+            start = jax.random.randint(start_key, (2,), 0, CLIP - SEGMENT)  # d needs frame start + SEGMENT
+            return clip, start
+
+        clip, start = jax.vmap(draw)(jnp.arange(capacity))  # [C, 2]
+        clip, start = clip.T.reshape(-1), start.T.reshape(-1)  # first segments, then second segments
+        steps = start[:, None] + jnp.arange(SEGMENT)
+        segments = Segments(obs=episodes[clip[:, None], steps], action=actions[clip[:, None], steps],
+                            oracle_reward=d[clip[:, None], steps], count=jnp.int32(2 * capacity), next=jnp.int32(0))
+        first, second = jnp.arange(capacity), capacity + jnp.arange(capacity)
+        oracle_key, holdout_key = jax.random.split(jax.random.fold_in(key, 2**31 - 1))
+        mu, answered = oracle_answers(oracle_key, segments.oracle_reward[first], segments.oracle_reward[second], teacher)
+        answered = answered & (jnp.arange(capacity) < decisions)
+        labels = empty_labels(spec, capacity, SEGMENT, pref_config.ensemble_size)
+        return add_labels(labels, segments, first, second, mu, answered, holdout_key, pref_config.validation_fraction)
+
+    def fit_pref_chunk(states, labels, keys):
+        def one(state, labels, key):
+            fit_key, val_key = jax.random.split(key)
+            state, metrics = ensemble.fit(state, pref_config, spec, labels, fit_key, settings.pref_chunk_steps)
+            train, val = ensemble.validation_losses(state, pref_config, spec, labels, val_key, 512)
+            return state._replace(l2=ensemble.adapt_l2(state.l2, train, val, pref_config)), metrics["loss"].mean()
+
+        return jax.vmap(one)(states, labels, keys)
+
+    def score_pref(states, train_obs, train_action, held_obs, held_action, held_d):
+        def one(state):
+            state = ensemble.update_normalization(state, pref_config, spec, train_obs, train_action)
+            reward = ensemble.normalized_reward(state, pref_config, spec, held_obs[:, :-1], held_action[:, :-1])
+            return pearson(reward, held_d)
+
+        return jax.vmap(one)(states)
+
+    # The annotator's own marks on the held-out clips: the ceiling for a model that outputs marks.
+    ceiling = [float(pearson(synthetic_marks(jax.random.fold_in(k, 9), annotator, held_d)[:, 1:].astype(jnp.float32),
+                             held_d)) for k in seed_keys]
+
+    def cell(values, losses=None):
+        values = [round(float(v), 4) for v in values]
+        out = {"mean": round(float(np.mean(values)), 4), "seeds": values}
+        if losses is not None:
+            out["final_loss"] = [round(float(v), 4) for v in losses]
+        return out
+
+    result = {"env_id": env_id, "data": data, "budgets": {}}
+    fit_start = time.perf_counter()
+    held = (held_obs, held_d)
+    for budget in settings.budgets:
+        cell_start = time.perf_counter()
+        budget_arr = jnp.int32(budget)
+        keys = jnp.stack([jax.random.fold_in(k, 100 + budget) for k in seed_keys])
+        fit_keys = jax.vmap(lambda k: jax.random.split(k, 4))(keys)  # [S, 4]
+        seconds = {}
+
+        clock = time.perf_counter()
+        ibt_corr, ibt_final = jax.device_get(
+            compiled("ibt", fit_ibt, ibt_states, episodes, marks, budget_arr, fit_keys[:, 0], *held))
+        seconds["ibt"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        ar_sampled, ar_expected, ar_final = jax.device_get(
+            compiled("ar", fit_ar, ar_params, episodes, marks, budget_arr, fit_keys[:, 1], *held))
+        seconds["ar"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        decisions = decisions_all[budget]
+        labels = stack([compiled("labels", make_labels, episodes[s], episode_actions[s], episode_d[s], budget_arr,
+                                 jnp.int32(decisions[s]), fit_keys[s, 2]) for s in range(SEEDS)])
+        states = stack([pref_init(jax.random.fold_in(k, 3)) for k in seed_keys])
+        chunks = settings.pref_steps // settings.pref_chunk_steps
+        chunk_keys = jax.vmap(lambda k: jax.random.split(k, chunks))(fit_keys[:, 3])
+        for chunk in range(chunks):
+            states, pref_final = compiled("preferences", fit_pref_chunk, states, labels, chunk_keys[:, chunk])
+        pref_corr = jax.device_get(compiled("score_preferences", score_pref, states, train_obs, train_action,
+                                            held_obs, held_action, held_d))
+        seconds["preferences"] = time.perf_counter() - clock
+
+        out = result["budgets"][str(budget)] = {
+            "decisions": [int(v) for v in decisions],
+            "preference_labels_answered": [int(v) for v in jax.device_get(labels.count)],
+            "models": {
+                "ibt": cell(ibt_corr, ibt_final),
+                "ar_sampled": cell(ar_sampled, ar_final),
+                "ar_expected": cell(ar_expected),
+                "preferences": cell(pref_corr, jax.device_get(pref_final)),
+                "annotator_marks": cell(ceiling),
+            },
+            "seconds": round(time.perf_counter() - cell_start, 1),
+            "fit_seconds": {m: round(v, 1) for m, v in seconds.items()},  # first budget: compiling included
+        }
+        print(f"{task} {budget:4d} clips, decisions {decisions.tolist()}: "
+              + ", ".join(f"{m} {c['mean']:+.3f}" for m, c in out["models"].items())
+              + f"  ({out['seconds']} s: " + ", ".join(f"{m} {v:.0f}" for m, v in seconds.items()) + ")", flush=True)
+    result["seconds"] = round(time.perf_counter() - fit_start, 1)
+    result["compile_s"] = compiled.compile_s
+    print(f"{task}: compiling took {compiled.compile_s} s", flush=True)
+    return result
+
+
+def quality(settings: Settings, tasks) -> dict:
+    out = {"seeds": SEEDS, "clip_length": CLIP, "segment_length": SEGMENT, "budgets": list(settings.budgets),
+           "annotator": dataclasses.asdict(settings.annotator),
+           "fit": {"ibt_steps": settings.ibt_steps, "ar_steps": settings.ar_steps, "pref_steps": settings.pref_steps,
+                   "pref_chunk_steps": settings.pref_chunk_steps, "ibt_ar_learning_rate": settings.learning_rate,
+                   "ibt_ar_batch_episodes": settings.batch_episodes,
+                   "pref_batch_pairs": ensemble.RewardModelConfig().batch_size},
+           "tasks": {}}
+    for task in tasks:
+        out["tasks"][task] = quality_task(task, settings, seed=0)
+    return out
+
+
+# ----------------------------------------------------------------------- report
+
+MODELS = ("ibt", "ar_sampled", "ar_expected", "preferences", "annotator_marks")
+
+
+def table(result: dict) -> str:
+    lines = []
+    if "throughput" in result:
+        lines += ["| case | T | episodes/s | frames/s | median ms |", "| --- | --- | --- | --- | --- |"]
+        for case, cells in result["throughput"]["cases"].items():
+            for steps, cell in cells.items():
+                if "skipped" in cell:
+                    lines.append(f"| {case} | {steps} | skipped | | {cell['skipped'][:60]} |")
+                else:
+                    lines.append(f"| {case} | {steps} | {cell['episodes_per_s']:.1f} | {cell['frames_per_s']:.0f} "
+                                 f"| {cell['median_s'] * 1e3:.1f} |")
+        lines.append("")
+    if "quality" in result:
+        lines += ["| task | clips | decisions | " + " | ".join(MODELS) + " |", "| --- |" + " --- |" * (len(MODELS) + 2)]
+        for task, cells in result["quality"]["tasks"].items():
+            for budget, cell in cells["budgets"].items():
+                row = [f"{cell['models'][m]['mean']:+.3f} ({', '.join(f'{v:+.2f}' for v in cell['models'][m]['seeds'])})"
+                       for m in MODELS]
+                lines.append(f"| {task} | {budget} | {'/'.join(map(str, cell['decisions']))} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(result.get("quality", {}).get("tasks", {}))
+    columns = ("throughput" in result) + len(tasks)
+    if not columns:
+        return
+    fig, axes = plt.subplots(1, columns, figsize=(4.3 * columns, 3.6), squeeze=False)
+    axes = list(axes[0])
+    if "throughput" in result:
+        ax = axes.pop(0)
+        for case, cells in result["throughput"]["cases"].items():
+            points = [(int(t), c["frames_per_s"]) for t, c in cells.items() if "skipped" not in c]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=case)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(LENGTHS, [str(t) for t in LENGTHS])
+        ax.set_xlabel("episode length T (batch of 96)")
+        ax.set_ylabel("annotated frames/s (loss + gradient)")
+        ax.set_title("throughput")
+        ax.legend(fontsize=7)
+    for ax, task in zip(axes, tasks):
+        cells = result["quality"]["tasks"][task]["budgets"]
+        budgets = sorted(int(b) for b in cells)
+        for model in MODELS:
+            means = [cells[str(b)]["models"][model]["mean"] for b in budgets]
+            spread = [np.std(cells[str(b)]["models"][model]["seeds"]) for b in budgets]
+            style = {"linestyle": "--", "color": "k"} if model == "annotator_marks" else {}
+            ax.errorbar(budgets, means, yerr=spread, marker="o", capsize=3, label=model, **style)
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.set_xlabel("annotated clips of 50 steps")
+        ax.set_title(f"{task}: preference labels = nonzero marks", fontsize=10)
+        ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.0)
+    if tasks:
+        axes[0].set_ylabel(f"Pearson r with true progress (mean of {SEEDS} seeds)")
+        axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="budget 50 only, 200 fitting steps, no all-pairs T=1000, 3 timed calls: ~3 minutes on 2 CPU cores")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
+    parser.add_argument("--budgets", default="", help="annotated clips per cell, comma-separated (default 20,50,100)")
+    parser.add_argument("--ibt-steps", type=int, default=0, help="default 1000 (--quick 200)")
+    parser.add_argument("--ar-steps", type=int, default=0, help="default 1000 (--quick 200)")
+    parser.add_argument("--pref-steps", type=int, default=0, help="default 600 (--quick 200); rounded down to a multiple of 100")
+    parser.add_argument("--batch-episodes", type=int, default=16, help="IBT's and AR's clips per step")
+    parser.add_argument("--learning-rate", type=float, default=1e-4, help="IBT's and AR's Adam step (IBTConfig's)")
+    parser.add_argument("--fraction", type=float, default=0.2, help="the annotator's chance of marking an event")
+    parser.add_argument("--noise", type=float, default=0.05, help="the annotator's chance of flipping a mark")
+    args = parser.parse_args()
+    enable_compilation_cache()
+    quick = args.quick
+    start = time.perf_counter()
+    result: dict = {"quick": quick}
+    if not args.skip_throughput:
+        result["throughput"] = throughput(quick)
+    if not args.skip_quality:
+        steps = 200 if quick else 1000
+        pref_steps = args.pref_steps or (200 if quick else 600)
+        chunk = min(100, pref_steps)
+        settings = Settings(
+            budgets=tuple(int(b) for b in args.budgets.split(",")) if args.budgets else (50,) if quick else (20, 50, 100),
+            ibt_steps=args.ibt_steps or steps, ar_steps=args.ar_steps or steps,
+            pref_steps=pref_steps // chunk * chunk, pref_chunk_steps=chunk,
+            learning_rate=args.learning_rate, batch_episodes=args.batch_episodes,
+            annotator=AnnotatorConfig(signal="potential", threshold=0.0, fraction=args.fraction, noise=args.noise))
+        result["quality"] = quality(settings, args.tasks.split(","))
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    result["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+    print(table(result))
+    name = "ibt_quick" if quick else "ibt"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    plot(result, RESULTS / f"{name}.png")
+    write_result(name, result)
+
+
+if __name__ == "__main__":
+    main()
