@@ -139,11 +139,10 @@ class IBTTraining(AgentRun):
         if wanted:
             key, pick_key = jax.random.split(state.key)
             index = self._pick(state.clips, pick_key, wanted)
-            clips = jax.device_get(state.clips)
-            index = np.asarray(index)
+            clips = state.clips  # only the chosen clips leave the device
+            obs, action, reward = jax.device_get((clips.obs[index], clips.action[index], clips.oracle_reward[index]))
             first = int(state.episodes_asked)
-            asked = [Query(first + i, clips.obs[j][None], clips.action[j][None], clips.oracle_reward[j][None])
-                     for i, j in enumerate(index)]
+            asked = [Query(first + i, obs[i][None], action[i][None], reward[i][None]) for i in range(wanted)]
             self.labeler.ask(asked)
             self.pending.update((q.id, q) for q in asked)
             state = state._replace(key=key, episodes_asked=state.episodes_asked + len(asked))
