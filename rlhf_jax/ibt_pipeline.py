@@ -33,7 +33,8 @@ from rlhf_jax.reward.annotators import progress_increments, synthetic_marks
 from rlhf_jax.reward.data import Segments, empty_segments
 from rlhf_jax.reward.people import AsyncLabeler, Query
 from rlhf_jax.reward.schedule import labels_due
-from rlhf_jax.reward.segments import Recent, cut_segments, empty_recent, record
+from rlhf_jax.pipeline import play_untrained, record_and_cut
+from rlhf_jax.reward.segments import Recent, empty_recent
 from rlhf_jax.trainer import AgentRun, compile_chunk
 
 SCORE_CLIPS = 64  # recent clips the reward is scored (and scaled) on each chunk
@@ -106,8 +107,7 @@ class IBTTraining(AgentRun):
 
     # ------------------------------------------------------------ pure pieces
     def _record_and_cut(self, recent, clips, key, transitions):
-        recent = record(recent, transitions.obs, transitions.action, transitions.oracle_reward, transitions.done)
-        return recent, cut_segments(recent, clips, key, self.clips_per_iteration)
+        return record_and_cut(recent, clips, key, transitions, self.clips_per_iteration)
 
     def _pick_fn(self, clips: Segments, key, num: int):
         """``num`` recent clips drawn at random: their indices."""
@@ -202,15 +202,8 @@ class IBTTraining(AgentRun):
                                 jnp.zeros((self.ibt.episodes, length), jnp.int32), jnp.zeros((), jnp.int32)),
             key=key, episodes_asked=jnp.zeros((), jnp.int32))
 
-        def warm(carry, key):  # the untrained policy plays; its parameters are put back
-            playing, recent, clips = carry
-            playing, _, transitions = self.iteration(playing, model)
-            playing = playing._replace(params=runner.params, opt_state=runner.opt_state)
-            recent, clips = self._record_and_cut(recent, clips, key, transitions)
-            return (playing, recent, clips), None
-
-        (_, _, clips), _ = jax.lax.scan(warm, (runner, state.recent, state.clips),
-                                        jax.random.split(warm_key, self.warm_iterations))
+        clips = play_untrained(self.iteration, runner, model, state.recent, state.clips,
+                               jax.random.split(warm_key, self.warm_iterations), self.clips_per_iteration)
         model = ibt.set_input_statistics(model, spec, clips.obs)
         state = state._replace(clips=clips, model=model)
         if self.initial_episodes:

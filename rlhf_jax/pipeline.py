@@ -46,6 +46,26 @@ EVAL_PAIRS = 256
 NORMALIZATION_STEPS = 4_096
 
 
+def record_and_cut(recent: Recent, segments: Segments, key, transitions, num: int) -> tuple[Recent, Segments]:
+    """Record an iteration's steps in ``recent`` and cut ``num`` new segments from it."""
+    recent = record(recent, transitions.obs, transitions.action, transitions.oracle_reward, transitions.done)
+    return recent, cut_segments(recent, segments, key, num)
+
+
+def play_untrained(iteration, runner, reward_params, recent: Recent, segments: Segments, keys, num: int) -> Segments:
+    """Before RL: the untrained policy plays ``len(keys)`` iterations (its parameters put back
+    after every one) and ``num`` segments are cut from each; returns the segments."""
+    def play(carry, key):
+        playing, recent, segments = carry
+        playing, _, transitions = iteration(playing, reward_params)
+        playing = playing._replace(params=runner.params, opt_state=runner.opt_state)
+        recent, segments = record_and_cut(recent, segments, key, transitions, num)
+        return (playing, recent, segments), None
+
+    (_, _, segments), _ = jax.lax.scan(play, (runner, recent, segments), keys)
+    return segments
+
+
 class RLHFState(NamedTuple):
     runner: Any  # the agent's whole state
     ensemble: reward_model.EnsembleState
@@ -122,9 +142,7 @@ class RLHFTraining(AgentRun):
         return member_returns
 
     def _record_and_cut(self, recent, segments, key, transitions):
-        recent = record(recent, transitions.obs, transitions.action, transitions.oracle_reward, transitions.done)
-        segments = cut_segments(recent, segments, key, self.segments_per_iteration)
-        return recent, segments
+        return record_and_cut(recent, segments, key, transitions, self.segments_per_iteration)
 
     def _ask(self, state: RLHFState, key, wanted, num_queries: int) -> RLHFState:
         """Query up to ``num_queries`` pairs (the first ``wanted`` of them) and store the oracle's answers."""
@@ -213,16 +231,8 @@ class RLHFTraining(AgentRun):
             labels=empty_labels(spec, self.settings.label_capacity, k, self.model_config.ensemble_size),
             key=key, labels_asked=jnp.zeros((), jnp.int32),
         )
-        # The untrained policy plays; its parameters are put back after every iteration.
-        def warm(carry, key):
-            playing, recent, segments = carry
-            playing, _, transitions = self.iteration(playing, ensemble)
-            playing = playing._replace(params=runner.params, opt_state=runner.opt_state)
-            recent, segments = self._record_and_cut(recent, segments, key, transitions)
-            return (playing, recent, segments), None
-
-        (_, _, segments), _ = jax.lax.scan(warm, (runner, state.recent, state.segments),
-                                           jax.random.split(warm_key, self.warm_iterations))
+        segments = play_untrained(self.iteration, runner, ensemble, state.recent, state.segments,
+                                  jax.random.split(warm_key, self.warm_iterations), self.segments_per_iteration)
         # `recent` starts afresh with RL; the reward model's inputs are standardised by the
         # untrained policy's steps, once, so that later fits never see their inputs move.
         obs = segments.obs.reshape(-1, *spec.observation_shape)
