@@ -45,6 +45,14 @@ def cmd_eval(args) -> None:
     print(json.dumps(evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed), indent=2))
 
 
+def cmd_label(args) -> None:
+    import os
+
+    from rlhf_jax.feedback.webapp import serve
+
+    serve(args.run_dir, host=args.host, port=args.port, token=args.token or os.environ.get("RLHF_JAX_TOKEN"))
+
+
 def split_config_and_overrides(args) -> None:
     """``train [CONFIG] [key=value ...]``: the first word is a config file unless it has an '='."""
     words = args.words
@@ -70,6 +78,14 @@ def make_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, help="episodes to score (default: run.eval_episodes)")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.set_defaults(run=cmd_eval)
+
+    label = commands.add_parser("label", help="serve the web page where people label a run's queries")
+    label.add_argument("run_dir", metavar="RUN_DIR", help="a run trained with labeler=people")
+    label.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    label.add_argument("--port", type=int, default=8000)
+    label.add_argument("--token", help="access token every request must carry; required beyond 127.0.0.1 "
+                                       "(default: $RLHF_JAX_TOKEN)")
+    label.set_defaults(run=cmd_label)
     return parser
 
 

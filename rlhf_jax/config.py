@@ -21,6 +21,7 @@ from rlhf_jax.agents.dqn import DQNConfig
 from rlhf_jax.agents.trpo import TRPOConfig
 from rlhf_jax.envs.options import EnvConfig
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.reward.config import PreferenceConfig
 from rlhf_jax.reward.ensemble import RewardModelConfig
 from rlhf_jax.reward.ibt import IBTConfig
@@ -61,6 +62,9 @@ class ExperimentConfig:
     # preferences between its segments (rlhf_jax.pipeline), or an IBT utility fitted to
     # progress and regress marks in its episodes (rlhf_jax.ibt_pipeline).
     reward: Literal["env", "preferences", "ibt"] = "env"
+    # Who answers the queries of a learned reward: the synthetic oracle on the device, or
+    # people through the label store and `rlhf-jax label RUN_DIR` (rlhf_jax.feedback).
+    labeler: Literal["synthetic", "people"] = "synthetic"
     env: EnvConfig = EnvConfig()
     a2c: A2CConfig = A2CConfig()
     acer: ACERConfig = ACERConfig()
@@ -69,7 +73,12 @@ class ExperimentConfig:
     reward_model: RewardModelConfig = RewardModelConfig()
     preferences: PreferenceConfig = PreferenceConfig()
     ibt: IBTConfig = IBTConfig()
+    people: PeopleConfig = PeopleConfig()
     run: RunConfig = RunConfig()
+
+    def __post_init__(self):
+        if self.labeler == "people" and self.reward == "env":
+            raise ConfigError("labeler=people needs a learned reward: set reward to preferences or ibt")
 
 
 # What `rlhf-jax train` runs when given no config file (configs/rlhf_cartpole.yaml says the

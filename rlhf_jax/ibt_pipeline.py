@@ -31,7 +31,7 @@ from rlhf_jax.config import ExperimentConfig
 from rlhf_jax.reward import ibt
 from rlhf_jax.reward.annotators import progress_increments, synthetic_marks
 from rlhf_jax.reward.data import Segments, empty_segments
-from rlhf_jax.reward.people import AsyncLabeler, Query
+from rlhf_jax.reward.people import AsyncLabeler, HostLabels, Query, wait_for_answers
 from rlhf_jax.reward.schedule import labels_due
 from rlhf_jax.pipeline import play_untrained, record_and_cut
 from rlhf_jax.reward.segments import Recent, empty_recent
@@ -67,11 +67,10 @@ class IBTTraining(AgentRun):
 
     def __init__(self, config: ExperimentConfig, labeler: AsyncLabeler | None = None):
         """``labeler``: people (or any host-side annotator, :mod:`rlhf_jax.reward.people`) in place
-        of the synthetic annotator on the device, for the episodes asked once RL has begun."""
+        of the synthetic annotator on the device; it marks every episode, the initial ones too."""
         super().__init__(config, config.env)
         self.ibt = config.ibt
-        self.labeler = labeler
-        self.pending: dict[int, Query] = {}  # asked, not yet answered
+        self.host = HostLabels(labeler) if labeler is not None else None
         spec = self.env.spec
         length = self.ibt.episode_length
         steps_per_env = self.steps_per_iteration // self.env.num_envs
@@ -93,6 +92,7 @@ class IBTTraining(AgentRun):
         self._pick = jax.jit(self._pick_fn, static_argnums=2)
         self._store = jax.jit(self._store_fn, donate_argnums=0)
         self._fit_and_score = jax.jit(self._fit_and_score_fn, donate_argnums=0)
+        self._pretrain = jax.jit(lambda s: self._rescale_and_score(self._fit(s, self.pretrain_steps)[0])[0])
         self.init_runner = jax.jit(self._init)
 
     # ----------------------------------------------------------------- schedule
@@ -134,8 +134,9 @@ class IBTTraining(AgentRun):
         state = self._store_fn(state, clips.obs[index], marks, jnp.arange(num) < taken)
         return state._replace(episodes_asked=state.episodes_asked + taken)
 
-    def _exchange_with_labeler(self, state: IBTRunState, wanted: int) -> IBTRunState:
-        """Send ``wanted`` recent clips to the host annotator; store the marks that have arrived."""
+    def _exchange_with_labeler(self, state: IBTRunState, wanted: int, chunk: int) -> IBTRunState:
+        """Send ``wanted`` recent clips to the host annotator; store the marks that have arrived
+        (during ``chunk``; -1: before RL)."""
         if wanted:
             key, pick_key = jax.random.split(state.key)
             index = self._pick(state.clips, pick_key, wanted)
@@ -143,12 +144,11 @@ class IBTTraining(AgentRun):
             obs, action, reward = jax.device_get((clips.obs[index], clips.action[index], clips.oracle_reward[index]))
             first = int(state.episodes_asked)
             asked = [Query(first + i, obs[i][None], action[i][None], reward[i][None]) for i in range(wanted)]
-            self.labeler.ask(asked)
-            self.pending.update((q.id, q) for q in asked)
+            self.host.ask(asked)
             state = state._replace(key=key, episodes_asked=state.episodes_asked + len(asked))
-        arrived = [a for a in self.labeler.answers() if a.id in self.pending]
+        arrived = self.host.arrived(chunk)
         if arrived:
-            queries = [self.pending.pop(a.id) for a in arrived]
+            queries, arrived = zip(*arrived)
             obs = np.stack([q.obs[0] for q in queries])
             marks = np.stack([a.marks if a.marks is not None else np.zeros(obs.shape[1], np.int32) for a in arrived])
             keep = np.array([a.marks is not None for a in arrived])  # no marks: skipped, never stored
@@ -206,7 +206,7 @@ class IBTTraining(AgentRun):
                                jax.random.split(warm_key, self.warm_iterations), self.clips_per_iteration)
         model = ibt.set_input_statistics(model, spec, clips.obs)
         state = state._replace(clips=clips, model=model)
-        if self.initial_episodes:
+        if self.initial_episodes and self.host is None:  # people mark theirs in `prepare`
             state = self._annotate(state, ask_key, self.initial_episodes, self.initial_episodes)
             state, _ = self._fit(state, self.pretrain_steps)
         return self._rescale_and_score(state)[0]
@@ -231,13 +231,31 @@ class IBTTraining(AgentRun):
         state, metrics = self._collect(state, length)
         end_steps = (chunk * self.chunk_iterations + length) * self.steps_per_iteration
         wanted = max(0, self.episodes_due(end_steps) - int(state.episodes_asked))
-        if self.labeler is None:
+        if self.host is None:
             state, learn_metrics = self._learn(state, jnp.int32(wanted))
         else:
-            state, learn_metrics = self._fit_and_score(self._exchange_with_labeler(state, wanted))
-        learn_metrics["labels_waiting"] = len(self.pending)
+            state, learn_metrics = self._fit_and_score(self._exchange_with_labeler(state, wanted, chunk))
+        learn_metrics["labels_waiting"] = len(self.host.pending) if self.host else 0
         metrics.update({k: np.full(length, v) for k, v in jax.device_get(learn_metrics).items()})
         return state, metrics
+
+    def prepare(self, state: IBTRunState, first_chunk: int) -> IBTRunState:
+        """Before the first chunk a run drives: with people, take back the episodes the label
+        store still holds; before RL, send the initial episodes, wait for their marks
+        (``people.wait_for_initial_labels``) and pretrain on them."""
+        if self.host is None:
+            return state
+        state = state._replace(episodes_asked=jnp.int32(self.host.restore(int(state.episodes_asked))))
+        if first_chunk > 0:
+            return state
+        state = self._exchange_with_labeler(state, max(0, self.initial_episodes - int(state.episodes_asked)), -1)
+        if self.config.people.wait_for_initial_labels:
+            state = wait_for_answers(self.host, state, lambda s: self._exchange_with_labeler(s, 0, -1))
+        return self._pretrain(state)
+
+    def checkpoint_saved(self, chunk: int) -> None:
+        if self.host is not None:
+            self.host.checkpoint_saved(chunk)
 
     def reset_env(self, state: IBTRunState, key) -> IBTRunState:
         return state._replace(runner=super().reset_env(state.runner, key))

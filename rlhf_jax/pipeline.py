@@ -34,7 +34,7 @@ from rlhf_jax.reward import ensemble as reward_model
 from rlhf_jax.reward.config import resolve
 from rlhf_jax.reward.data import Labels, Segments, empty_labels, empty_segments
 from rlhf_jax.reward.labelers import add_labels, oracle_answers
-from rlhf_jax.reward.people import AsyncLabeler, Query
+from rlhf_jax.reward.people import AsyncLabeler, HostLabels, Query, wait_for_answers
 from rlhf_jax.reward.queries import candidate_pairs, select_queries
 from rlhf_jax.reward.schedule import labels_due
 from rlhf_jax.reward.segments import Recent, cut_segments, empty_recent, record
@@ -85,11 +85,10 @@ class RLHFTraining(AgentRun):
 
     def __init__(self, config: ExperimentConfig, labeler: AsyncLabeler | None = None):
         """``labeler``: a host-side labeler (people, :mod:`rlhf_jax.reward.people`) in place
-        of the synthetic oracle on the device, for the labels asked once RL has begun."""
+        of the synthetic oracle on the device; it answers every label, the initial ones too."""
         # The agent learns from r̂ only: no life-loss episodes or other true-reward helpers.
         super().__init__(config, config.env)
-        self.labeler = labeler
-        self.pending: dict[int, Query] = {}  # asked, not yet answered
+        self.host = HostLabels(labeler) if labeler is not None else None
         spec = self.env.spec
         self.prefs = config.preferences
         self.model_config = config.reward_model
@@ -239,7 +238,7 @@ class RLHFTraining(AgentRun):
         ensemble = reward_model.set_input_statistics(ensemble, spec, obs)
         state = state._replace(segments=segments, ensemble=ensemble)
         initial = self.settings.initial_labels
-        if initial:
+        if initial and self.host is None:  # people answer theirs in `prepare`
             state = self._ask(state, ask_key, initial, initial)
             if not self.fit_from_python:
                 state, _ = self._after_fit_and_score_fn(self._fit_in_loop(state, self.pretrain_steps))
@@ -248,9 +247,28 @@ class RLHFTraining(AgentRun):
     def init_runner(self, key) -> RLHFState:
         """A fresh run: the untrained policy's segments, the initial labels, pretraining."""
         state = self._init_jit(key)
-        if self.fit_from_python and self.settings.initial_labels:
+        if self.fit_from_python and self.settings.initial_labels and self.host is None:
             state, _ = self._after_fit_and_score(self._fit_from_python(state, self.pretrain_steps))
         return state
+
+    def prepare(self, state: RLHFState, first_chunk: int) -> RLHFState:
+        """Before the first chunk a run (fresh or resumed) drives: with people, take back the
+        queries the label store still holds; before RL, put the initial queries to them,
+        wait for their answers (``people.wait_for_initial_labels``) and pretrain on them."""
+        if self.host is None:
+            return state
+        state = state._replace(labels_asked=jnp.int32(self.host.restore(int(state.labels_asked))))
+        if first_chunk > 0:
+            return state
+        state = self._exchange_with_labeler(state, max(0, self.settings.initial_labels - int(state.labels_asked)), -1)
+        if self.config.people.wait_for_initial_labels:
+            state = wait_for_answers(self.host, state, lambda s: self._exchange_with_labeler(s, 0, -1))
+        state, _ = self._after_fit_and_score(self._fit_from_python(state, self.pretrain_steps))
+        return state
+
+    def checkpoint_saved(self, chunk: int) -> None:
+        if self.host is not None:
+            self.host.checkpoint_saved(chunk)
 
     @property
     def pretrain_steps(self) -> int:
@@ -309,19 +327,19 @@ class RLHFTraining(AgentRun):
                             self.model_config.validation_fraction)
         return state._replace(labels=labels, key=key)
 
-    def _exchange_with_labeler(self, state: RLHFState, wanted: int) -> RLHFState:
-        """Ask the host labeler for ``wanted`` more labels and store whatever answers arrived."""
-        if wanted:
+    def _exchange_with_labeler(self, state: RLHFState, wanted: int, chunk: int) -> RLHFState:
+        """Ask the host labeler for ``wanted`` more labels and store whatever answers arrived
+        (during ``chunk``; -1: before RL)."""
+        while wanted > 0:  # at most max_queries pairs per selection
             obs, action, oracle_reward = jax.device_get(self._select(state))
             first_id = int(state.labels_asked)
             asked = [Query(first_id + i, obs[i], action[i], oracle_reward[i]) for i in range(min(wanted, len(obs)))]
-            self.labeler.ask(asked)
-            self.pending.update((q.id, q) for q in asked)
+            self.host.ask(asked)
             state = state._replace(labels_asked=state.labels_asked + len(asked))
-        arrived = [a for a in self.labeler.answers() if a.id in self.pending]
+            wanted -= len(asked)
+        arrived = self.host.arrived(chunk)
         for start in range(0, len(arrived), self.max_queries):
-            batch = arrived[start:start + self.max_queries]
-            queries = [self.pending.pop(a.id) for a in batch]
+            queries, batch = zip(*arrived[start:start + self.max_queries])
             padding = self.max_queries - len(batch)
             stack = lambda xs: np.concatenate([np.stack(xs), np.zeros((padding, *xs[0].shape), xs[0].dtype)])
             mu = np.array([a.mu if a.mu is not None else 0.0 for a in batch] + [0.0] * padding, np.float32)
@@ -336,17 +354,17 @@ class RLHFTraining(AgentRun):
         state, metrics = self._collect(state, length)
         end_steps = (chunk * self.chunk_iterations + length) * self.steps_per_iteration
         wanted = max(0, self.labels_due(end_steps) - int(state.labels_asked))
-        if self.labeler is not None:
-            state = self._exchange_with_labeler(state, wanted)
+        if self.host is not None:
+            state = self._exchange_with_labeler(state, wanted, chunk)
         if self.fit_from_python:
-            if self.labeler is None:
+            if self.host is None:
                 state = self._ask_now(state, jnp.int32(wanted))
             state, learn_metrics = self._after_fit_and_score(self._fit_from_python(state, self.fit_steps))
-        elif self.labeler is None:
+        elif self.host is None:
             state, learn_metrics = self._learn(state, jnp.int32(wanted))
         else:
             state, learn_metrics = self._fit_and_score(state)
-        learn_metrics["labels_waiting"] = len(self.pending)
+        learn_metrics["labels_waiting"] = len(self.host.pending) if self.host else 0
         metrics.update({k: np.full(length, v) for k, v in jax.device_get(learn_metrics).items()})
         return state, metrics
 

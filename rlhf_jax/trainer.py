@@ -135,6 +135,13 @@ class AgentRun:
     def restore_latest(self, run_dir: Path):
         return restore_latest(self, run_dir)
 
+    def prepare(self, runner, first_chunk: int):
+        """Anything a run does once before its first chunk (fresh or resumed): nothing here."""
+        return runner
+
+    def checkpoint_saved(self, chunk: int) -> None:
+        """Called once the state after ``chunk`` is safely on disk."""
+
 
 class Training(AgentRun):
     """The agent on the environment's reward: everything compiled, shared by a fresh start and a resume."""
@@ -171,8 +178,25 @@ def make_training(config: ExperimentConfig):
     return Training(config)
 
 
+def connect_people(training, config: ExperimentConfig, run_dir: Path) -> None:
+    """``labeler: people``: the run's queries go to the label store in ``run_dir``."""
+    from functools import partial
+
+    from rlhf_jax.feedback.clips import render_clip
+    from rlhf_jax.feedback.labeler import PeopleLabeler
+    from rlhf_jax.reward.people import HostLabels
+
+    spec = training.env.spec
+    labeler = PeopleLabeler(run_dir, partial(render_clip, spec), fps=spec.fps)
+    training.host = HostLabels(labeler)
+    print(f"queries go to people: label them with  rlhf-jax label {run_dir}", flush=True)
+
+
 def train(config: ExperimentConfig | None = None, resume: str | Path | None = None, progress: bool = True) -> Path:
-    """Train from scratch (``config``) or continue the run in ``resume``; returns the run directory."""
+    """Train from scratch (``config``) or continue the run in ``resume``; returns the run directory.
+
+    A run resumed before its first checkpoint starts again from the beginning, in the same
+    directory (with people, the queries they have answered meanwhile are kept)."""
     if resume is not None:
         run_dir = Path(resume)
         config = load_run_config(run_dir)
@@ -180,9 +204,15 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
     if resume is None:
         run_dir = new_run_dir(config)
     checkpoints = Checkpoints(run_dir)
+    if resume is not None and checkpoints.latest() is None:
+        resume = None
+        print(f"{run_dir} has no checkpoint yet: starting it from the beginning", flush=True)
+    if config.labeler == "people":
+        connect_people(training, config, run_dir)
     log = MetricsLog(run_dir, tensorboard=config.run.tensorboard)
     first_chunk = 0
     if resume is None:
+        log.truncate_after(0)  # rows of an attempt that never reached a checkpoint
         runner = training.init_runner(jax.random.PRNGKey(config.seed))
     else:
         saved_chunk, runner = checkpoints.restore(jax.eval_shape(training.init_runner, jax.random.PRNGKey(config.seed)))
@@ -192,6 +222,7 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
             runner = training.reset_env(runner, jax.random.PRNGKey(config.seed))
         log.truncate_after(int(runner.env_steps))
     print(f"run directory: {run_dir}", flush=True)
+    runner = training.prepare(runner, first_chunk)
 
     from tqdm import tqdm
 
@@ -215,6 +246,7 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
             bar.set_postfix(shown)
             if (chunk + 1) % every == 0 or chunk + 1 == training.num_chunks:
                 checkpoints.save(chunk, runner)
+                training.checkpoint_saved(chunk)
                 saved_chunk = chunk
     except KeyboardInterrupt:
         bar.close()
@@ -222,6 +254,7 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
         # being handed to the next chunk (they are donated), where the last save stands.
         if state_chunk > saved_chunk and not any(x.is_deleted() for x in jax.tree.leaves(runner)):
             checkpoints.save(state_chunk, jax.block_until_ready(runner))
+            training.checkpoint_saved(state_chunk)
         print(f"interrupted: resume with  rlhf-jax train --resume {run_dir}", flush=True)
         raise
     finally:

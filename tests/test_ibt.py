@@ -196,15 +196,15 @@ def test_people_mark_episodes_at_their_own_pace():
     person = SimulatedPerson(delay=0.05, cant_tell=5)
     training = IBTTraining(config, labeler=person)
     state = training.init_runner(jax.random.PRNGKey(0))
-    initial = int(state.annotated.count)
-    assert initial == 10  # 25% of the budget, from the device's annotator before RL
+    assert int(state.annotated.count) == 0  # people mark the initial episodes too
+    state = training.prepare(state, 0)  # sends 25% of the budget before RL, waits for the marks
+    assert int(state.episodes_asked) == 10 and int(state.annotated.count) == 10 - 2  # 5th, 10th: unmarked
     for chunk in range(training.num_chunks):
         state, metrics = training.run_chunk(state, chunk)
     time.sleep(0.3)
-    state = training._exchange_with_labeler(state, 0)
-    asked = int(state.episodes_asked) - initial
-    assert asked == 30 and not training.pending
-    assert int(state.annotated.count) == initial + asked - asked // 5  # every 5th came back unmarked
-    marks = np.asarray(state.annotated.marks[initial:int(state.annotated.count)])
+    state = training._exchange_with_labeler(state, 0, training.num_chunks)
+    assert int(state.episodes_asked) == 40 and not training.host.pending
+    assert int(state.annotated.count) == 40 - 40 // 5  # every 5th came back unmarked
+    marks = np.asarray(state.annotated.marks[:int(state.annotated.count)])
     # CartPole's reward is +1 on every step of a clip: each frame after the first is marked progress.
     assert (marks[:, 0] == 0).all() and (marks[:, 1:] == 1).all()

@@ -101,23 +101,23 @@ def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
     person = SimulatedPerson(delay=0.2, cant_tell=3)
     training = RLHFTraining(config, labeler=person)
     state = training.init_runner(jax.random.PRNGKey(0))
+    assert int(state.labels.count) == 0  # people answer the initial queries too
+    state = training.prepare(state, 0)  # asks the untrained policy's 25%, waits for the answers
+    assert int(state.labels_asked) == 10 and int(state.labels.count) == 10 - 3  # answers 3, 6, 9: can't tell
     initial = int(state.labels.count)
-    assert initial == 10  # the untrained policy's 25% come from the oracle before RL
     state, metrics = training.run_chunk(state, 0)
-    asked_first = int(state.labels_asked) - initial
-    assert asked_first > 0 and int(state.labels.count) == initial  # nothing answered yet: training went on
+    assert int(state.labels_asked) > 10 and int(state.labels.count) == initial  # none answered yet: training went on
     time.sleep(1.0)
     for chunk in range(1, training.num_chunks):
         state, metrics = training.run_chunk(state, chunk)
     time.sleep(1.0)
-    state = training._exchange_with_labeler(state, 0)
-    asked = int(state.labels_asked) - initial
-    assert asked == 30 and not training.pending  # the schedule's whole budget, all answered
-    stored = int(state.labels.count) - initial
-    assert stored == asked - asked // 3  # every third answer was "can't tell"
+    state = training._exchange_with_labeler(state, 0, training.num_chunks)
+    assert int(state.labels_asked) == 40 and not training.host.pending  # the whole budget, all answered
+    stored = int(state.labels.count)
+    assert stored == 40 - 40 // 3  # every third answer was "can't tell"
     labels = jax.device_get(state.labels)
-    first, second = labels.oracle_return[:stored + initial].T
-    np.testing.assert_array_equal(labels.mu[:stored + initial],
+    first, second = labels.oracle_return[:stored].T
+    np.testing.assert_array_equal(labels.mu[:stored],
                                   np.where(first > second, 1.0, np.where(first < second, 0.0, 0.5)))
 
 

@@ -3,9 +3,10 @@
 The paper's labels came from contractors working asynchronously beside training (section
 2.2: three asynchronous processes). A host-side labeler gets queries with :meth:`ask` and
 hands back whatever answers have arrived with :meth:`answers`; the RLHF loop keeps training
-on the labels it has meanwhile. Issue 7's label store and web page implement this
-interface; :class:`SimulatedPerson` is a stand-in that answers like the synthetic oracle
-after a delay, from another thread.
+on the labels it has meanwhile. The label store and web page
+(:class:`rlhf_jax.feedback.labeler.PeopleLabeler`) implement this interface;
+:class:`SimulatedPerson` is a stand-in that answers like the synthetic oracle after a
+delay, from another thread. :class:`HostLabels` is the loops' side of the exchange.
 """
 from __future__ import annotations
 
@@ -33,11 +34,71 @@ class Answer(NamedTuple):
 
 
 class AsyncLabeler(Protocol):
+    """What a loop needs of a host-side labeler. One that keeps its answers on disk may also
+    offer ``checkpoint_saved(ids)`` and ``restore() -> (queries, next id)`` so that a
+    restarted run loses none of them (:class:`rlhf_jax.feedback.labeler.PeopleLabeler`)."""
+
     def ask(self, queries: list[Query]) -> None:
         """Hand queries over; must return at once."""
 
     def answers(self) -> list[Answer]:
         """The answers that arrived since the last call (possibly none); must return at once."""
+
+
+class HostLabels:
+    """A loop's bookkeeping of the queries it has put to a host labeler.
+
+    It pairs each answer with its query, and remembers in which chunk each answer reached
+    the loop, so that :meth:`checkpoint_saved` can tell a durable labeler which answers a
+    saved checkpoint now holds."""
+
+    def __init__(self, labeler: AsyncLabeler):
+        self.labeler = labeler
+        self.pending: dict[int, Query] = {}  # asked, not yet answered
+        self._arrived_in_chunk: dict[int, list[int]] = {}
+
+    def ask(self, queries: list[Query]) -> None:
+        self.labeler.ask(queries)
+        self.pending.update((q.id, q) for q in queries)
+
+    def arrived(self, chunk: int) -> list[tuple[Query, Answer]]:
+        """The answers that came in since the last call, each with its query."""
+        arrived = [a for a in self.labeler.answers() if a.id in self.pending]
+        self._arrived_in_chunk.setdefault(chunk, []).extend(a.id for a in arrived)
+        return [(self.pending.pop(a.id), a) for a in arrived]
+
+    def checkpoint_saved(self, chunk: int) -> None:
+        """The state after ``chunk`` is saved: the answers that arrived up to then are in it."""
+        saved = [c for c in self._arrived_in_chunk if c <= chunk]
+        ids = [i for c in saved for i in self._arrived_in_chunk.pop(c)]
+        if hasattr(self.labeler, "checkpoint_saved"):
+            self.labeler.checkpoint_saved(ids)
+
+    def restore(self, asked: int) -> int:
+        """After a restart: take back the queries the labeler still holds; returns how many
+        queries have been asked in all (at least ``asked``, the restored checkpoint's count)."""
+        if not hasattr(self.labeler, "restore"):
+            return asked
+        queries, next_id = self.labeler.restore()
+        self.pending.update((q.id, q) for q in queries)
+        return max(asked, next_id)
+
+
+def wait_for_answers(host: HostLabels, state, exchange, poll_s: float = 1.0, say=print):
+    """``exchange(state) -> state`` again and again until every query put to ``host`` has
+    its answer: the paper's start, where RL begins once the initial labels are in."""
+    total = len(host.pending)
+    run_dir = getattr(host.labeler, "run_dir", "RUN_DIR")
+    last_said = None
+    while host.pending:
+        waiting = len(host.pending)
+        if waiting != last_said:
+            say(f"waiting for people: {total - waiting} of {total} initial queries answered "
+                f"(label them with: rlhf-jax label {run_dir})", flush=True)
+            last_said = waiting
+        time.sleep(poll_s)
+        state = exchange(state)
+    return state
 
 
 class SimulatedPerson:

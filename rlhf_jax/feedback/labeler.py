@@ -1,0 +1,128 @@
+"""People as the RLHF loop's labeler: queries go into the label store, answers come back out.
+
+:class:`PeopleLabeler` is the :class:`rlhf_jax.reward.people.AsyncLabeler` that training
+uses when ``labeler: people``. :meth:`ask` returns at once: a thread of its own saves each
+query's arrays, renders its clips (:mod:`rlhf_jax.feedback.clips`) and only then makes it
+visible in the store, so training keeps going while clips are made. :meth:`answers` reads
+whatever people have answered since (the web app, ``rlhf-jax label RUN_DIR``, writes them).
+
+Nothing answered is lost when either side restarts. An answer stays "not in a
+checkpoint" until training has saved a checkpoint whose labels hold it
+(:meth:`checkpoint_saved`); a restarted training run restores its newest checkpoint and
+gets every later answer delivered again (:meth:`restore`), and the web app keeps no
+state of its own beyond the store.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from rlhf_jax.feedback.store import CHOICE_MU, STORE_FILE, LabelStore, QueryRow
+from rlhf_jax.reward.people import Answer, Query
+
+CLIPS_DIR = "clips"
+QUERIES_DIR = "queries"
+
+
+def save_arrays(path: Path, **arrays) -> None:
+    """``np.savez`` written under a temporary name first, so a reader never sees half a file."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as file:
+        np.savez(file, **arrays)
+    os.replace(partial, path)
+
+
+class PeopleLabeler:
+    """Queries to people through the label store of ``run_dir``.
+
+    ``render(obs [k, ...], path)`` writes one clip (:func:`rlhf_jax.feedback.clips.render_clip`
+    for the run's environment); ``fps`` is the clips' frame rate, recorded with each query."""
+
+    def __init__(self, run_dir: str | Path, render, fps: float):
+        self.run_dir = Path(run_dir)
+        self.store = LabelStore(self.run_dir / STORE_FILE)
+        (self.run_dir / CLIPS_DIR).mkdir(exist_ok=True)
+        (self.run_dir / QUERIES_DIR).mkdir(exist_ok=True)
+        self.render, self.fps = render, fps
+        self._delivered: set[int] = set()  # answers handed to training since it last saved them
+        self._to_render: queue.Queue[tuple[Query, int]] = queue.Queue()
+        self._error: BaseException | None = None
+        threading.Thread(target=self._render_queries, name="clip-renderer", daemon=True).start()
+
+    # ------------------------------------------------------------- AsyncLabeler
+    def ask(self, queries: list[Query]) -> None:
+        """Queue ``queries`` (best first) for rendering; they reach people once their clips exist."""
+        self._raise_render_error()
+        for priority, query in enumerate(queries):
+            self._to_render.put((query, priority))
+
+    def answers(self) -> list[Answer]:
+        """Every answer not yet handed over, and not yet in a saved checkpoint."""
+        self._raise_render_error()
+        arrived = []
+        for row in self.store.answers_not_in_checkpoint():
+            if row.query_id in self._delivered:
+                continue
+            self._delivered.add(row.query_id)
+            if row.kind == "annotate":
+                frames = self.store.query(row.query_id).frames
+                marks = np.zeros(frames, np.int32)
+                for step, sign in row.marks:
+                    marks[step] = sign
+                arrived.append(Answer(row.query_id, None, marks))
+            else:
+                arrived.append(Answer(row.query_id, CHOICE_MU[row.choice]))
+        return arrived
+
+    # --------------------------------------------------------- surviving restarts
+    def checkpoint_saved(self, query_ids) -> None:
+        """Training saved a checkpoint holding the answers to ``query_ids``."""
+        self.store.mark_in_checkpoint(query_ids)
+        self._delivered.difference_update(query_ids)
+
+    def restore(self) -> tuple[list[Query], int]:
+        """After a restart: the queries whose labels no checkpoint holds (their answers, if
+        any, will be delivered again), and the next free query id."""
+        return [self._load(row) for row in self.store.queries_not_in_checkpoint()], self.store.last_query_id() + 1
+
+    def wait_for_renders(self) -> None:
+        """Block until every asked query is in the store (tests, and the end of a run)."""
+        self._to_render.join()
+        self._raise_render_error()
+
+    # ---------------------------------------------------------------- internals
+    def _render_queries(self) -> None:
+        while True:
+            query, priority = self._to_render.get()
+            try:
+                self._publish(query, priority)
+            except BaseException as error:  # shown to the training loop at its next call
+                self._error = error
+            finally:
+                self._to_render.task_done()
+
+    def _publish(self, query: Query, priority: int) -> None:
+        kind = "annotate" if len(query.obs) == 1 else "compare"
+        arrays = f"q{query.id}.npz"
+        save_arrays(self.run_dir / QUERIES_DIR / arrays, obs=query.obs, action=query.action,
+                    oracle_reward=query.oracle_reward)
+        clips = []
+        for side, obs in enumerate(query.obs):
+            name = f"q{query.id}_{side}.mp4"
+            self.render(np.asarray(obs), self.run_dir / CLIPS_DIR / name)
+            clips.append(name)
+        self.store.add_query(query.id, kind, clips, arrays, frames=query.obs.shape[1], fps=self.fps,
+                             priority=priority)
+
+    def _load(self, row: QueryRow) -> Query:
+        with np.load(self.run_dir / QUERIES_DIR / row.segments) as arrays:
+            return Query(row.id, arrays["obs"], arrays["action"], arrays["oracle_reward"])
+
+    def _raise_render_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"rendering a clip failed: {error!r}") from error

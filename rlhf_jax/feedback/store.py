@@ -1,0 +1,256 @@
+"""The label store: one SQLite file per run, shared by the training loop and the web app.
+
+Christiano et al. ran the labelers, the reward predictor and the agent as asynchronous
+processes (section 2.2). Here the two sides that people touch meet in ``labels.sqlite``
+in the run directory, in WAL mode so that the web app's reads and writes never block
+training for long and a killed process never leaves a half-written answer:
+
+* ``queries``: what was asked: two segments to compare or one episode to mark, their
+  clips (file names under ``clips/``), the ``.npz`` holding their observations (under
+  ``queries/``), when they were asked, their priority (their rank in the disagreement
+  order: lower first), and who has them on screen since when (``assigned_to``/``_at``);
+* ``answers``: left, right, tie, can't tell (or ``marked`` for an annotated episode), who
+  answered, when, and how long it took; ``in_checkpoint`` once training has saved a
+  checkpoint that holds the label;
+* ``marks``: the IBT marks of an annotated episode: step, sign (+1 progress, -1 regress), who.
+
+A query is handed to one person at a time and goes back to the pool if that person has
+not answered within the assignment time-out. Answers are final: the first one stands,
+and answering again changes nothing (idempotent), so a double click or a retried request
+is harmless. "Can't tell" is kept here but never trained on, as in the paper.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+STORE_FILE = "labels.sqlite"
+CHOICES = ("left", "right", "tie", "cant_tell")
+KINDS = ("compare", "annotate")
+# P[left segment preferred] for each answer; "can't tell" is never trained on.
+CHOICE_MU = {"left": 1.0, "right": 0.0, "tie": 0.5, "cant_tell": None}
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS queries (
+    id          INTEGER PRIMARY KEY,  -- the training loop's query number
+    kind        TEXT NOT NULL CHECK (kind IN ('compare', 'annotate')),
+    clips       TEXT NOT NULL,        -- JSON list of file names under clips/ (2, or 1 episode)
+    segments    TEXT NOT NULL,        -- file name under queries/: obs, action, oracle_reward
+    frames      INTEGER NOT NULL,     -- steps per segment (episode)
+    fps         REAL NOT NULL,
+    asked_at    REAL NOT NULL,
+    priority    INTEGER NOT NULL DEFAULT 0,
+    assigned_to TEXT,
+    assigned_at REAL
+);
+CREATE TABLE IF NOT EXISTS answers (
+    query_id      INTEGER PRIMARY KEY REFERENCES queries(id),
+    choice        TEXT NOT NULL CHECK (choice IN ('left', 'right', 'tie', 'cant_tell', 'marked')),
+    who           TEXT NOT NULL,
+    answered_at   REAL NOT NULL,
+    seconds       REAL,               -- from the clips' showing to the answer
+    in_checkpoint INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS marks (
+    query_id INTEGER NOT NULL REFERENCES queries(id),
+    step     INTEGER NOT NULL,
+    sign     INTEGER NOT NULL CHECK (sign IN (-1, 1)),
+    who      TEXT NOT NULL,
+    PRIMARY KEY (query_id, step)
+);
+CREATE INDEX IF NOT EXISTS queries_by_kind ON queries (kind, asked_at, priority);
+"""
+
+
+class UnknownQuery(KeyError):
+    """No query has this id (the web app answers 404)."""
+
+
+class BadAnswer(ValueError):
+    """An answer that cannot be stored as given (the web app answers 400)."""
+
+
+class QueryRow(NamedTuple):
+    id: int
+    kind: str
+    clips: list[str]
+    segments: str
+    frames: int
+    fps: float
+
+
+class AnswerRow(NamedTuple):
+    query_id: int
+    kind: str
+    choice: str
+    who: str
+    answered_at: float
+    seconds: float | None
+    marks: list[tuple[int, int]]  # (step, sign), by step
+
+
+class LabelStore:
+    """``labels.sqlite`` of one run; safe to use from several threads and processes at once."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, timeout=30)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")  # persistent: every later connection uses it
+            db.executescript(SCHEMA)
+        finally:
+            db.close()
+
+    @contextlib.contextmanager
+    def _connect(self):
+        """One connection per operation: cheap, and never shared between threads.
+
+        ``BEGIN IMMEDIATE`` takes the write lock at once, so two people asking for the
+        next query at the same moment cannot both be handed the same one."""
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            db.execute("PRAGMA busy_timeout = 30000")
+            db.execute("PRAGMA synchronous = NORMAL")  # durable at each WAL checkpoint; safe with WAL
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+    # ------------------------------------------------------------ training's side
+    def add_query(self, query_id: int, kind: str, clips: list[str], segments: str, frames: int, fps: float,
+                  priority: int = 0) -> None:
+        """Make a query visible to people (its clips and arrays already on disk)."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        with self._connect() as db:
+            db.execute("INSERT OR REPLACE INTO queries (id, kind, clips, segments, frames, fps, asked_at, priority)"
+                       " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (query_id, kind, json.dumps(clips), segments, frames, fps, time.time(), priority))
+
+    def answers_not_in_checkpoint(self) -> list[AnswerRow]:
+        """Every answer training has not yet saved in a checkpoint, oldest first."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT a.query_id, q.kind, a.choice, a.who, a.answered_at, a.seconds FROM answers a"
+                " JOIN queries q ON q.id = a.query_id WHERE a.in_checkpoint = 0 ORDER BY a.answered_at").fetchall()
+            return [AnswerRow(*row, self._marks(db, row[0])) for row in rows]
+
+    def queries_not_in_checkpoint(self) -> list[QueryRow]:
+        """Queries whose label is not yet in a saved checkpoint: unanswered, or answered since."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT q.id, q.kind, q.clips, q.segments, q.frames, q.fps FROM queries q"
+                " LEFT JOIN answers a ON a.query_id = q.id WHERE a.in_checkpoint IS NOT 1 ORDER BY q.id").fetchall()
+        return [QueryRow(i, kind, json.loads(clips), segments, frames, fps)
+                for i, kind, clips, segments, frames, fps in rows]
+
+    def mark_in_checkpoint(self, query_ids) -> None:
+        """Training saved a checkpoint holding these answers: they need never be delivered again."""
+        ids = [(int(i),) for i in query_ids]
+        with self._connect() as db:
+            db.executemany("UPDATE answers SET in_checkpoint = 1 WHERE query_id = ?", ids)
+
+    def last_query_id(self) -> int:
+        """The highest query id ever stored (-1 for none): a resumed run numbers on from here."""
+        with self._connect() as db:
+            return db.execute("SELECT COALESCE(MAX(id), -1) FROM queries").fetchone()[0]
+
+    # ---------------------------------------------------------- people's side
+    def next_query(self, kind: str, who: str, timeout_s: float) -> QueryRow | None:
+        """The query to show ``who`` next, now assigned to them; ``None`` when none is waiting.
+
+        A person who reloads the page gets back the query they already hold; otherwise the
+        oldest free query (best first within its batch), where a query held by someone else
+        for longer than ``timeout_s`` counts as free again."""
+        if kind not in KINDS:
+            raise BadAnswer(f"kind must be one of {KINDS}, got {kind!r}")
+        now = time.time()
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT q.id, q.kind, q.clips, q.segments, q.frames, q.fps FROM queries q"
+                " WHERE q.kind = ? AND NOT EXISTS (SELECT 1 FROM answers a WHERE a.query_id = q.id)"
+                " AND (q.assigned_to IS NULL OR q.assigned_to = ? OR q.assigned_at < ?)"
+                " ORDER BY (q.assigned_to IS ?) DESC, q.asked_at, q.priority, q.id LIMIT 1",
+                (kind, who, now - timeout_s, who)).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE queries SET assigned_to = ?, assigned_at = ? WHERE id = ?", (who, now, row[0]))
+        i, kind, clips, segments, frames, fps = row
+        return QueryRow(i, kind, json.loads(clips), segments, frames, fps)
+
+    def answer(self, query_id: int, choice: str, who: str, seconds: float | None = None) -> tuple[bool, AnswerRow]:
+        """Store a comparison's answer; ``(stored, the answer that stands)``.
+
+        Raises :class:`UnknownQuery` for an id never asked, :class:`BadAnswer` for a choice
+        outside :data:`CHOICES` or a query that asks for marks. A second answer to the same
+        query stores nothing and returns the first."""
+        if choice not in CHOICES:
+            raise BadAnswer(f"choice must be one of {', '.join(CHOICES)}, got {choice!r}")
+        return self._store_answer(query_id, "compare", choice, who, seconds, [])
+
+    def submit_marks(self, query_id: int, marks, who: str, seconds: float | None = None) -> tuple[bool, AnswerRow]:
+        """Store an annotated episode's marks ``[(step, sign)]`` (possibly none: nothing happened).
+
+        Raises :class:`BadAnswer` for a step outside the episode, a sign other than +1/-1,
+        two marks on one step, or a query that asks for a comparison."""
+        marks = sorted((int(step), int(sign)) for step, sign in marks)
+        steps = [step for step, _ in marks]
+        if len(set(steps)) != len(steps):
+            raise BadAnswer("two marks on the same step")
+        if any(sign not in (-1, 1) for _, sign in marks):
+            raise BadAnswer("a mark's sign must be +1 (progress) or -1 (regress)")
+        return self._store_answer(query_id, "annotate", "marked", who, seconds, marks)
+
+    def _store_answer(self, query_id, kind, choice, who, seconds, marks):
+        if not isinstance(who, str) or not who.strip() or len(who) > 100:
+            raise BadAnswer("who must be a name of 1 to 100 characters")
+        if seconds is not None and not (isinstance(seconds, (int, float)) and seconds >= 0):
+            raise BadAnswer(f"seconds must be a number >= 0, got {seconds!r}")
+        with self._connect() as db:
+            row = db.execute("SELECT kind, frames FROM queries WHERE id = ?", (query_id,)).fetchone()
+            if row is None:
+                raise UnknownQuery(query_id)
+            if row[0] != kind:
+                raise BadAnswer(f"query {query_id} asks to {row[0]}, not to {kind}")
+            if any(not 0 <= step < row[1] for step, _ in marks):
+                raise BadAnswer(f"a mark's step must lie in [0, {row[1]})")
+            stored = db.execute(
+                "INSERT OR IGNORE INTO answers (query_id, choice, who, answered_at, seconds) VALUES (?, ?, ?, ?, ?)",
+                (query_id, choice, who, time.time(), seconds)).rowcount == 1
+            if stored:
+                db.executemany("INSERT INTO marks (query_id, step, sign, who) VALUES (?, ?, ?, ?)",
+                               [(query_id, step, sign, who) for step, sign in marks])
+            first = db.execute("SELECT query_id, choice, who, answered_at, seconds FROM answers WHERE query_id = ?",
+                               (query_id,)).fetchone()
+            return stored, AnswerRow(first[0], kind, *first[1:], self._marks(db, query_id))
+
+    def query(self, query_id: int) -> QueryRow:
+        with self._connect() as db:
+            row = db.execute("SELECT id, kind, clips, segments, frames, fps FROM queries WHERE id = ?",
+                             (query_id,)).fetchone()
+        if row is None:
+            raise UnknownQuery(query_id)
+        return QueryRow(row[0], row[1], json.loads(row[2]), *row[3:])
+
+    def counts(self, kind: str) -> dict:
+        """``answered`` and ``waiting`` (not yet answered) queries of one kind."""
+        with self._connect() as db:
+            total, answered = db.execute(
+                "SELECT COUNT(*), COUNT(a.query_id) FROM queries q LEFT JOIN answers a ON a.query_id = q.id"
+                " WHERE q.kind = ?", (kind,)).fetchone()
+        return {"answered": answered, "waiting": total - answered}
+
+    @staticmethod
+    def _marks(db, query_id: int) -> list[tuple[int, int]]:
+        return [tuple(row) for row in db.execute(
+            "SELECT step, sign FROM marks WHERE query_id = ? ORDER BY step", (query_id,))]
