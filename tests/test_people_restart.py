@@ -1,0 +1,164 @@
+"""Killing the web app and the training run in the middle of labeling loses no answer.
+
+Real processes: ``rlhf-jax train`` with ``labeler=people`` and ``rlhf-jax label``, answered
+over HTTP as the page would; both are killed with SIGKILL after two of the four initial
+queries are answered, started again, and the run trains on every answer given.
+"""
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlhf_jax.reward.people import Answer, HostLabels, Query
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = os.environ.get("RLHF_JAX_TEST_CACHE", str(ROOT / ".cache" / "jax"))
+OVERRIDES = ["a2c.total_env_steps=8192", "run.chunk_env_steps=4096", "run.checkpoint_every_updates=1",
+             "preferences.labels=16", "preferences.segment_capacity=32", "preferences.fit_pairs_per_env_step=0.01",
+             "run.tensorboard=false"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start(*words, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1",
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "rlhf_jax.cli", *words], cwd=ROOT, env=env,
+                            stdout=log.open("a"), stderr=subprocess.STDOUT)
+
+
+def post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def wait_for(condition, what: str, timeout: float, logs=()):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    shown = "\n".join(f"--- {log}:\n{log.read_text()[-3000:]}" for log in logs if log.exists())
+    raise AssertionError(f"timed out waiting for {what}\n{shown}")
+
+
+def label_server(run_dir: Path, log: Path):
+    port = free_port()
+    server = start("label", str(run_dir), "--port", str(port), log=log)
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return urllib.request.urlopen(f"{url}/api/status", timeout=2).status == 200
+        except OSError:
+            return False
+
+    wait_for(up, "the label server", 60, [log])
+    return server, url
+
+
+def answer_one(url: str, choice: str) -> int | None:
+    query = post(f"{url}/api/next", {"kind": "compare", "who": "tester"})["query"]
+    if query is None:
+        return None
+    post(f"{url}/api/queries/{query['id']}/answer", {"choice": choice, "who": "tester", "seconds": 1.0})
+    return query["id"]
+
+
+def test_a_killed_app_and_training_run_lose_no_answered_query(tmp_path):
+    run_dir, train_log, label_log = tmp_path / "run", tmp_path / "train.log", tmp_path / "label.log"
+    logs = [train_log, label_log]
+    db = lambda sql: sqlite3.connect(run_dir / "labels.sqlite").execute(sql).fetchall()
+    train = start("train", "configs/rlhf_cartpole_people.yaml", f"run.dir={run_dir}", *OVERRIDES, log=train_log)
+    try:
+        wait_for(lambda: (run_dir / "config.yaml").exists(), "the run directory", 120, logs)
+        server, url = label_server(run_dir, label_log)
+        # The four initial queries (25% of 16) appear once their clips are rendered.
+        status = lambda: json.loads(urllib.request.urlopen(f"{url}/api/status", timeout=10).read())["compare"]
+        wait_for(lambda: status()["waiting"] == 4, "the initial queries", 300, logs)
+        answered = [answer_one(url, "left"), answer_one(url, "cant_tell")]
+        for process in (train, server):
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        assert sorted(db("SELECT query_id, choice FROM answers")) == sorted(zip(answered, ["left", "cant_tell"]))
+
+        train = start("train", "--resume", str(run_dir), log=train_log)
+        server, url = label_server(run_dir, label_log)
+        for row in db("SELECT query_id, choice FROM answers"):
+            assert row in zip(answered, ["left", "cant_tell"])  # still there after both restarted
+
+        def keep_answering():
+            answer_one(url, "right")
+            return train.poll() is not None
+
+        wait_for(keep_answering, "the run to finish", 400, logs)
+        assert train.returncode == 0, train_log.read_text()[-3000:]
+        server.send_signal(signal.SIGKILL)
+    finally:
+        for process in (train, locals().get("server")):
+            if process is not None and process.poll() is None:
+                process.kill()
+    # The restarted run asked no query twice and trained on every answer but "can't tell".
+    assert [q for q, in db("SELECT id FROM queries ORDER BY id")] == list(range(len(db("SELECT id FROM queries"))))
+    trained = [q for q, choice in db("SELECT query_id, choice FROM answers") if choice != "cant_tell"]
+    with np.load(run_dir / "labels.npz") as labels:
+        assert len(labels["mu"]) == len(trained)
+        for query_id in trained:
+            with np.load(run_dir / "queries" / f"q{query_id}.npz") as query:
+                matches = [np.array_equal(query["obs"], pair) for pair in labels["obs"]]
+            assert sum(matches) == 1, f"query {query_id} is not among the trained labels exactly once"
+    assert answered[0] in trained
+
+
+def test_a_checkpoint_marks_only_the_answers_that_arrived_before_it():
+    class Recorder:
+        def __init__(self):
+            self.ready, self.saved = [], []
+
+        def ask(self, queries):
+            pass
+
+        def answers(self):
+            ready, self.ready = self.ready, []
+            return ready
+
+        def checkpoint_saved(self, ids):
+            self.saved.append(sorted(ids))
+
+    recorder = Recorder()
+    host = HostLabels(recorder)
+    empty = np.zeros((2, 3, 1), np.float32)
+    host.ask([Query(i, empty, empty, empty) for i in range(4)])
+    recorder.ready = [Answer(0, 1.0), Answer(1, 0.0), Answer(9, 1.0)]  # 9 was never asked: ignored
+    assert [q.id for q, _ in host.arrived(chunk=3)] == [0, 1]
+    recorder.ready = [Answer(2, 0.5)]
+    host.arrived(chunk=5)
+    host.checkpoint_saved(4)  # the state after chunk 4 holds answers 0 and 1, not 2
+    host.checkpoint_saved(5)
+    assert recorder.saved == [[0, 1], [2]]
+    assert set(host.pending) == {3}
+
+
+@pytest.mark.parametrize("asked, next_id, expected", [(5, 8, 8), (9, 8, 9)])
+def test_a_restored_run_numbers_queries_after_every_query_the_store_holds(asked, next_id, expected):
+    class Durable:
+        def restore(self):
+            return [Query(7, None, None, None)], next_id
+
+    host = HostLabels(Durable())
+    assert host.restore(asked) == expected and set(host.pending) == {7}
