@@ -182,11 +182,12 @@ def connect_people(training, config: ExperimentConfig, run_dir: Path) -> None:
     """``labeler: people``: the run's queries go to the label store in ``run_dir``."""
     from functools import partial
 
-    from rlhf_jax.feedback.clips import render_clip
+    from rlhf_jax.feedback.clips import check_renderable, render_clip
     from rlhf_jax.feedback.labeler import PeopleLabeler
     from rlhf_jax.reward.people import HostLabels
 
     spec = training.env.spec
+    check_renderable(spec.id)  # before any training, not at the first clip
     labeler = PeopleLabeler(run_dir, partial(render_clip, spec), fps=spec.fps)
     training.host = HostLabels(labeler)
     print(f"queries go to people: label them with  rlhf-jax label {run_dir}", flush=True)
