@@ -164,3 +164,35 @@ def test_fitting_from_python_equals_the_compiled_loop():
     # near-zero gradient by its own size: never by one whole step (lr 3e-4).
     for a, b in zip(jax.tree.leaves(scan.ensemble.params), jax.tree.leaves(python.ensemble.params)):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4)
+
+
+def test_an_interrupted_and_resumed_run_ends_with_the_same_state(tmp_path, monkeypatch):
+    """Stopped after its second chunk (Ctrl-C saves that state) and resumed, a preference run
+    ends with the uninterrupted run's agent, reward ensemble and labels."""
+    from rlhf_jax.pipeline import RLHFTraining
+    from rlhf_jax.trainer import load_run_config, train
+
+    small = ["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", "preferences.labels=40",
+             "preferences.segment_capacity=64", "preferences.fit_pairs_per_env_step=0.01",
+             "run.tensorboard=false", "run.checkpoint_every_updates=1000"]
+    whole = train(experiment([*small, f"run.dir={tmp_path / 'whole'}"]), progress=False)
+
+    run_chunk = RLHFTraining.run_chunk
+
+    def stop_after_two(self, state, chunk):
+        if chunk == 2:
+            raise KeyboardInterrupt
+        return run_chunk(self, state, chunk)
+
+    monkeypatch.setattr(RLHFTraining, "run_chunk", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        train(experiment([*small, f"run.dir={tmp_path / 'stopped'}"]), progress=False)
+    monkeypatch.setattr(RLHFTraining, "run_chunk", run_chunk)
+    stopped = train(resume=tmp_path / "stopped", progress=False)
+
+    final = lambda run_dir: RLHFTraining(load_run_config(run_dir)).restore_latest(run_dir)
+    (chunk_a, a), (chunk_b, b) = final(whole), final(stopped)
+    assert chunk_a == chunk_b == 3 and int(a.labels.count) == int(b.labels.count) > 10
+    for x, y in zip(jax.tree.leaves((a.runner.params, a.ensemble, a.labels)),
+                    jax.tree.leaves((b.runner.params, b.ensemble, b.labels))):
+        np.testing.assert_array_equal(x, y)
