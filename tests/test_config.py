@@ -32,7 +32,7 @@ def test_an_int_is_accepted_for_a_float():
     "override, message",
     [
         ("env.num_env=3", "unknown key 'env.num_env'; valid keys of env: id, num_envs"),
-        ("sed=1", "unknown key 'sed'; valid keys: name, seed, agent, reward, env"),
+        ("sed=1", "unknown key 'sed'; valid keys: name, seed, agent, reward, labeler, env"),
         ("env.num_envs=three", "env.num_envs must be of type int, got 'three'"),
         ("env.hide_score=1", "env.hide_score must be of type bool"),
         ("seed=true", "seed must be of type int"),
