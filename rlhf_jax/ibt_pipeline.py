@@ -253,10 +253,6 @@ class IBTTraining(AgentRun):
             state = wait_for_answers(self.host, state, lambda s: self._exchange_with_labeler(s, 0, -1))
         return self._pretrain(state)
 
-    def checkpoint_saved(self, chunk: int) -> None:
-        if self.host is not None:
-            self.host.checkpoint_saved(chunk)
-
     def reset_env(self, state: IBTRunState, key) -> IBTRunState:
         return state._replace(runner=super().reset_env(state.runner, key))
 

@@ -266,10 +266,6 @@ class RLHFTraining(AgentRun):
         state, _ = self._after_fit_and_score(self._fit_from_python(state, self.pretrain_steps))
         return state
 
-    def checkpoint_saved(self, chunk: int) -> None:
-        if self.host is not None:
-            self.host.checkpoint_saved(chunk)
-
     @property
     def pretrain_steps(self) -> int:
         """Fitting steps over the initial labels before RL (``pretrain_epochs`` of them; at least one)."""

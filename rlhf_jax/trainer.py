@@ -140,7 +140,10 @@ class AgentRun:
         return runner
 
     def checkpoint_saved(self, chunk: int) -> None:
-        """Called once the state after ``chunk`` is safely on disk."""
+        """Called once the state after ``chunk`` is safely on disk: the answers people gave
+        up to then (``host``, the learned-reward loops' :class:`HostLabels`) are in it."""
+        if getattr(self, "host", None) is not None:
+            self.host.checkpoint_saved(chunk)
 
 
 class Training(AgentRun):

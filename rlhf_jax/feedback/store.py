@@ -74,6 +74,11 @@ class BadAnswer(ValueError):
     """An answer that cannot be stored as given (the web app answers 400)."""
 
 
+def check_who(who) -> None:
+    if not isinstance(who, str) or not who.strip() or len(who) > 100:
+        raise BadAnswer("who must be a name of 1 to 100 characters")
+
+
 class QueryRow(NamedTuple):
     id: int
     kind: str
@@ -173,7 +178,8 @@ class LabelStore:
         oldest free query (best first within its batch), where a query held by someone else
         for longer than ``timeout_s`` counts as free again."""
         if kind not in KINDS:
-            raise BadAnswer(f"kind must be one of {KINDS}, got {kind!r}")
+            raise BadAnswer(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        check_who(who)
         now = time.time()
         with self._connect() as db:
             row = db.execute(
@@ -212,8 +218,7 @@ class LabelStore:
         return self._store_answer(query_id, "annotate", "marked", who, seconds, marks)
 
     def _store_answer(self, query_id, kind, choice, who, seconds, marks):
-        if not isinstance(who, str) or not who.strip() or len(who) > 100:
-            raise BadAnswer("who must be a name of 1 to 100 characters")
+        check_who(who)
         if seconds is not None and not (isinstance(seconds, (int, float)) and seconds >= 0):
             raise BadAnswer(f"seconds must be a number >= 0, got {seconds!r}")
         with self._connect() as db:
