@@ -20,6 +20,7 @@ from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_tr
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, torso_for
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.ops.schedules import learning_rate_in_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +94,12 @@ def num_iterations(config: A2CConfig, env: Environment) -> int:
 
 def make_optimizer(config: A2CConfig, env: Environment) -> optax.GradientTransformation:
     decay_steps = (config.lr_decay_env_steps or config.total_env_steps) // env_steps_per_iteration(config, env)
-    schedule = optax.linear_schedule(config.learning_rate, 0.0, max(1, decay_steps))
+    # RMSProp at a rate held in the state (a sweep vmaps over it), decayed linearly to 0.
     return optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
-        optax.rmsprop(schedule, decay=config.rms_decay, eps=config.rms_eps),
+        learning_rate_in_state(lambda lr: optax.rmsprop(lr, decay=config.rms_decay, eps=config.rms_eps),
+                               config.learning_rate),
+        optax.scale_by_schedule(optax.linear_schedule(1.0, 0.0, max(1, decay_steps))),
     )
 
 

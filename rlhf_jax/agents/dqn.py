@@ -50,6 +50,7 @@ from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_tr
 from rlhf_jax.envs.core import Discrete, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import QHead, torso_for
+from rlhf_jax.ops.schedules import learning_rate_in_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +153,8 @@ def make_optimizer(config: DQNConfig) -> optax.GradientTransformation:
     turn RMSProp into plain SGD with step lr / 0.1."""
     return optax.chain(
         optax.scale(config.batch_size),
-        optax.rmsprop(config.learning_rate, decay=config.rms_decay, eps=config.rms_eps, centered=True),
+        learning_rate_in_state(lambda lr: optax.rmsprop(lr, decay=config.rms_decay, eps=config.rms_eps, centered=True),
+                               config.learning_rate),
     )
 
 

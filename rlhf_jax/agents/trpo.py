@@ -51,6 +51,7 @@ from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_tr
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
+from rlhf_jax.ops.schedules import learning_rate_in_state
 from rlhf_jax.ops.trust_region import (
     backtracking_line_search,
     categorical_kl,
@@ -170,7 +171,7 @@ def num_iterations(config: TRPOConfig, env: Environment) -> int:
 
 
 def make_value_optimizer(config: TRPOConfig) -> optax.GradientTransformation:
-    return optax.adam(config.value_learning_rate)
+    return learning_rate_in_state(optax.adam, config.value_learning_rate)
 
 
 def init_runner(key, config: TRPOConfig, env: Environment) -> Runner:

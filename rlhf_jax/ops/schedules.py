@@ -6,6 +6,7 @@ from typing import Callable
 import chex
 import jax
 import jax.numpy as jnp
+import optax
 
 
 def linear_schedule(start: float, end: float, steps: int) -> Callable[[chex.Numeric], jax.Array]:
@@ -34,3 +35,15 @@ def linear_schedule(start: float, end: float, steps: int) -> Callable[[chex.Nume
         return start + (end - start) * fraction
 
     return schedule
+
+
+def learning_rate_in_state(
+    make_optimizer: Callable[[chex.Numeric], optax.GradientTransformation], learning_rate: float
+) -> optax.GradientTransformation:
+    """``make_optimizer(learning_rate)`` with the rate kept in the optimiser's state
+    (``optax.inject_hyperparams``), not baked into the compiled update.
+
+    Runs that differ only in their learning rate then share one program: ``rlhf-jax sweep``
+    vmaps them, each state holding its own ``opt_state.hyperparams["learning_rate"]``.
+    """
+    return optax.inject_hyperparams(lambda learning_rate: make_optimizer(learning_rate))(learning_rate=learning_rate)

@@ -39,6 +39,7 @@ import optax
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import RewardCNN, is_atari_frames, reward_network_for
+from rlhf_jax.ops.schedules import learning_rate_in_state
 from rlhf_jax.reward.data import Labels, action_shape_dtype
 from rlhf_jax.reward.preference import preference_loss, target_loss
 
@@ -144,7 +145,7 @@ def _has_batch_stats(network: nn.Module) -> bool:
 
 
 def _optimizer(config: RewardModelConfig) -> optax.GradientTransformation:
-    return optax.adam(config.learning_rate)
+    return learning_rate_in_state(optax.adam, config.learning_rate)
 
 
 def _flatten_steps(spec: EnvSpec, obs: jax.Array, action: jax.Array):

@@ -49,6 +49,7 @@ import optax
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import _dense, _leaky_relu, is_atari_frames, torso_for
+from rlhf_jax.ops.schedules import learning_rate_in_state
 from rlhf_jax.reward.annotators import AnnotatorConfig
 
 # ----------------------------------------------------------------------- the loss
@@ -319,7 +320,7 @@ def utility_network(config: IBTConfig, spec: EnvSpec) -> nn.Module:
 
 
 def _optimizer(config: IBTConfig) -> optax.GradientTransformation:
-    return optax.adam(config.learning_rate, b1=config.adam_b1, b2=0.999)
+    return learning_rate_in_state(lambda lr: optax.adam(lr, b1=config.adam_b1, b2=0.999), config.learning_rate)
 
 
 def init_ibt(key: jax.Array, config: IBTConfig, spec: EnvSpec) -> IBTState:
