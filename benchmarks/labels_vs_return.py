@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from benchmarks.common import RESULTS, enable_compilation_cache, write_result
+from benchmarks.reproduce import read_ablations
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
 from rlhf_jax.envs import make
@@ -41,15 +42,8 @@ TASKS = {
     "breakout": ["env.id=gymnax/Breakout-MinAtar", "a2c.total_env_steps=5017600", "run.chunk_env_steps=250880"],
 }
 LABELS = (125, 250, 500, 1000)
-# Section 3.3, each one switch, on CartPole with 500 labels.
-ABLATIONS = {
-    "random queries": ["preferences.selection=random"],
-    "no ensemble": ["reward_model.ensemble_size=1"],
-    "no online queries": ["preferences.online=false"],
-    "no regularization": ["reward_model.adapt_l2=false"],
-    "segment length 1": ["preferences.segment_length=1"],
-    "target": ["reward_model.loss=target"],
-}
+# Section 3.3, each one switch (configs/paper/ablations.yaml), on CartPole with 500 labels.
+ABLATIONS = read_ablations()
 SEEDS = 3
 EVAL_EPISODES = 32
 

@@ -1,0 +1,540 @@
+"""The experiments of Christiano et al. 2017 as figures: true return against env steps.
+
+    python -m benchmarks.reproduce --figure {2,3,5,6} [--tasks hopper,ant] [--budgets 350,1400]
+        [--ablations "target,no ensemble"] [--baselines a2c,dqn] [--seeds N] [--steps N]
+        [--points N] [--quick] [--dry-run] [--runs-dir runs/reproduce]
+
+What each figure runs (configs in ``configs/paper/``, one panel per task, one line per
+label budget or ablation, the agent on the true reward beside them, as in the paper):
+
+* **2**: the eight MuJoCo tasks on MJX, TRPO from 350, 700 and 1,400 synthetic labels
+  (``mujoco/<task>.yaml``) and TRPO on the true reward (``mujoco/<task>_trpo.yaml``); 5 seeds.
+* **3**: the seven Atari games on EnvPool, A2C from 350, 700, 1,400 and 5,500 synthetic
+  labels (``atari/<game>.yaml``) and A2C on the true reward (``atari/<game>_a2c.yaml``;
+  ``--baselines a2c,dqn`` adds DQN, ``atari/<game>_dqn.yaml``); 3 seeds.
+* **5**: the MuJoCo tasks at 700 labels with each ablation of section 3.3
+  (``configs/paper/ablations.yaml``), beside the full method and RL; 5 seeds.
+* **6**: the Atari games at 5,500 labels with the ablations except "no segments" (which
+  the paper ran "on the robotics tasks only"); "no online queries" has 5,000 labels (A.2:
+  "In the ablation studies ... pretraining has 5,000 labels rather than 5,500"); 3 seeds.
+
+Every run is one :func:`rlhf_jax.trainer.train` of its config with ``key=value`` overrides
+(budget, ablation, ``seed`` and ``env.seed``, and ``--steps``/``--points``), in a run
+directory of its own under ``--runs-dir`` named by a fingerprint of the resolved config.
+When a run finishes, its curve (``metrics.csv``: the mean true return of the episodes that
+ended in each chunk, labels, reward accuracy) goes into the ledger
+``benchmarks/results/reproduce_fig<N>_runs.json`` and the figure is redrawn. Run again, the
+same command skips every run the ledger holds with the same fingerprint, continues an
+interrupted one from its newest checkpoint (Ctrl-C saves one), and starts the rest; change
+a setting and the runs it changes start afresh. Seeds go in the outer loop, so a figure
+is complete at one seed before the second seed of any line starts. ``--dry-run`` prints
+the plan as ``rlhf-jax train`` commands (to spread over machines) and runs nothing.
+
+Outputs: ``benchmarks/results/reproduce_fig<N>.png`` (the figure: mean over seeds, the band
+their range), ``reproduce_fig<N>.json`` (``write_result``: per task and line the mean curve
+and the final return, the mean of the last tenth of each seed's curve) and the ledger.
+``--quick`` writes ``reproduce_fig<N>_quick.*`` instead.
+
+**--quick** (figure 5: 7.4 min measured on 2 CPU cores shared with other work, 4.7 min of
+CPU time; compiling each config takes a good part of it): CartPole from
+gymnax with the default experiment's A2C (``configs/rlhf_cartpole.yaml``; RL is
+``configs/a2c_cartpole.yaml``), 153,600 env steps, one seed; figures 2 and 3 with 50 and
+200 labels, figures 5 and 6 with 200 labels and the three ablations that hurt most on
+CartPole (no online queries, no segments, target: see the README's ``labels_vs_return``;
+``--ablations all`` for six). It checks the machinery and shows the figures' shape, not
+the paper's numbers.
+
+**The full figures need an accelerator.** One Atari run is 50M env steps of A2C with the
+reward CNN fitted at 1 label per 10 steps; one MuJoCo run is 5M steps of TRPO on MJX, which
+on a CPU steps about 50 times slower than C MuJoCo. Figure 2 is 160 runs (8 tasks x 4
+lines x 5 seeds: 800M env steps), figure 3 105 runs (7 x 5 x 3: 5.25G env steps), figure 5
+320 runs (1.6G), figure 6 147 runs (7.35G). No accelerator was lent to measure them; at an
+assumed 10k env steps/s per run they take about 1, 6, 2 and 9 days of one device.
+Each point of a curve is one chunk (``run.chunk_env_steps``: 50k env steps in these
+configs, i.e. 200k Atari frames, near figure 3's "about 150,000 consecutive frames").
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import yaml
+
+from benchmarks.common import RESULTS, enable_compilation_cache, write_result
+from rlhf_jax.config import ExperimentConfig, load_config, to_dict
+from rlhf_jax.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+PAPER = CONFIGS / "paper"
+ABLATIONS_FILE = PAPER / "ablations.yaml"
+MIN_POINTS = 10  # a run with fewer chunks gets smaller ones, so that every curve has a shape
+
+
+def read_ablations(path: str | Path = ABLATIONS_FILE) -> dict[str, list[str]]:
+    """Section 3.3's ablations from ``configs/paper/ablations.yaml``: name -> overrides, in order."""
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise ConfigError(f"{path}: expected a mapping of ablation names to lists of key=value overrides")
+    return {str(name): [str(item) for item in overrides] for name, overrides in data.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One panel: the preference config and the agents on the true reward to draw beside it."""
+
+    title: str
+    rlhf: Path
+    baselines: tuple[tuple[str, Path], ...]  # (name, config); the first is the paper's "RL"
+
+
+def _atari(slug: str, title: str) -> Task:
+    folder = PAPER / "atari"
+    return Task(title, folder / f"{slug}.yaml",
+                (("a2c", folder / f"{slug}_a2c.yaml"), ("dqn", folder / f"{slug}_dqn.yaml")))
+
+
+def _mujoco(slug: str, title: str) -> Task:
+    folder = PAPER / "mujoco"
+    return Task(title, folder / f"{slug}.yaml", (("trpo", folder / f"{slug}_trpo.yaml"),))
+
+
+ATARI_TASKS = {slug: _atari(slug, title) for slug, title in [
+    ("beamrider", "BeamRider"), ("breakout", "Breakout"), ("enduro", "Enduro"), ("pong", "Pong"),
+    ("qbert", "Qbert"), ("seaquest", "SeaQuest"), ("spaceinvaders", "SpaceInvaders")]}
+MUJOCO_TASKS = {slug: _mujoco(slug, title) for slug, title in [
+    ("reacher", "Reacher"), ("halfcheetah", "HalfCheetah"), ("hopper", "Hopper"), ("walker2d", "Walker2d"),
+    ("swimmer", "Swimmer"), ("ant", "Ant"), ("invertedpendulum", "InvertedPendulum"),
+    ("inverteddoublependulum", "InvertedDoublePendulum")]}
+QUICK_TASKS = {"cartpole": Task("CartPole (gymnax)", CONFIGS / "rlhf_cartpole.yaml",
+                                (("a2c", CONFIGS / "a2c_cartpole.yaml"),))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """What one of the paper's figures compares, and on which tasks."""
+
+    number: int
+    title: str
+    tasks: dict
+    budgets: tuple[int, ...]  # one line each; ablations run at the first
+    seeds: int
+    ablations: tuple[str, ...] = ()
+    # More overrides for some ablations, applied when they run at the paper's budget (budgets[0]).
+    ablation_extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+_ALL_ABLATIONS = tuple(read_ablations())
+FIGURES = {
+    2: Figure(2, "MuJoCo: synthetic labels against RL on the true reward", MUJOCO_TASKS, (350, 700, 1400), 5),
+    3: Figure(3, "Atari: synthetic labels against RL on the true reward", ATARI_TASKS, (350, 700, 1400, 5500), 3),
+    5: Figure(5, "MuJoCo ablations (700 labels)", MUJOCO_TASKS, (700,), 5, _ALL_ABLATIONS),
+    6: Figure(6, "Atari ablations (5,500 labels)", ATARI_TASKS, (5500,), 3,
+              tuple(a for a in _ALL_ABLATIONS if a != "no segments"),
+              (("no online queries", ("preferences.labels=5000",)),)),
+}
+QUICK_STEPS = 153_600
+QUICK_POINTS = 12
+QUICK_BUDGETS = {2: (50, 200), 3: (50, 200), 5: (200,), 6: (200,)}
+QUICK_ABLATIONS = ("no online queries", "no segments", "target")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run of the plan: a line of a panel, at one seed."""
+
+    task: str
+    line: str  # the legend's label: "700 labels", "RL (trpo)", "no ensemble"
+    kind: str  # "labels", "ablation" or "baseline"
+    seed: int
+    config_path: Path
+    overrides: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.task}/{self.line}/seed{self.seed}"
+
+
+def plan(figure: Figure, tasks: list[str], budgets: list[int], ablations: list[str],
+         baselines: list[str], seeds: int, task_table: dict | None = None) -> list[Run]:
+    """Every run of the figure, seed by seed (a figure is whole at one seed before the next)."""
+    task_table = task_table or figure.tasks
+    known = read_ablations()
+    extra = dict(figure.ablation_extra) if budgets and budgets[0] == figure.budgets[0] else {}
+    lines = []  # (task, line, kind, config, overrides) for one seed
+    for name in tasks:
+        task = task_table[name]
+        configs = dict(task.baselines)
+        for baseline in baselines:
+            if baseline not in configs:
+                raise ConfigError(f"task {name!r} has no baseline {baseline!r}; it has {', '.join(configs)}")
+            lines.append((name, f"RL ({baseline})", "baseline", configs[baseline], ()))
+        for budget in budgets:
+            lines.append((name, f"{budget} labels", "labels", task.rlhf, (f"preferences.labels={budget}",)))
+        for ablation in ablations:
+            overrides = (f"preferences.labels={budgets[0]}", *known[ablation], *extra.get(ablation, ()))
+            lines.append((name, ablation, "ablation", task.rlhf, overrides))
+    return [Run(task, line, kind, seed, config, tuple(overrides))
+            for seed in range(seeds) for task, line, kind, config, overrides in lines]
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def run_config(run: Run, steps: int, points: int, runs_dir: Path) -> ExperimentConfig:
+    """The run's config: its file, its overrides, the seed, and ``--steps``/``--points``;
+    ``run.dir`` is ``runs_dir/<task>/<line>/seed<k>-<fingerprint of everything else>``."""
+    overrides = [*run.overrides, f"seed={run.seed}", f"env.seed={run.seed}", "run.tensorboard=false"]
+    config = load_config(ExperimentConfig, run.config_path, overrides)
+    total = steps or getattr(config, config.agent).total_env_steps
+    if steps:
+        overrides.append(f"{config.agent}.total_env_steps={steps}")
+    chunk = config.run.chunk_env_steps
+    if points:
+        chunk = max(1, total // points)
+    elif total // chunk < MIN_POINTS:
+        chunk = max(1, total // MIN_POINTS)
+    overrides.append(f"run.chunk_env_steps={chunk}")
+    config = load_config(ExperimentConfig, run.config_path, overrides)
+    fingerprint = hashlib.sha1(json.dumps(to_dict(config), sort_keys=True).encode()).hexdigest()[:10]
+    run_dir = runs_dir / run.task / slug(run.line) / f"seed{run.seed}-{fingerprint}"
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, dir=str(run_dir)))
+
+
+def fingerprint_of(config: ExperimentConfig) -> str:
+    return Path(config.run.dir).name.rsplit("-", 1)[-1]
+
+
+def read_curve(run_dir: Path) -> dict:
+    """A finished run's ``metrics.csv`` as lists (NaN, a chunk where no episode ended, as None)."""
+    with (run_dir / "metrics.csv").open() as f:
+        rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    curve = {}
+    for key in ("env_steps", "episode_return", "labels", "reward_accuracy"):
+        if rows and key in rows[0]:
+            curve[key] = [None if math.isnan(r[key]) else r[key] for r in rows]
+    return curve
+
+
+def load_ledger(path: Path) -> dict:
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"runs": {}}
+
+
+def save_json(path: Path, data: dict) -> None:
+    """Write ``path`` whole or not at all (a kill mid-write keeps the previous version)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(data, indent=1) + "\n")
+    partial.replace(path)
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def run_command(run: Run, config: ExperimentConfig) -> str:
+    """The ``rlhf-jax train`` command line that makes this run."""
+    base = _flatten(to_dict(load_config(ExperimentConfig, run.config_path, [])))
+    changed = [f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+               for key, value in _flatten(to_dict(config)).items() if base[key] != value]
+    config_path = run.config_path.relative_to(ROOT) if run.config_path.is_relative_to(ROOT) else run.config_path
+    return " ".join(["rlhf-jax train", str(config_path), *(f"'{c}'" if " " in c else c for c in changed)])
+
+
+def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, points: int = 0,
+            train_fn: Callable | None = None, progress: bool = True, after_run: Callable | None = None) -> dict:
+    """Train every run of ``runs`` that the ledger lacks, recording each as it finishes.
+
+    ``train_fn(config, resume=None, progress=True)`` is :func:`rlhf_jax.trainer.train`
+    unless given (the tests give a stand-in). ``after_run(ledger)`` is called after each
+    run is recorded (the figure is redrawn there). Returns the ledger."""
+    if train_fn is None:
+        from rlhf_jax.trainer import train as train_fn
+    ledger = load_ledger(ledger_path)
+    todo = []
+    for run in runs:
+        config = run_config(run, steps, points, runs_dir)
+        record = ledger["runs"].get(run.key)
+        if record is None or record.get("fingerprint") != fingerprint_of(config):
+            todo.append((run, config))
+    print(f"{len(runs)} runs planned: {len(runs) - len(todo)} finished before (skipped), {len(todo)} to run",
+          flush=True)
+    spent = []
+    for index, (run, config) in enumerate(todo):
+        eta = f", about {_duration(np.mean(spent) * (len(todo) - index))} left" if spent else ""
+        print(f"[{index + 1}/{len(todo)}] {run.task}, {run.line}, seed {run.seed}{eta}", flush=True)
+        run_dir = Path(config.run.dir)
+        start = time.perf_counter()
+        if (run_dir / "config.yaml").exists():  # begun before: go on from its newest checkpoint
+            train_fn(resume=run_dir, progress=progress)
+        else:
+            train_fn(config, progress=progress)
+        spent.append(time.perf_counter() - start)
+        record = {"task": run.task, "line": run.line, "kind": run.kind, "seed": run.seed,
+                  "config": str(run.config_path.relative_to(ROOT) if run.config_path.is_relative_to(ROOT)
+                                else run.config_path),
+                  "overrides": list(run.overrides), "fingerprint": fingerprint_of(config),
+                  "run_dir": str(run_dir), "seconds": round(spent[-1], 1), **read_curve(run_dir)}
+        ledger["runs"][run.key] = record
+        save_json(ledger_path, ledger)
+        final = final_return(record["episode_return"])
+        print(f"    finished in {_duration(spent[-1])}: final true return {final:.1f}" if final is not None
+              else f"    finished in {_duration(spent[-1])}: no episode ended", flush=True)
+        if after_run is not None:
+            after_run(ledger)
+    return ledger
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def final_return(returns: list) -> float | None:
+    """The mean of the last tenth of a curve's points (at least one) that have a value."""
+    tail = returns[-max(1, len(returns) // 10):]
+    values = [r for r in tail if r is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _line_order(record: dict, ablation_names: list[str]) -> tuple:
+    kind = {"labels": 0, "ablation": 1, "baseline": 2}[record["kind"]]
+    if record["kind"] == "labels":
+        return kind, int(record["line"].split()[0]), ""
+    if record["kind"] == "ablation":
+        names = ablation_names + [record["line"]]
+        return kind, names.index(record["line"]), ""
+    return kind, 0, record["line"]
+
+
+def lines_by_task(ledger: dict, task_order: list[str]) -> dict:
+    """{task: {line: [records of its seeds]}}, tasks and lines in the figure's order."""
+    ablation_names = list(read_ablations())
+    grouped: dict = {}
+    records = sorted(ledger["runs"].values(), key=lambda r: _line_order(r, ablation_names))
+    for record in records:
+        grouped.setdefault(record["task"], {}).setdefault(record["line"], []).append(record)
+    order = [t for t in task_order if t in grouped] + sorted(t for t in grouped if t not in task_order)
+    return {task: grouped[task] for task in order}
+
+
+def mean_curve(records: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Env steps and the mean, min and max over seeds of the true return (NaN where none)."""
+    length = min(len(r["env_steps"]) for r in records)
+    steps = np.asarray(records[0]["env_steps"][:length], dtype=float)
+    returns = np.array([[np.nan if v is None else v for v in r["episode_return"][:length]] for r in records])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a point where no seed's episode ended
+        return steps, np.nanmean(returns, 0), np.nanmin(returns, 0), np.nanmax(returns, 0)
+
+
+def _colors(lines: list[str], kinds: dict) -> dict:
+    import matplotlib
+
+    blues = matplotlib.colormaps["Blues"]
+    budgets = [line for line in lines if kinds[line] == "labels"]
+    others = iter(["tab:green", "tab:red", "tab:purple", "tab:pink", "tab:olive", "tab:cyan", "tab:gray"])
+    baselines = iter(["tab:orange", "tab:brown", "goldenrod"])
+    colors = {}
+    for line in lines:
+        if kinds[line] == "labels":
+            shade = 0.45 + 0.5 * budgets.index(line) / (len(budgets) - 1) if len(budgets) > 1 else 0.85
+            colors[line] = blues(shade)
+        elif kinds[line] == "baseline":
+            colors[line] = next(baselines, "black")
+        else:
+            colors[line] = next(others, "black")
+    return colors
+
+
+def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick: bool) -> None:
+    """One panel per task: each line's mean true return over seeds against env steps, the band their range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grouped = lines_by_task(ledger, task_order)
+    if not grouped:
+        return
+    columns = min(4, len(grouped))
+    rows = math.ceil(len(grouped) / columns)
+    width = max(6.0, 4.2 * columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(width, 3.3 * rows + 1.0), squeeze=False)
+    handles = {}
+    kinds = {line: seeds[0]["kind"] for lines in grouped.values() for line, seeds in lines.items()}
+    colors = _colors(list(dict.fromkeys(line for lines in grouped.values() for line in lines)), kinds)
+    for ax, (task, lines) in zip(axes.flat, grouped.items()):
+        for line, records in lines.items():
+            steps, mean, low, high = mean_curve(records)
+            finite = np.isfinite(mean)
+            style = "--" if kinds[line] == "baseline" else "-"
+            (handle,) = ax.plot(steps[finite], mean[finite], style, color=colors[line], lw=1.6)
+            if len(records) > 1:
+                ax.fill_between(steps[finite], low[finite], high[finite], color=colors[line], alpha=0.15, lw=0)
+            handles.setdefault(line, handle)
+        seeds = sorted({len(r) for r in lines.values()})
+        title = (QUICK_TASKS.get(task) or figure.tasks.get(task) or Task(task, Path(), ())).title
+        ax.set_title(f"{title} ({'/'.join(map(str, seeds))} seed{'s' if seeds != [1] else ''})", fontsize=10)
+        ax.set_xlabel("env steps")
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(grouped):]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("true episode return")
+    name = f"Figure {figure.number}: {figure.title}"
+    if quick:
+        name = f"Figure {figure.number} (--quick: CartPole, a short run)"
+    fig.suptitle(name)
+    legend_columns = max(1, min(len(handles), int(width / 1.5)))
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=legend_columns, fontsize=9,
+               frameon=False)
+    height = fig.get_size_inches()[1]
+    legend_rows = math.ceil(len(handles) / legend_columns)
+    fig.tight_layout(rect=(0, (0.3 * legend_rows + 0.15) / height, 1, 1 - 0.1 / height))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def summary(ledger: dict, task_order: list[str], max_points: int = 200) -> dict:
+    """Per task and line: the seeds' final returns and the mean curve (at most ``max_points``)."""
+    result = {}
+    for task, lines in lines_by_task(ledger, task_order).items():
+        result[task] = {}
+        for line, records in lines.items():
+            steps, mean, _, _ = mean_curve(records)
+            every = max(1, math.ceil(len(steps) / max_points))
+            finals = [final_return(r["episode_return"]) for r in records]
+            known = [f for f in finals if f is not None]
+            result[task][line] = {
+                "seeds": len(records),
+                "final_return": float(np.mean(known)) if known else None,
+                "final_return_per_seed": finals,
+                "seconds_per_seed": [r["seconds"] for r in records],
+                "env_steps": steps[::every].tolist(),
+                "mean_return": [None if not np.isfinite(v) else round(float(v), 3) for v in mean[::every]],
+            }
+    return result
+
+
+def table(result: dict) -> str:
+    lines = ["| task | line | seeds | final true return (per seed) |", "| --- | --- | --- | --- |"]
+    for task, cells in result.items():
+        for line, cell in cells.items():
+            per_seed = ", ".join("-" if f is None else f"{f:.1f}" for f in cell["final_return_per_seed"])
+            mean = "-" if cell["final_return"] is None else f"{cell['final_return']:.1f}"
+            lines.append(f"| {task} | {line} | {cell['seeds']} | {mean} ({per_seed}) |")
+    return "\n".join(lines)
+
+
+def _csv(text: str | None) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()] if text else []
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--figure", type=int, choices=sorted(FIGURES), required=True)
+    parser.add_argument("--tasks", help="comma-separated (default: the figure's); Atari: "
+                        f"{', '.join(ATARI_TASKS)}; MuJoCo: {', '.join(MUJOCO_TASKS)}")
+    parser.add_argument("--budgets", help="label budgets, comma-separated (figures 5 and 6: the first is the ablations')")
+    parser.add_argument("--ablations", help="figures 5 and 6: comma-separated names from configs/paper/ablations.yaml, "
+                        "'all' or 'none'")
+    parser.add_argument("--baselines", help="agents on the true reward: a2c, dqn (Atari), trpo (MuJoCo), or 'none'")
+    parser.add_argument("--seeds", type=int, help="runs per line (default: the paper's, 5 MuJoCo, 3 Atari; --quick 1)")
+    parser.add_argument("--steps", type=int, default=0, help="env steps per run (default: each config's)")
+    parser.add_argument("--points", type=int, default=0, help="chunks per run, i.e. points per curve "
+                        f"(default: each config's chunk size, at least {MIN_POINTS} points)")
+    parser.add_argument("--quick", action="store_true", help="CartPole, short runs, one seed: a few minutes on a CPU")
+    parser.add_argument("--dry-run", action="store_true", help="print the runs as rlhf-jax train commands; run nothing")
+    parser.add_argument("--runs-dir", default="runs/reproduce", help="where the runs' directories go")
+    args = parser.parse_args(argv)
+
+    figure = FIGURES[args.figure]
+    task_table = QUICK_TASKS if args.quick else figure.tasks
+    tasks = _csv(args.tasks) or list(task_table)
+    unknown = [t for t in tasks if t not in task_table]
+    if unknown:
+        parser.error(f"unknown tasks {unknown} for figure {figure.number}{' --quick' if args.quick else ''}; "
+                     f"known: {', '.join(task_table)}")
+    budgets = [int(b) for b in _csv(args.budgets)] or list(QUICK_BUDGETS[figure.number] if args.quick else figure.budgets)
+    if args.ablations in ("all", "none"):
+        ablations = list(read_ablations()) if args.ablations == "all" else []
+    elif args.ablations:
+        ablations = _csv(args.ablations)
+    else:
+        ablations = [a for a in QUICK_ABLATIONS if a in figure.ablations] if args.quick else list(figure.ablations)
+    missing = [a for a in ablations if a not in read_ablations()]
+    if missing:
+        parser.error(f"unknown ablations {missing}; known: {', '.join(read_ablations())}")
+    if args.baselines == "none":
+        baselines = []
+    elif args.baselines:
+        baselines = _csv(args.baselines)
+    else:  # the paper's "RL": the task's first baseline
+        baselines = [task_table[tasks[0]].baselines[0][0]]
+    seeds = args.seeds or (1 if args.quick else figure.seeds)
+    steps = args.steps or (QUICK_STEPS if args.quick else 0)
+    points = args.points or (QUICK_POINTS if args.quick else 0)
+    try:
+        runs = plan(figure, tasks, budgets, ablations, baselines, seeds, task_table)
+    except ConfigError as error:
+        parser.error(str(error))
+
+    name = f"reproduce_fig{figure.number}" + ("_quick" if args.quick else "")
+    runs_dir = Path(args.runs_dir) / name.removeprefix("reproduce_")
+    if args.dry_run:
+        for run in runs:
+            config = run_config(run, steps, points, runs_dir)
+            print(f"{run_command(run, config)}   # {run.key}")
+        return
+    enable_compilation_cache()
+    ledger_path = RESULTS / f"{name}_runs.json"
+    png = RESULTS / f"{name}.png"
+    task_order = list(task_table)
+    start = time.perf_counter()
+    try:
+        ledger = execute(runs, ledger_path, runs_dir, steps, points,
+                         after_run=lambda ledger: plot(ledger, figure, task_order, png, args.quick))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished runs are in {ledger_path}; the same command goes on from there",
+              file=sys.stderr)
+        sys.exit(130)
+    plot(ledger, figure, task_order, png, args.quick)
+    result = summary(ledger, task_order)
+    print(table(result))
+    write_result(name, {
+        "figure": figure.number, "quick": args.quick,
+        "title": f"{figure.title}; --quick: CartPole, short runs" if args.quick else figure.title,
+        "planned": {"tasks": tasks, "budgets": budgets, "ablations": ablations, "baselines": baselines,
+                    "seeds": seeds, "steps": steps or "each config's", "points": points or "each config's"},
+        "seconds_this_invocation": round(time.perf_counter() - start, 1),
+        "figure_png": str(png.relative_to(ROOT)), "ledger": str(ledger_path.relative_to(ROOT)),
+        "tasks": result,
+    })
+
+
+if __name__ == "__main__":
+    main()
