@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from pathlib import Path
 
 
@@ -18,16 +19,24 @@ class MetricsLog:
             self._writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
     def truncate_after(self, env_steps: int) -> None:
-        """Forget rows logged after the checkpoint a resumed run starts from."""
-        rows = self.rows()
-        if rows:
-            self._write_all([r for r in rows if r["env_steps"] <= env_steps])
+        """Forget rows logged after the checkpoint a resumed run starts from (every row, for
+        a run that starts again from the beginning), and a row cut short by a kill."""
+        if not self.path.exists():
+            return
+        kept = [r for r in self.rows() if r["env_steps"] <= env_steps]
+        if kept:
+            self._write_all(kept)
+        else:
+            self.path.unlink()  # the header goes too: the next row writes it again
 
     def rows(self) -> list[dict]:
+        """Every complete row. A row cut short (the process was killed while appending it)
+        is dropped: it was written after the last checkpoint, so a resume drops it anyway."""
         if not self.path.exists():
             return []
         with self.path.open() as f:
-            return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+            rows = [row for row in csv.DictReader(f) if None not in row.values() and None not in row]
+        return [{k: float(v) for k, v in row.items()} for row in rows]
 
     def append(self, row: dict) -> None:
         rows = self.rows()
@@ -48,10 +57,13 @@ class MetricsLog:
             self._writer.flush()
 
     def _write_all(self, rows: list[dict]) -> None:
-        with self.path.open("w", newline="") as f:
+        """Rewrite the file whole through a temporary one, so a kill meanwhile leaves the old one."""
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with temporary.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
             writer.writeheader()
             writer.writerows(rows)
+        os.replace(temporary, self.path)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -27,10 +27,10 @@ import yaml
 
 from rlhf_jax.agents import get_agent
 from rlhf_jax.agents.base import env_reward
-from rlhf_jax.checkpoints import Checkpoints
+from rlhf_jax.checkpoints import Checkpoints, stop_on_write_failure
 from rlhf_jax.config import ExperimentConfig, build, read_yaml, to_dict
 from rlhf_jax.envs import ATARI_NAMES, EnvConfig, make
-from rlhf_jax.errors import ConfigError
+from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.evaluation import evaluate
 from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.metrics_log import MetricsLog, plot_learning_curve
@@ -127,6 +127,11 @@ class AgentRun:
         done = chunk * self.chunk_iterations
         return min(self.chunk_iterations, self.total_iterations - done)
 
+    def chunk_inputs(self, chunk: int) -> tuple[int, int]:
+        """What :meth:`sweep_chunk` needs to know of chunk ``chunk``: its length in iterations
+        and the labels the synthetic labeler answers at its end (none here)."""
+        return self.chunk_length(chunk), 0
+
     def reset_env(self, runner, key):
         """``runner`` (an agent's) with freshly reset environments: after restoring an EnvPool run."""
         env_state, timestep = self.env.reset(key)
@@ -151,12 +156,16 @@ class Training(AgentRun):
 
     def __init__(self, config: ExperimentConfig):
         super().__init__(config, true_reward_env_config(config))
-        iteration = self.agent.make_iteration(self.agent_config, self.env, env_reward)
-        self._run_chunk = compile_chunk(lambda r: iteration(r)[:2], self.loop)
+        self.iteration = self.agent.make_iteration(self.agent_config, self.env, env_reward)
+        self._run_chunk = compile_chunk(lambda r: self.iteration(r)[:2], self.loop)
         self.init_runner = jax.jit(lambda key: self.agent.init_runner(key, self.agent_config, self.env))
 
     def run_chunk(self, runner, chunk: int):
         return self._run_chunk(runner, self.chunk_length(chunk))
+
+    def sweep_chunk(self, runner, length: int, wanted):
+        """A chunk as a pure function, for ``vmap`` over a sweep's runs (``wanted`` unused)."""
+        return jax.lax.scan(lambda r, _: self.iteration(r)[:2], runner, None, length)
 
     def policy_params(self, runner):
         return runner.params
@@ -165,7 +174,7 @@ class Training(AgentRun):
 def restore_latest(training, run_dir: Path):
     """The newest checkpoint of ``run_dir``: (its chunk, the runner ``training`` runs)."""
     like = jax.eval_shape(training.init_runner, jax.random.PRNGKey(0))
-    return Checkpoints(run_dir).restore(like)
+    return Checkpoints(run_dir, config=to_dict(training.config)).restore(like)
 
 
 def make_training(config: ExperimentConfig):
@@ -196,31 +205,65 @@ def connect_people(training, config: ExperimentConfig, run_dir: Path) -> None:
     print(f"queries go to people: label them with  rlhf-jax label {run_dir}", flush=True)
 
 
+# A NaN in these means "nothing to measure yet", not a diverged model.
+NAN_MEANS_NO_DATA = {"reward_val_loss"}  # no member has a held-out label yet
+NAN_MEANS_NO_LABELS = {"reward_train_loss", "ibt_loss"}  # before the first label
+
+
+def check_finite(row: dict, chunk: int) -> None:
+    """Raise a :class:`RunError` when a loss in ``row`` (a chunk's metrics, as from
+    :func:`summarize`) is NaN or infinite: the state after that chunk is worth nothing, and
+    saving it would push a good checkpoint out. A row holds means over the chunk, so one
+    bad iteration is enough to show."""
+    for name, value in row.items():
+        if "loss" not in name or math.isfinite(value):
+            continue
+        if math.isnan(value) and (name in NAN_MEANS_NO_DATA or (name in NAN_MEANS_NO_LABELS and not row.get("labels"))):
+            continue
+        raise RunError(f"training diverged: {name} is {value} in chunk {chunk} (env steps up to {row['env_steps']:.0f})")
+
+
+def stopped_diverging(checkpoints: Checkpoints) -> str:
+    """What is left of a diverged run. Not a resume: the checkpoint holds the state, keys and
+    learning rate that led to the divergence, so it would happen again, bit for bit."""
+    last = checkpoints.last_intact()
+    if last is None:
+        return "No checkpoint was saved yet: start the run again with a smaller learning rate, say."
+    return (f"The last good checkpoint, {last} ({checkpoints.directory / str(last)}), is intact, but resumed it "
+            f"would diverge again the same way: start a new run with a smaller learning rate, say "
+            f"(rlhf-jax eval {checkpoints.run_dir} scores the checkpoint's policy).")
+
+
 def train(config: ExperimentConfig | None = None, resume: str | Path | None = None, progress: bool = True) -> Path:
     """Train from scratch (``config``) or continue the run in ``resume``; returns the run directory.
 
     A run resumed before its first checkpoint starts again from the beginning, in the same
-    directory (with people, the queries they have answered meanwhile are kept)."""
+    directory (with people, the queries they have answered meanwhile are kept). A resume
+    restores before it writes anything, so one that cannot (config.yaml edited to other
+    shapes) leaves the run directory as it was. A run stops with a :class:`RunError`, its
+    last checkpoint intact, when a file cannot be written (disk full) or a loss stops being
+    finite (the state after that chunk is not saved)."""
     if resume is not None:
         run_dir = Path(resume)
         config = load_run_config(run_dir)
     training = make_training(config)
     if resume is None:
         run_dir = new_run_dir(config)
-    checkpoints = Checkpoints(run_dir)
+    checkpoints = Checkpoints(run_dir, config=to_dict(config))
     if resume is not None and checkpoints.latest() is None:
         resume = None
         print(f"{run_dir} has no checkpoint yet: starting it from the beginning", flush=True)
     if config.labeler == "people":
         connect_people(training, config, run_dir)
-    log = MetricsLog(run_dir, tensorboard=config.run.tensorboard)
     first_chunk = 0
+    if resume is not None:
+        saved_chunk, runner = checkpoints.restore(jax.eval_shape(training.init_runner, jax.random.PRNGKey(config.seed)))
+        first_chunk = saved_chunk + 1
+    log = MetricsLog(run_dir, tensorboard=config.run.tensorboard)
     if resume is None:
         log.truncate_after(0)  # rows of an attempt that never reached a checkpoint
         runner = training.init_runner(jax.random.PRNGKey(config.seed))
     else:
-        saved_chunk, runner = checkpoints.restore(jax.eval_shape(training.init_runner, jax.random.PRNGKey(config.seed)))
-        first_chunk = saved_chunk + 1
         if training.env.spec.backend.startswith("envpool"):
             # The saved handle points into a pool that died with the old process.
             runner = training.reset_env(runner, jax.random.PRNGKey(config.seed))
@@ -235,40 +278,45 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
                disable=not progress, dynamic_ncols=True)
     every = max(1, config.run.checkpoint_every_updates // training.chunk_iterations)
     state_chunk = saved_chunk = first_chunk - 1  # the chunk `runner` holds the state after
-    try:
-        for chunk in range(first_chunk, training.num_chunks):
-            start = time.perf_counter()
-            runner, metrics = training.run_chunk(runner, chunk)
-            state_chunk = chunk
-            row = summarize(metrics)
-            row["steps_per_second"] = (row["env_steps"] - bar.n) / (time.perf_counter() - start)
-            log.append(row)
-            bar.update(int(row["env_steps"]) - bar.n)
-            shown = {"steps_per_s": f"{row['steps_per_second']:.3g}", "true_return": f"{row['episode_return']:.4g}"}
-            if "labels" in row:
-                shown["labels"] = int(row["labels"])
-            bar.set_postfix(shown)
-            if (chunk + 1) % every == 0 or chunk + 1 == training.num_chunks:
-                checkpoints.save(chunk, runner)
-                training.checkpoint_saved(chunk)
-                saved_chunk = chunk
-    except KeyboardInterrupt:
-        bar.close()
-        # Save the newest whole state, unless the interrupt came while its buffers were
-        # being handed to the next chunk (they are donated), where the last save stands.
-        if state_chunk > saved_chunk and not any(x.is_deleted() for x in jax.tree.leaves(runner)):
-            checkpoints.save(state_chunk, jax.block_until_ready(runner))
-            training.checkpoint_saved(state_chunk)
-        print(f"interrupted: resume with  rlhf-jax train --resume {run_dir}", flush=True)
-        raise
-    finally:
-        bar.close()
-        log.close()
-        checkpoints.close()
-    title = f"{config.agent} on {config.env.id}" + {"preferences": " from preferences", "ibt": " from IBT marks"}.get(config.reward, "")
-    plot_learning_curve(log.rows(), run_dir / "learning_curve.png", title)
-    if hasattr(training, "save_labels"):
-        training.save_labels(runner, run_dir / "labels.npz")
+    with stop_on_write_failure(checkpoints, f"to {run_dir}"):
+        try:
+            for chunk in range(first_chunk, training.num_chunks):
+                start = time.perf_counter()
+                runner, metrics = training.run_chunk(runner, chunk)
+                row = summarize(metrics)
+                row["steps_per_second"] = (row["env_steps"] - bar.n) / (time.perf_counter() - start)
+                log.append(row)
+                try:
+                    check_finite(row, chunk)
+                except RunError as error:
+                    raise RunError(f"{error}, so its state was not saved. {stopped_diverging(checkpoints)}") from None
+                state_chunk = chunk
+                bar.update(int(row["env_steps"]) - bar.n)
+                shown = {"steps_per_s": f"{row['steps_per_second']:.3g}", "true_return": f"{row['episode_return']:.4g}"}
+                if "labels" in row:
+                    shown["labels"] = int(row["labels"])
+                bar.set_postfix(shown)
+                if (chunk + 1) % every == 0 or chunk + 1 == training.num_chunks:
+                    checkpoints.save(chunk, runner)
+                    training.checkpoint_saved(chunk)
+                    saved_chunk = chunk
+        except KeyboardInterrupt:
+            bar.close()
+            # Save the newest whole state, unless the interrupt came while its buffers were
+            # being handed to the next chunk (they are donated), where the last save stands.
+            if state_chunk > saved_chunk and not any(x.is_deleted() for x in jax.tree.leaves(runner)):
+                checkpoints.save(state_chunk, jax.block_until_ready(runner))
+                training.checkpoint_saved(state_chunk)
+            print(f"interrupted: resume with  rlhf-jax train --resume {run_dir}", flush=True)
+            raise
+        finally:
+            bar.close()
+            log.close()
+            checkpoints.close()
+        title = f"{config.agent} on {config.env.id}" + {"preferences": " from preferences", "ibt": " from IBT marks"}.get(config.reward, "")
+        plot_learning_curve(log.rows(), run_dir / "learning_curve.png", title)
+        if hasattr(training, "save_labels"):
+            training.save_labels(runner, run_dir / "labels.npz")
     return run_dir
 
 
