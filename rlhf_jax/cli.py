@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlhf_jax.errors import ConfigError
+from rlhf_jax.errors import ConfigError, RunError
 
 
 def cmd_envs(args) -> None:
@@ -35,6 +35,41 @@ def cmd_train(args) -> None:
         config = load_config(ExperimentConfig, args.config, args.overrides, default=DEFAULT_EXPERIMENT)
         run_dir = train(config)
     print(f"done: {run_dir}  (learning curve: {run_dir / 'learning_curve.png'})")
+
+
+def start_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
+    """Join the processes of a sweep over several hosts (``jax.distributed``), before any JAX
+    computation. Gathering results across processes on CPUs needs Gloo's collectives."""
+    if not 0 <= process_id < num_processes:
+        raise ConfigError(f"--process-id must be in [0, {num_processes}), got {process_id}")
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only; GPUs use NCCL
+    jax.distributed.initialize(coordinator, num_processes, process_id)
+
+
+def cmd_sweep(args) -> None:
+    from pathlib import Path
+
+    if args.coordinator:  # before rlhf_jax's modules: importing them starts JAX's backend
+        start_distributed(args.coordinator, args.num_processes, args.process_id)
+    from rlhf_jax import sweep
+
+    if args.resume:
+        if args.words:
+            raise ConfigError("--resume continues a sweep with its saved definition: give no CONFIG or keys")
+        run = sweep.Sweep.load(Path(args.resume))
+    else:
+        from rlhf_jax.config import DEFAULT_EXPERIMENT, apply_overrides, read_yaml
+
+        config, overrides, swept = sweep.split_sweep_words(args.words)
+        base = apply_overrides(read_yaml(config) if config else DEFAULT_EXPERIMENT, overrides)
+        directory = Path(args.dir) if args.dir else sweep.sweep_directory(base)
+        if args.coordinator and not args.dir:
+            raise ConfigError("a sweep over several processes needs --dir: one directory all of them share")
+        run = sweep.Sweep.create(directory, base, swept, args.seeds)
+    directory = run.run()
+    print(f"done: {directory}  (table: {directory / 'results.md'}, plot: {directory / 'curves.png'})")
 
 
 def cmd_eval(args) -> None:
@@ -73,6 +108,17 @@ def make_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run saved in RUN_DIR")
     train.set_defaults(run=cmd_train)
 
+    sweep = commands.add_parser("sweep", help="every seed and hyper-parameter combination as one compiled program")
+    sweep.add_argument("words", nargs="*", metavar="[CONFIG] [key=value ...] [key=v1,v2,...]",
+                       help="a config file, overrides, and keys to sweep (comma-separated values)")
+    sweep.add_argument("--seeds", type=int, default=1, help="seeds per combination (config seed, seed+1, ...)")
+    sweep.add_argument("--dir", help="the sweep's directory (default runs/sweep-<name>-<date>)")
+    sweep.add_argument("--resume", metavar="SWEEP_DIR", help="continue the sweep saved in SWEEP_DIR")
+    sweep.add_argument("--coordinator", metavar="HOST:PORT", help="jax.distributed: process 0's address")
+    sweep.add_argument("--num-processes", type=int, default=1)
+    sweep.add_argument("--process-id", type=int, default=0)
+    sweep.set_defaults(run=cmd_sweep)
+
     evaluate = commands.add_parser("eval", help="score a run's saved policy on whole true episodes")
     evaluate.add_argument("run_dir", metavar="RUN_DIR")
     evaluate.add_argument("--episodes", type=int, help="episodes to score (default: run.eval_episodes)")
@@ -90,7 +136,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    # Options may come between the words (`sweep CONFIG --seeds 4 key=v1,v2`): words that
+    # argparse leaves over join the command's own, anything else is an error.
+    args, extra = parser.parse_known_args(argv)
+    if extra and (not hasattr(args, "words") or any(word.startswith("-") for word in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.words = [*args.words, *extra]
     if args.command == "train":
         split_config_and_overrides(args)
     try:
@@ -99,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         # A user's mistake: say what is wrong, without a traceback.
         print(f"rlhf-jax {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except RunError as error:
+        # A run that had to stop: the message says what is intact and how to go on.
+        print(f"rlhf-jax {args.command}: stopped: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"rlhf-jax {args.command}: interrupted", file=sys.stderr)
         return 130

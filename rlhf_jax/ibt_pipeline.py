@@ -239,6 +239,15 @@ class IBTTraining(AgentRun):
         metrics.update({k: np.full(length, v) for k, v in jax.device_get(learn_metrics).items()})
         return state, metrics
 
+    def chunk_inputs(self, chunk: int) -> tuple[int, int]:
+        return self.chunk_length(chunk), int(self.episodes_wanted_per_chunk()[chunk])
+
+    def sweep_chunk(self, state: IBTRunState, length: int, wanted):
+        """A chunk with the synthetic annotator as a pure function (``run_chunk`` without the host)."""
+        state, metrics = jax.lax.scan(lambda s, _: self._collect_fn(s), state, None, length)
+        state, learn_metrics = self._learn_fn(state, wanted)
+        return state, {**metrics, **{k: jnp.full(length, v) for k, v in learn_metrics.items()}}
+
     def prepare(self, state: IBTRunState, first_chunk: int) -> IBTRunState:
         """Before the first chunk a run drives: with people, take back the episodes the label
         store still holds; before RL, send the initial episodes, wait for their marks

@@ -300,6 +300,21 @@ class RLHFTraining(AgentRun):
         metrics = {"labels": state.labels.count, **fit_metrics, **self._score_reward(state, score_key)}
         return state._replace(key=key), metrics
 
+    def _chunk_fn(self, state: RLHFState, wanted, length: int):
+        """A chunk with the synthetic oracle as a pure function: ``length`` iterations on r̂,
+        then ``wanted`` labels and the fitting."""
+        state, metrics = jax.lax.scan(lambda s, _: self._collect_fn(s), state, None, length)
+        state, learn_metrics = self._learn_fn(state, wanted)
+        return state, (metrics, learn_metrics)
+
+    def chunk_inputs(self, chunk: int) -> tuple[int, int]:
+        return self.chunk_length(chunk), int(self.labels_wanted_per_chunk()[chunk])
+
+    def sweep_chunk(self, state: RLHFState, length: int, wanted):
+        """:meth:`_chunk_fn` with the chunk's learning metrics repeated per iteration, as ``run_chunk``'s."""
+        state, (metrics, learn_metrics) = self._chunk_fn(state, wanted, length)
+        return state, {**metrics, **{k: jnp.full(length, v) for k, v in learn_metrics.items()}}
+
     def _select_fn(self, state: RLHFState):
         """``max_queries`` pairs chosen for a host labeler: their segments, best first."""
         first, second = select_queries(
@@ -387,10 +402,7 @@ class RLHFTraining(AgentRun):
         full = self.total_iterations // self.chunk_iterations  # whole chunks; then a shorter one, if any
         rest = self.total_iterations - full * self.chunk_iterations
 
-        def chunk(state, wanted, length):
-            state, metrics = jax.lax.scan(lambda s, _: self._collect_fn(s), state, None, length)
-            state, learn_metrics = self._learn_fn(state, wanted)
-            return state, (metrics, learn_metrics)
+        chunk = self._chunk_fn
 
         def train_from(state):
             state, (metrics, learn_metrics) = jax.lax.scan(

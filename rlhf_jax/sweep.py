@@ -1,0 +1,349 @@
+"""``rlhf-jax sweep``: every seed and hyper-parameter combination of an experiment in one program.
+
+    rlhf-jax sweep configs/a2c_cartpole.yaml --seeds 4 a2c.learning_rate=0.001,0.003 a2c.entropy_coef=0.0,0.01
+
+A *member* is one run: one seed and one value of every swept key. Members that differ only
+in seeds and in hyper-parameters held in the training state (:data:`IN_STATE`: the learning
+rates, which ``optax.inject_hyperparams`` keeps in the optimiser state) share one compiled
+program: their states are stacked and the run's pure chunk (``sweep_chunk``) is vmapped over
+them. A swept key that changes the program (a shape, a loop length, an entropy coefficient
+compiled into the loss) makes one such *group* per value, run one after another.
+
+The stacked members are spread over every device with ``jax.sharding``: a one-axis ``Mesh``
+named ``members``, each leaf of the state ``NamedSharding``-ed along its leading axis (members
+are padded with copies to a multiple of the device count). Each member's computation never
+looks at another's, so XLA partitions the program without communication, and every device
+computes exactly what one device would. With ``jax.distributed`` (``--coordinator``), the
+mesh spans the devices of every process; each process initialises only the members that live
+on its own devices, and process 0 writes the results.
+
+A sweep directory holds ``sweep.yaml`` (base config, swept values, seeds), ``members.csv``
+(one row per member per chunk), ``results.csv`` and ``results.md`` (one row per combination:
+mean and std over seeds of the last chunk's true return), ``curves.png``, and
+``group<g>/checkpoints/`` (orbax, the stacked state after each chunk): ``--resume`` skips
+finished groups and continues the current one from its newest checkpoint.
+
+EnvPool (Atari) cannot be swept: its XLA step advances one pool outside JAX, so a vmapped
+step has no batching rule. Runs on Atari are separate ``rlhf-jax train`` processes (one pool
+each); see the README's section on sweeps.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rlhf_jax.checkpoints import Checkpoints
+from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
+from rlhf_jax.errors import ConfigError, RunError
+
+# Swept keys whose values live in the training state, not in the compiled program: runs that
+# differ in them are vmapped together. (ACER's learning rate is applied outside its optimiser.)
+IN_STATE = ("a2c.learning_rate", "dqn.learning_rate", "trpo.value_learning_rate",
+            "reward_model.learning_rate", "ibt.learning_rate")
+SWEEP_FILE = "sweep.yaml"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One run of a sweep: its index, seed and swept values (key -> value)."""
+
+    index: int
+    seed: int
+    values: tuple[tuple[str, object], ...]
+
+    def overrides(self) -> list[str]:
+        return [f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+                for key, value in self.values] + [f"seed={self.seed}"]
+
+    def label(self) -> str:
+        return ", ".join(f"{key}={value}" for key, value in self.values) or "base"
+
+
+def split_sweep_words(words: list[str]) -> tuple[str | None, list[str], dict[str, list]]:
+    """``[CONFIG] key=value ... key=v1,v2 ...`` -> (config file, overrides, swept key -> values)."""
+    config = words[0] if words and "=" not in words[0] else None
+    overrides, swept = [], {}
+    for word in words[1 if config else 0:]:
+        key, sep, text = word.partition("=")
+        if not sep:
+            raise ConfigError(f"{word!r} must look like key=value or key=v1,v2,...")
+        if "," in text:
+            if key in swept:
+                raise ConfigError(f"{key} is swept twice")
+            swept[key] = [yaml.safe_load(part) for part in text.split(",")]
+        else:
+            overrides.append(word)
+    if "seed" in swept:
+        raise ConfigError("sweep seeds with --seeds N, not seed=a,b")
+    return config, overrides, swept
+
+
+def make_groups(base: dict, swept: dict[str, list], seeds: int) -> list[list[Member]]:
+    """The members, grouped by the values of the swept keys that change the program."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be at least 1, got {seeds}")
+    program_keys = [key for key in swept if key not in IN_STATE]
+    state_keys = [key for key in swept if key in IN_STATE]
+    first_seed = int(base.get("seed", 0))
+    groups, index = [], 0
+    for program_values in itertools.product(*(swept[k] for k in program_keys)):
+        group = []
+        for state_values in itertools.product(*(swept[k] for k in state_keys)):
+            values = tuple(zip(program_keys, program_values)) + tuple(zip(state_keys, state_values))
+            for seed in range(first_seed, first_seed + seeds):
+                group.append(Member(index, seed, values))
+                index += 1
+        groups.append(group)
+    return groups
+
+
+def member_config(base: dict, member: Member) -> ExperimentConfig:
+    config = build(ExperimentConfig, apply_overrides(base, member.overrides()))
+    if config.labeler != "synthetic":
+        raise ConfigError("a sweep's labels come from the synthetic labeler: people label one run (rlhf-jax train)")
+    if config.env.id.startswith("envpool/"):
+        raise ConfigError(f"{config.env.id}: EnvPool steps one pool outside JAX and cannot be vmapped over a "
+                          "sweep's runs; train each run with rlhf-jax train (see the README, Sweeps)")
+    return config
+
+
+class GroupProgram:
+    """One group's members as one sharded, vmapped program over ``mesh``."""
+
+    def __init__(self, base: dict, members: list[Member], mesh: Mesh):
+        self.members = members
+        self.configs = [member_config(base, m) for m in members]
+        self.padded = math.ceil(len(members) / mesh.devices.size) * mesh.devices.size
+        self.sharding = NamedSharding(mesh, PartitionSpec("members"))
+        self._trainings = {}  # a config without its seed -> its training, to initialise members with
+        self._chunks = {}  # chunk length -> the compiled, vmapped chunk
+        self.training = self._training_for(self.configs[0])  # whose chunk every member runs
+
+    def _training_for(self, config: ExperimentConfig):
+        from rlhf_jax.trainer import make_training
+
+        key = dataclasses.replace(config, seed=0)
+        if key not in self._trainings:
+            self._trainings[key] = make_training(config)
+        return self._trainings[key]
+
+    def abstract_state(self):
+        one = jax.eval_shape(self.training.init_runner, jax.random.PRNGKey(0))
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.padded, *x.shape), x.dtype, sharding=self.sharding), one)
+
+    def init_state(self):
+        """Each process initialises the members on its own devices, one at a time (vmapped
+        orthogonal initialisers can hang on a CPU; see ``RLHFTraining.make_train``)."""
+        local = sorted({i for index in self.sharding.addressable_devices_indices_map(
+            (self.padded,)).values() for i in range(*index[0].indices(self.padded))})
+        states = {}
+        for i in local:
+            config = self.configs[min(i, len(self.members) - 1)]  # padding repeats the last member
+            states[i] = jax.device_get(self._training_for(config).init_runner(jax.random.PRNGKey(config.seed)))
+        leaves_by_member = {i: jax.tree.leaves(s) for i, s in states.items()}
+        abstract = self.abstract_state()
+        treedef = jax.tree.structure(abstract)
+
+        def leaf(n, shape_dtype):
+            def shard(index):
+                rows = range(*index[0].indices(self.padded))
+                return np.stack([leaves_by_member[i][n] for i in rows])
+            return jax.make_array_from_callback(shape_dtype.shape, self.sharding, shard)
+
+        return jax.tree.unflatten(treedef, [leaf(n, s) for n, s in enumerate(jax.tree.leaves(abstract))])
+
+    def run_chunk(self, state, chunk: int):
+        length, wanted = self.training.chunk_inputs(chunk)
+        if length not in self._chunks:
+            vmapped = jax.vmap(lambda s, w: self.training.sweep_chunk(s, length, w), in_axes=(0, None))
+            self._chunks[length] = jax.jit(vmapped, out_shardings=self.sharding, donate_argnums=0)
+        return self._chunks[length](state, jnp.int32(wanted))
+
+
+def device_mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()), ("members",))
+
+
+def gather(tree):
+    """A sharded tree as NumPy on every process (all of it, whichever process holds it)."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+class Sweep:
+    """A sweep directory: its definition, its members' rows and results."""
+
+    def __init__(self, directory: Path, base: dict, swept: dict[str, list], seeds: int):
+        self.directory = Path(directory)
+        self.base, self.swept, self.seeds = base, swept, seeds
+        self.groups = make_groups(base, swept, seeds)
+
+    @classmethod
+    def create(cls, directory: Path, base: dict, swept: dict, seeds: int) -> "Sweep":
+        sweep = cls(directory, base, swept, seeds)
+        for group in sweep.groups:  # every member's config is checked before anything runs
+            for member in group:
+                member_config(base, member)
+        if jax.process_index() == 0:  # the one process that writes files
+            if (directory / SWEEP_FILE).exists():
+                raise ConfigError(f"{directory} already holds a sweep; resume it with --resume {directory}")
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / SWEEP_FILE).write_text(yaml.safe_dump(
+                {"base": base, "swept": swept, "seeds": seeds}, sort_keys=False))
+        return sweep
+
+    @classmethod
+    def load(cls, directory: Path) -> "Sweep":
+        if not (Path(directory) / SWEEP_FILE).is_file():
+            raise ConfigError(f"{directory} is not a sweep directory: it has no {SWEEP_FILE}")
+        saved = read_yaml(Path(directory) / SWEEP_FILE)
+        return cls(directory, saved["base"], saved["swept"], saved["seeds"])
+
+    # ------------------------------------------------------------- rows
+    @property
+    def rows_file(self) -> Path:
+        return self.directory / "members.csv"
+
+    def rows(self) -> list[dict]:
+        if not self.rows_file.exists():
+            return []
+        with self.rows_file.open() as f:
+            return [{k: (float(v) if k not in ("label",) else v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+    def write_rows(self, rows: list[dict]) -> None:
+        if jax.process_index() != 0 or not rows:
+            return
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        temporary = self.rows_file.with_suffix(".tmp")
+        with temporary.open("w", newline="") as f:
+            writer = csv.DictWriter(f, keys)
+            writer.writeheader()
+            writer.writerows(rows)
+        temporary.replace(self.rows_file)  # never a half-written file
+
+    # ------------------------------------------------------------- the run
+    def run(self, progress: bool = True) -> Path:
+        from tqdm import tqdm
+
+        from rlhf_jax.trainer import check_finite, summarize
+
+        mesh = device_mesh()
+        rows = self.rows()
+        warned: set[int] = set()
+        total = len([m for g in self.groups for m in g])
+        print(f"sweep {self.directory}: {total} runs in {len(self.groups)} compiled program(s) over "
+              f"{jax.device_count()} device(s)", flush=True)
+        for g, members in enumerate(self.groups):
+            program = GroupProgram(self.base, members, mesh)
+            training = program.training
+            checkpoints = Checkpoints(self.directory / f"group{g}",
+                                      resume_command=f"rlhf-jax sweep --resume {self.directory}")
+            done = {int(r["chunk"]) for r in rows if int(r["group"]) == g}
+            if len(done) == training.num_chunks:
+                continue
+            latest = checkpoints.latest()
+            if latest is None:
+                state, first = program.init_state(), 0
+            else:
+                _, state = checkpoints.restore(program.abstract_state())
+                first = latest + 1
+            rows = [r for r in rows if int(r["group"]) != g or int(r["chunk"]) < first]
+            every = max(1, training.config.run.checkpoint_every_updates // training.chunk_iterations)
+            bar = tqdm(total=training.num_chunks, initial=first, unit="chunk", disable=not progress,
+                       desc=f"group {g + 1}/{len(self.groups)} ({len(members)} runs)", dynamic_ncols=True)
+            for chunk in range(first, training.num_chunks):
+                start = time.perf_counter()
+                state, metrics = program.run_chunk(state, chunk)
+                metrics = gather(metrics)
+                seconds = time.perf_counter() - start
+                for m, member in enumerate(members):
+                    row = summarize(jax.tree.map(lambda x: x[m], metrics))
+                    row = {"group": g, "chunk": chunk, "member": member.index, "seed": member.seed,
+                           "label": member.label(), **row,
+                           "steps_per_second": len(members) * training.chunk_inputs(chunk)[0]
+                           * training.steps_per_iteration / seconds}
+                    rows.append(row)
+                    try:
+                        check_finite(row, chunk)
+                    except RunError as error:  # one diverging learning rate need not stop the others
+                        if member.index not in warned:
+                            warned.add(member.index)
+                            print(f"warning: run {member.index} ({member.label()}, seed {member.seed}): {error}",
+                                  flush=True)
+                self.write_rows(rows)
+                if (chunk + 1) % every == 0 or chunk + 1 == training.num_chunks:
+                    checkpoints.save(chunk, state)
+                returns = [r["episode_return"] for r in rows if int(r["group"]) == g and int(r["chunk"]) == chunk]
+                bar.set_postfix(true_return=f"{np.nanmean(returns):.4g}")
+                bar.update()
+            bar.close()
+            checkpoints.close()
+        if jax.process_index() == 0:
+            write_results(self.directory, self.rows(), list(self.swept))
+        return self.directory
+
+
+def write_results(directory: Path, rows: list[dict], swept_keys: list[str]) -> None:
+    """``results.csv``/``results.md``: per combination, the last chunk's true return over seeds;
+    ``curves.png``: true return against env steps, the mean over seeds with its range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_label: dict[str, dict[int, list[dict]]] = {}
+    for row in rows:
+        by_label.setdefault(row["label"], {}).setdefault(int(row["member"]), []).append(row)
+    table = []
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for label, members in by_label.items():
+        finals = [sorted(r, key=lambda r: r["chunk"])[-1] for r in members.values()]
+        returns = np.array([f["episode_return"] for f in finals])
+        table.append({"combination": label, "seeds": len(finals),
+                      "final_true_return_mean": float(np.nanmean(returns)),
+                      "final_true_return_std": float(np.nanstd(returns)),
+                      "env_steps": int(finals[0]["env_steps"])})
+        curves = [sorted(r, key=lambda r: r["chunk"]) for r in members.values()]
+        steps = [r["env_steps"] for r in curves[0]]
+        values = np.array([[r["episode_return"] for r in curve] for curve in curves])
+        axes.plot(steps, np.nanmean(values, 0), label=label)
+        axes.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0), alpha=0.2)
+    axes.set_xlabel("env steps")
+    axes.set_ylabel("true episode return (training)")
+    axes.set_title(f"sweep over {', '.join(swept_keys) or 'seeds'}: mean and range over seeds")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(directory / "curves.png", dpi=100)
+    plt.close(figure)
+
+    with (directory / "results.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    lines = ["| combination | seeds | final true return (mean ± std) | env steps |", "|---|---|---|---|"]
+    lines += [f"| {t['combination']} | {t['seeds']} | {t['final_true_return_mean']:.1f} ± "
+              f"{t['final_true_return_std']:.1f} | {t['env_steps']} |" for t in table]
+    (directory / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+def sweep_directory(base: dict) -> Path:
+    from datetime import datetime
+
+    if base.get("run", {}).get("dir"):
+        return Path(base["run"]["dir"])
+    return Path("runs") / f"sweep-{base.get('name', 'experiment')}-{datetime.now():%Y%m%d-%H%M%S}"
+

@@ -1,0 +1,170 @@
+"""``rlhf-jax sweep``: the grid, one vmapped program, the same runs on 4 devices, on two
+processes, and after a SIGKILL."""
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.sweep import Sweep, make_groups, member_config, split_sweep_words
+from rlhf_jax.trainer import restore_latest, train
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = os.environ.get("RLHF_JAX_TEST_CACHE", str(ROOT / ".cache" / "jax"))
+# A2C on CartPole, 3 chunks of 2048 steps: the learning rate swept, 2 seeds each.
+OVERRIDES = ["env.num_envs=8", "a2c.total_env_steps=6144", "run.chunk_env_steps=2048",
+             "run.checkpoint_every_updates=1", "run.tensorboard=false"]
+SWEPT = "a2c.learning_rate=0.003,0.001"
+
+
+def base_config() -> dict:
+    return apply_overrides(read_yaml(ROOT / "configs" / "a2c_cartpole.yaml"), OVERRIDES)
+
+
+def load_state(directory: Path):
+    """The newest checkpoint of a sweep group (or a run) as NumPy arrays on this process's one device."""
+    manager = ocp.CheckpointManager(directory, item_handlers=ocp.StandardCheckpointHandler())
+    step = manager.latest_step()
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                          manager.item_metadata(step))
+    return jax.device_get(manager.restore(step, args=ocp.args.StandardRestore(target)))
+
+
+def run_cli(*words, devices: int = 1, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "rlhf_jax.cli", *words], cwd=ROOT, env=env,
+                            stdout=log.open("a"), stderr=subprocess.STDOUT)
+
+
+def sweep_words(directory: Path) -> list[str]:
+    return ["sweep", str(ROOT / "configs" / "a2c_cartpole.yaml"), *OVERRIDES, SWEPT, "--seeds", "2",
+            "--dir", str(directory)]
+
+
+def assert_same(a, b, **tolerance) -> None:
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        if tolerance:
+            np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), **tolerance)
+        else:
+            np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory) -> Path:
+    """The sweep run in this process, on its one CPU device."""
+    directory = tmp_path_factory.mktemp("sweeps") / "local"
+    _, _, swept = split_sweep_words([SWEPT])
+    Sweep.create(directory, base_config(), swept, seeds=2).run(progress=False)
+    return directory
+
+
+# ------------------------------------------------------------------ the grid
+def test_words_split_into_config_overrides_and_swept_values():
+    config, overrides, swept = split_sweep_words(["x.yaml", "env.num_envs=8", "a2c.learning_rate=0.1,0.01",
+                                                  "preferences.selection=random,disagreement"])
+    assert config == "x.yaml" and overrides == ["env.num_envs=8"]
+    assert swept == {"a2c.learning_rate": [0.1, 0.01], "preferences.selection": ["random", "disagreement"]}
+    with pytest.raises(ConfigError, match="--seeds"):
+        split_sweep_words(["seed=0,1"])
+    with pytest.raises(ConfigError, match="key=value"):
+        split_sweep_words(["x.yaml", "oops"])
+
+
+def test_learning_rates_share_a_program_other_keys_make_one_group_per_value():
+    groups = make_groups({"seed": 7}, {"a2c.entropy_coef": [0.0, 0.01], "a2c.learning_rate": [1e-3, 3e-3]}, seeds=2)
+    assert len(groups) == 2 and all(len(g) == 4 for g in groups)  # entropy: 2 programs of 2 rates x 2 seeds
+    assert [m.seed for m in groups[0]] == [7, 8, 7, 8]
+    assert {dict(m.values)["a2c.entropy_coef"] for m in groups[1]} == {0.01}
+    assert [m.index for g in groups for m in g] == list(range(8))
+    with pytest.raises(ConfigError, match="at least 1"):
+        make_groups({}, {}, seeds=0)
+
+
+def test_runs_a_sweep_cannot_vmap_are_refused():
+    people = apply_overrides(base_config(), ["reward=preferences", "labeler=people"])
+    with pytest.raises(ConfigError, match="people"):
+        member_config(people, make_groups(people, {}, 1)[0][0])
+    pong = apply_overrides(base_config(), ["env.id=envpool/Pong-v5"])
+    with pytest.raises(ConfigError, match="EnvPool"):
+        member_config(pong, make_groups(pong, {}, 1)[0][0])
+
+
+# ------------------------------------------------------------- one program
+def test_table_and_plot_summarise_every_member(local_sweep):
+    with (local_sweep / "members.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 * 3  # 4 runs x 3 chunks
+    with (local_sweep / "results.csv").open() as f:
+        table = {row["combination"]: row for row in csv.DictReader(f)}
+    assert set(table) == {"a2c.learning_rate=0.003", "a2c.learning_rate=0.001"}
+    for label, row in table.items():
+        finals = [float(r["episode_return"]) for r in rows if r["label"] == label and r["chunk"] == "2"]
+        assert int(row["seeds"]) == 2
+        assert float(row["final_true_return_mean"]) == pytest.approx(np.mean(finals))
+    assert (local_sweep / "curves.png").stat().st_size > 10_000
+    assert "| a2c.learning_rate=0.001 | 2 |" in (local_sweep / "results.md").read_text()
+
+
+def test_each_member_is_the_run_rlhf_jax_train_makes(local_sweep, tmp_path):
+    """Member 3 (learning rate 0.001, seed 1) against that run trained alone."""
+    stacked = load_state(local_sweep / "group0" / "checkpoints")
+    member = jax.tree.map(lambda x: x[3], stacked)
+    assert member["opt_state"][1]["hyperparams"]["learning_rate"] == np.float32(0.001)  # the rate is in the state
+    config = build(ExperimentConfig, apply_overrides(base_config(), [
+        "a2c.learning_rate=0.001", "seed=1", f"run.dir={tmp_path / 'alone'}"]))
+    from rlhf_jax.trainer import make_training
+
+    _, alone = restore_latest(make_training(config), train(config, progress=False))
+    # One member alone and four vmapped are compiled for different shapes: XLA may sum in
+    # another order, so equal up to float32 rounding.
+    assert_same(member["params"], jax.device_get(alone.params), rtol=1e-4, atol=1e-6)
+
+
+def test_four_devices_and_two_processes_compute_the_same_runs(local_sweep, tmp_path):
+    """The same sweep sharded over 4 CPU devices, then over 2 processes of 2 devices each
+    (``jax.distributed`` on localhost): the same results as one device."""
+    log = tmp_path / "log.txt"
+    four = run_cli(*sweep_words(tmp_path / "four"), devices=4, log=log)
+    assert four.wait(timeout=300) == 0, log.read_text()[-3000:]
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    processes = [run_cli(*sweep_words(tmp_path / "two_hosts"), "--coordinator", f"localhost:{port}",
+                         "--num-processes", "2", "--process-id", str(i), devices=2, log=log) for i in range(2)]
+    assert [p.wait(timeout=300) for p in processes] == [0, 0], log.read_text()[-3000:]
+
+    one = load_state(local_sweep / "group0" / "checkpoints")
+    sharded = load_state(tmp_path / "four" / "group0" / "checkpoints")
+    distributed = load_state(tmp_path / "two_hosts" / "group0" / "checkpoints")
+    assert_same(sharded, distributed)  # one member per device either way: bit for bit
+    # One device runs the 4 members as one batch, 4 devices 1 each: float32 rounding apart.
+    assert_same(one, sharded, rtol=1e-4, atol=1e-5)
+    assert (tmp_path / "two_hosts" / "results.md").read_text() == (tmp_path / "four" / "results.md").read_text()
+
+
+def test_a_sweep_killed_with_sigkill_resumes_to_the_same_end(local_sweep, tmp_path):
+    log = tmp_path / "log.txt"
+    directory = tmp_path / "killed"
+    process = run_cli(*sweep_words(directory), log=log)
+    first = directory / "group0" / "checkpoints" / "0"
+    deadline = time.monotonic() + 300
+    while not first.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, log.read_text()[-3000:]  # killed before the end
+    resumed = run_cli("sweep", "--resume", str(directory), log=log)
+    assert resumed.wait(timeout=300) == 0, log.read_text()[-3000:]
+    assert_same(load_state(directory / "group0" / "checkpoints"), load_state(local_sweep / "group0" / "checkpoints"))
+    assert (directory / "results.md").read_text() == (local_sweep / "results.md").read_text()
