@@ -65,8 +65,10 @@ def test_overrides_do_not_touch_the_input():
 def test_every_shipped_config_loads():
     from pathlib import Path
 
-    configs = sorted((Path(__file__).resolve().parent.parent / "configs").rglob("*.yaml"))
-    assert configs, "configs/ holds no experiment"
+    # configs/paper/ablations.yaml holds override lists, not an experiment (test_paper_configs reads it).
+    configs = [p for p in sorted((Path(__file__).resolve().parent.parent / "configs").rglob("*.yaml"))
+               if p.name != "ablations.yaml"]
+    assert len(configs) > 40, "configs/ lacks its experiments"
     for path in configs:
         load_config(ExperimentConfig, path)
 
