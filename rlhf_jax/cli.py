@@ -62,11 +62,11 @@ def cmd_sweep(args) -> None:
     else:
         from rlhf_jax.config import DEFAULT_EXPERIMENT, apply_overrides, read_yaml
 
+        if args.coordinator and not args.dir:
+            raise ConfigError("a sweep over several processes needs --dir: one directory all of them share")
         config, overrides, swept = sweep.split_sweep_words(args.words)
         base = apply_overrides(read_yaml(config) if config else DEFAULT_EXPERIMENT, overrides)
         directory = Path(args.dir) if args.dir else sweep.sweep_directory(base)
-        if args.coordinator and not args.dir:
-            raise ConfigError("a sweep over several processes needs --dir: one directory all of them share")
         run = sweep.Sweep.create(directory, base, swept, args.seeds)
     directory = run.run()
     print(f"done: {directory}  (table: {directory / 'results.md'}, plot: {directory / 'curves.png'})")
