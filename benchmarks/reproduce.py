@@ -72,7 +72,7 @@ import numpy as np
 import yaml
 
 from benchmarks.common import RESULTS, enable_compilation_cache, write_result
-from rlhf_jax.config import ExperimentConfig, load_config, to_dict
+from rlhf_jax.config import ExperimentConfig, flat_keys, load_config, to_dict
 from rlhf_jax.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -242,22 +242,11 @@ def save_json(path: Path, data: dict) -> None:
     partial.replace(path)
 
 
-def _flatten(data: dict, prefix: str = "") -> dict:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
-    flat = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def run_command(run: Run, config: ExperimentConfig) -> str:
     """The ``rlhf-jax train`` command line that makes this run."""
-    base = _flatten(to_dict(load_config(ExperimentConfig, run.config_path, [])))
+    base = flat_keys(to_dict(load_config(ExperimentConfig, run.config_path, [])))
     changed = [f"{key}={str(value).lower() if isinstance(value, bool) else value}"
-               for key, value in _flatten(to_dict(config)).items() if base[key] != value]
+               for key, value in flat_keys(to_dict(config)).items() if base[key] != value]
     config_path = run.config_path.relative_to(ROOT) if run.config_path.is_relative_to(ROOT) else run.config_path
     return " ".join(["rlhf-jax train", str(config_path), *(f"'{c}'" if " " in c else c for c in changed)])
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
+from rlhf_jax.config import flat_keys
 from rlhf_jax.errors import ConfigError, RunError
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a checkpoint still being written
@@ -120,25 +121,14 @@ class Checkpoints:
 
 def config_changes(saved: dict, current: dict) -> list[str]:
     """``["env.num_envs: 8 when saved, 16 now", ...]`` for every key whose value differs."""
-    flat_saved, flat_current = _flatten(saved), _flatten(current)
+    # Through JSON, as orbax stores the config: tuples and lists compare alike.
+    flat_saved, flat_current = (flat_keys(json.loads(json.dumps(c))) for c in (saved, current))
     changes = []
     for key in sorted(flat_saved.keys() | flat_current.keys()):
         before, now = flat_saved.get(key, "(absent)"), flat_current.get(key, "(absent)")
         if before != now:
             changes.append(f"{key}: {before} when saved, {now} now")
     return changes
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    # Through JSON, as orbax stores it: tuples and lists compare alike.
-    tree = json.loads(json.dumps(tree))
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def os_error(error: BaseException) -> OSError | None:

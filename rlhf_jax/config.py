@@ -172,6 +172,17 @@ def _copy(data):
     return {k: _copy(v) for k, v in data.items()} if isinstance(data, dict) else data
 
 
+def flat_keys(data: dict, prefix: str = "") -> dict:
+    """A nested config dict keyed as overrides are: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(flat_keys(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
