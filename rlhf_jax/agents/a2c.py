@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble, step_with_reward
+from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
+                                  rollout_rewards)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, torso_for
 from rlhf_jax.errors import ConfigError
@@ -134,13 +135,11 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
     continuous = isinstance(env.spec.action_space, Box)
 
     def rollout_step(carry, _):
-        params, env_state, obs, key, reward_params = carry
+        params, env_state, obs, key = carry
         key, act_key = jax.random.split(key)
         action = act(params, obs, act_key)
-        env_state, timestep, env_action, reward = step_with_reward(
-            env, env_state, obs, action, reward_fn, reward_params, config.reward_scale, config.reward_clip)
-        transition = (obs, env_action, action, reward, timestep.reward, timestep.done, timestep.info)
-        return (params, env_state, timestep.obs, key, reward_params), transition
+        env_state, timestep, env_action = env_step(env, env_state, action)
+        return (params, env_state, timestep.obs, key), (obs, env_action, action, timestep)
 
     def loss_fn(params, obs, actions, returns):
         out = network.apply(params, obs)
@@ -157,10 +156,13 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
         )
 
     def iteration(runner: Runner, reward_params=None):
-        carry = (runner.params, runner.env_state, runner.obs, runner.key, reward_params)
-        (_, env_state, obs, key, _), (observations, env_actions, actions, rewards, oracle_rewards, dones, info) = jax.lax.scan(
+        carry = (runner.params, runner.env_state, runner.obs, runner.key)
+        (_, env_state, obs, key), (observations, env_actions, actions, timesteps) = jax.lax.scan(
             rollout_step, carry, None, config.num_steps
         )
+        rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps,
+                                  config.reward_scale, config.reward_clip)
+        oracle_rewards, dones, info = timesteps.reward, timesteps.done, timesteps.info
         bootstrap = network.apply(runner.params, obs)[-1]  # both heads return the value last
         # A time-limit end is treated as terminal: the environment has already reset the
         # copy, so the observation to bootstrap from is gone.

@@ -68,8 +68,8 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import (RewardFn, Transitions, env_reward, episode_metrics, make_train as assemble,
-                                  step_with_reward)
+from rlhf_jax.agents.base import (RewardFn, Transitions, env_reward, env_step, episode_metrics, make_train as assemble,
+                                  rollout_rewards)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
@@ -261,9 +261,9 @@ def relabel_rewards(config: ACERConfig, spec: EnvSpec, reward_fn: RewardFn, batc
 
     Why: the memory holds rewards as they were at collection time. A learned reward r̂ is
     refit between iterations, so replayed trajectories would carry stale r̂ from old reward
-    parameters; each update recomputes them from the stored observations and actions, as
-    :func:`rlhf_jax.agents.base.step_with_reward` computes them: the sampled action clipped
-    into a ``Box``'s bounds, the reward times ``reward_scale``, then clipped to
+    parameters; each update recomputes them from the stored observations and actions as the
+    rollout did (:func:`rlhf_jax.agents.base.env_step` and ``rollout_rewards``): the sampled
+    action clipped into a ``Box``'s bounds, the reward times ``reward_scale``, then clipped to
     ``[-reward_clip, reward_clip]`` (0: no clipping). The true reward
     (:func:`rlhf_jax.agents.base.env_reward`) comes from the environment's timestep, which the
     memory does not keep, and never goes stale: its batch is returned as it is.
@@ -494,17 +494,15 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
     n = env.num_envs
 
     def rollout_step(carry, _):
-        params, env_state, obs, key, reward_params = carry
+        params, env_state, obs, key = carry
         key, act_key = jax.random.split(key)
         action, behaviour = sample_action(params, obs, act_key)
-        env_state, timestep, env_action, reward = step_with_reward(
-            env, env_state, obs, action, reward_fn, reward_params, config.reward_scale, config.reward_clip)
+        env_state, timestep, env_action = env_step(env, env_state, action)
         info = timestep.info
         truncated = timestep.done & info["truncated"]
         valid = ~info["reset_step"] if "reset_step" in info else jnp.ones_like(timestep.done)
-        step = (obs, env_action, action, behaviour, reward, timestep.done & ~truncated, truncated, valid,
-                timestep.reward, timestep.done, info)
-        return (params, env_state, timestep.obs, key, reward_params), step
+        step = (obs, env_action, action, behaviour, timestep.done & ~truncated, truncated, valid, timestep)
+        return (params, env_state, timestep.obs, key), step
 
     def make_update(memory: Memory, key, rate, reward_params):
         """The body of the update loop: update ``i`` on trajectories from ``memory``, their
@@ -529,9 +527,12 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
         return update
 
     def iteration(runner: Runner, reward_params=None):
-        carry = (runner.params, runner.env_state, runner.obs, runner.key, reward_params)
-        (_, env_state, obs, key, _), steps = jax.lax.scan(rollout_step, carry, None, config.num_steps)
-        observations, env_actions, actions, behaviour, rewards, terminal, truncated, valid, oracle, dones, info = steps
+        carry = (runner.params, runner.env_state, runner.obs, runner.key)
+        (_, env_state, obs, key), steps = jax.lax.scan(rollout_step, carry, None, config.num_steps)
+        observations, env_actions, actions, behaviour, terminal, truncated, valid, timesteps = steps
+        rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps,
+                                  config.reward_scale, config.reward_clip)
+        oracle, dones, info = timesteps.reward, timesteps.done, timesteps.info
         trajectories = Trajectories(jnp.concatenate([observations, obs[None]]), actions, rewards, terminal,
                                     truncated, valid, behaviour)
         memory = _store(runner.memory, trajectories)

@@ -47,7 +47,8 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble, step_with_reward
+from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
+                                  rollout_rewards)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
@@ -262,13 +263,11 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
                           f"({config.value_minibatches})")
 
     def rollout_step(carry, _):
-        params, env_state, obs, key, reward_params = carry
+        params, env_state, obs, key = carry
         key, act_key = jax.random.split(key)
         action = act(params, obs, act_key)
-        env_state, timestep, env_action, reward = step_with_reward(
-            env, env_state, obs, action, reward_fn, reward_params, config.reward_scale)
-        transition = (obs, env_action, action, reward, timestep.reward, timestep.done, timestep.info)
-        return (params, env_state, timestep.obs, key, reward_params), transition
+        env_state, timestep, env_action = env_step(env, env_state, action)
+        return (params, env_state, timestep.obs, key), (obs, env_action, action, timestep)
 
     def update_policy(policy_params, observations, actions, advantages, mask):
         """One natural-gradient step with a line search (Schulman et al. 2015, appendix C)."""
@@ -326,10 +325,12 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         return value_params, opt_state, losses[-1].mean()
 
     def iteration(runner: Runner, reward_params=None):
-        carry = (runner.params, runner.env_state, runner.obs, runner.key, reward_params)
-        (_, env_state, obs, key, _), (observations, env_actions, actions, rewards, oracle_rewards, dones, info) = jax.lax.scan(
+        carry = (runner.params, runner.env_state, runner.obs, runner.key)
+        (_, env_state, obs, key), (observations, env_actions, actions, timesteps) = jax.lax.scan(
             rollout_step, carry, None, num_steps
         )
+        rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps, config.reward_scale)
+        oracle_rewards, dones, info = timesteps.reward, timesteps.done, timesteps.info
         key, value_key = jax.random.split(key)
         params = runner.params
         values = value.apply(params["value"], observations)
