@@ -9,7 +9,10 @@ cutting of segments, the queries, the oracle, and the ensemble's fitting
 before RL (the untrained policy's labels, pretraining) is left out of both.
 
 Key ``rlhf_over_true_reward`` (CartPole A2C; target >= 0.8) and ``pong_rlhf_over_true_reward``
-(A2C on Pong through EnvPool with the paper's Atari reward CNN).
+(A2C on Pong through EnvPool with the paper's Atari reward CNN). Beside the CartPole ratio:
+the same loop with no fitting (``fit_pairs_per_env_step=0``), and the arithmetic each side
+does per env step as XLA's cost analysis counts it, which bounds the ratio on any machine
+where arithmetic, not the sequence of small steps, sets the pace.
 """
 from __future__ import annotations
 
@@ -17,29 +20,51 @@ import argparse
 import time
 
 import jax
+import jax.numpy as jnp
 
 from benchmarks.common import enable_compilation_cache, write_result
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
 from rlhf_jax.trainer import make_training
 
 
-def chunk_steps_per_second(config: ExperimentConfig, chunks: int) -> float:
-    """Env steps/s over ``chunks`` chunks after a first, compiling one."""
-    training = make_training(config)
-    state = jax.block_until_ready(training.init_runner(jax.random.PRNGKey(0)))
-    state, _ = training.run_chunk(state, 0)
-    jax.block_until_ready(state)
-    start = time.perf_counter()
+def chunk_rates(configs: dict[str, ExperimentConfig], chunks: int) -> dict[str, float]:
+    """Env steps/s of each config's chunks: best of ``chunks`` chunks after a first, compiling
+    one, the configs taking turns chunk by chunk so that load from elsewhere falls on all alike."""
+    runs = {}
+    for name, config in configs.items():
+        training = make_training(config)
+        state = training.init_runner(jax.random.PRNGKey(0))
+        state, _ = training.run_chunk(state, 0)
+        runs[name] = [training, jax.block_until_ready(state), float("inf")]
     for chunk in range(1, chunks + 1):
-        state, metrics = training.run_chunk(state, chunk)
-    jax.block_until_ready(state)
-    return chunks * training.chunk_iterations * training.steps_per_iteration / (time.perf_counter() - start)
+        for run in runs.values():
+            training, state, best = run
+            start = time.perf_counter()
+            state, _ = training.run_chunk(state, chunk)
+            jax.block_until_ready(state)
+            run[1:] = [state, min(best, time.perf_counter() - start)]
+    return {name: t.chunk_iterations * t.steps_per_iteration / best for name, (t, _, best) in runs.items()}
 
 
-def ratio(rlhf: dict, overrides: list[str], chunks: int) -> tuple[float, float]:
-    learned = build(ExperimentConfig, apply_overrides(rlhf, overrides))
-    true = build(ExperimentConfig, apply_overrides(rlhf, [*overrides, "reward=env"]))
-    return chunk_steps_per_second(learned, chunks), chunk_steps_per_second(true, chunks)
+def xla_flops(function, *args) -> float:
+    """Floating-point operations of one call, as XLA's cost analysis of the compiled program counts them."""
+    cost = jax.jit(function).lower(*args).compile().cost_analysis()
+    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
+def flops_per_env_step(learned: ExperimentConfig, true: ExperimentConfig) -> dict[str, float]:
+    """Arithmetic per env step: the agent's iteration on the true reward; the loop's iteration
+    on r̂ with its recording, its share of the fitting steps, and of the per-chunk queries,
+    l2 adaptation and scoring. Loop bodies are counted once, so each piece is one iteration or step."""
+    agent, loop = make_training(true), make_training(learned)
+    runner = agent.init_runner(jax.random.PRNGKey(0))
+    state = loop.init_runner(jax.random.PRNGKey(0))
+    chunk_steps = loop.chunk_iterations * loop.steps_per_iteration
+    fitting = xla_flops(loop._fit_one_fn, state) * loop.fit_steps / chunk_steps
+    rest = xla_flops(lambda s: loop._after_fit_and_score_fn(loop._ask_fn(s, jnp.int32(1)))[0], state) / chunk_steps
+    playing = xla_flops(lambda s: loop._collect_fn(s)[0], state) / loop.steps_per_iteration
+    return {"agent_on_true_reward": xla_flops(lambda r: agent.iteration(r)[0], runner) / agent.steps_per_iteration,
+            "rlhf_loop": playing + fitting + rest, "rlhf_fitting": fitting}
 
 
 def main() -> None:
@@ -52,9 +77,16 @@ def main() -> None:
 
     chunks = 3 if args.quick else 10
     cartpole = ["run.chunk_env_steps=51200", f"a2c.total_env_steps={51200 * (chunks + 2)}"]
-    learned, true = ratio(DEFAULT_EXPERIMENT, cartpole, chunks)
-    results.update(cartpole_rlhf_steps_per_s=learned, cartpole_true_reward_steps_per_s=true,
-                   rlhf_over_true_reward=learned / true)
+    config = lambda *extra: build(ExperimentConfig, apply_overrides(DEFAULT_EXPERIMENT, [*cartpole, *extra]))
+    rates = chunk_rates({"learned": config(), "no_fitting": config("preferences.fit_pairs_per_env_step=0"),
+                         "true": config("reward=env")}, chunks)
+    flops = flops_per_env_step(config(), config("reward=env"))
+    results.update(cartpole_rlhf_steps_per_s=rates["learned"], cartpole_true_reward_steps_per_s=rates["true"],
+                   cartpole_no_fitting_steps_per_s=rates["no_fitting"],
+                   rlhf_over_true_reward=rates["learned"] / rates["true"],
+                   no_fitting_over_true_reward=rates["no_fitting"] / rates["true"],
+                   **{f"flops_per_env_step_{name}": value for name, value in flops.items()},
+                   flops_rlhf_over_true_reward=flops["rlhf_loop"] / flops["agent_on_true_reward"])
 
     if not args.no_atari:
         # Small buffers and budgets so that the CPU run fits in memory and minutes; the
@@ -66,7 +98,9 @@ def main() -> None:
                 "a2c": {"total_env_steps": steps * (pong_chunks + 2)},
                 "preferences": {"labels": 200, "initial_labels": 20, "segment_capacity": 64, "pretrain_epochs": 1},
                 "run": {"chunk_env_steps": steps}}
-        learned, true = ratio(pong, [], pong_chunks)
+        pong_config = lambda *extra: build(ExperimentConfig, apply_overrides(pong, list(extra)))
+        rates = chunk_rates({"learned": pong_config(), "true": pong_config("reward=env")}, pong_chunks)
+        learned, true = rates["learned"], rates["true"]
         results.update(pong_rlhf_steps_per_s=learned, pong_true_reward_steps_per_s=true,
                        pong_rlhf_over_true_reward=learned / true)
 

@@ -65,10 +65,10 @@ class IBTRunState(NamedTuple):
 class IBTTraining(AgentRun):
     """Everything compiled for one IBT run; driven by ``rlhf-jax train`` like the others."""
 
-    def __init__(self, config: ExperimentConfig, labeler: AsyncLabeler | None = None):
+    def __init__(self, config: ExperimentConfig, labeler: AsyncLabeler | None = None, members: int = 1):
         """``labeler``: people (or any host-side annotator, :mod:`rlhf_jax.reward.people`) in place
         of the synthetic annotator on the device; it marks every episode, the initial ones too."""
-        super().__init__(config, config.env)
+        super().__init__(config, config.env, members)
         self.ibt = config.ibt
         self.host = HostLabels(labeler) if labeler is not None else None
         spec = self.env.spec

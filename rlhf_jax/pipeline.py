@@ -83,11 +83,11 @@ class RLHFState(NamedTuple):
 class RLHFTraining(AgentRun):
     """Everything compiled for one preference-learning run."""
 
-    def __init__(self, config: ExperimentConfig, labeler: AsyncLabeler | None = None):
+    def __init__(self, config: ExperimentConfig, labeler: AsyncLabeler | None = None, members: int = 1):
         """``labeler``: a host-side labeler (people, :mod:`rlhf_jax.reward.people`) in place
         of the synthetic oracle on the device; it answers every label, the initial ones too."""
         # The agent learns from r̂ only: no life-loss episodes or other true-reward helpers.
-        super().__init__(config, config.env)
+        super().__init__(config, config.env, members)
         self.host = HostLabels(labeler) if labeler is not None else None
         spec = self.env.spec
         self.prefs = config.preferences

@@ -23,9 +23,13 @@ mean and std over seeds of the last chunk's true return), ``curves.png``, and
 ``group<g>/checkpoints/`` (orbax, the stacked state after each chunk): ``--resume`` skips
 finished groups and continues the current one from its newest checkpoint.
 
-EnvPool (Atari) cannot be swept: its XLA step advances one pool outside JAX, so a vmapped
-step has no batching rule. Runs on Atari are separate ``rlhf-jax train`` processes (one pool
-each); see the README's section on sweeps.
+Atari (EnvPool) is stepped outside JAX, by a pool of C++ environments, which cannot itself be
+vmapped. A group on Atari builds one pool holding every member's environments (members x
+``env.num_envs``): vmapped over the members, each vector step joins their actions into one call
+of the pool and splits its results among them (``envs.envpool_envs.shared_by_members``). That
+pool lives in one process and feeds one device, so an Atari sweep runs on the first device of
+a single process; its members start from the pool's first reset after initialisation (and
+again after a resume: the pool died with the old process).
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
+from rlhf_jax.envs import ATARI_NAMES
 from rlhf_jax.errors import ConfigError, RunError
 
 # Swept keys whose values live in the training state, not in the compiled program: runs that
@@ -113,23 +118,39 @@ def member_config(base: dict, member: Member) -> ExperimentConfig:
     config = build(ExperimentConfig, apply_overrides(base, member.overrides()))
     if config.labeler != "synthetic":
         raise ConfigError("a sweep's labels come from the synthetic labeler: people label one run (rlhf-jax train)")
-    if config.env.id.startswith("envpool/"):
-        raise ConfigError(f"{config.env.id}: EnvPool steps one pool outside JAX and cannot be vmapped over a "
-                          "sweep's runs; train each run with rlhf-jax train (see the README, Sweeps)")
+    if config.env.backend == "envpool":
+        if config.env.name not in ATARI_NAMES:
+            raise ConfigError(f"{config.env.id}: EnvPool's MuJoCo cannot be shared by a sweep's runs; "
+                              f"sweep mjx/{config.env.name} instead")
+        if jax.process_count() > 1:
+            raise ConfigError(f"{config.env.id}: an EnvPool pool lives in one process; sweep Atari without "
+                              "--num-processes (its runs share one pool and one device)")
     return config
+
+
+def shares_a_pool(config: ExperimentConfig) -> bool:
+    """Whether a group's members step one EnvPool pool together (Atari) rather than vmapped environments."""
+    return config.env.backend == "envpool"
 
 
 class GroupProgram:
     """One group's members as one sharded, vmapped program over ``mesh``."""
 
     def __init__(self, base: dict, members: list[Member], mesh: Mesh):
+        from rlhf_jax.trainer import make_training
+
         self.members = members
         self.configs = [member_config(base, m) for m in members]
+        self.shared_pool = shares_a_pool(self.configs[0])
+        if self.shared_pool:  # one pool feeds one device (module docstring)
+            mesh = Mesh(np.array(jax.local_devices()[:1]), ("members",))
         self.padded = math.ceil(len(members) / mesh.devices.size) * mesh.devices.size
         self.sharding = NamedSharding(mesh, PartitionSpec("members"))
         self._trainings = {}  # a config without its seed -> its training, to initialise members with
         self._chunks = {}  # chunk length -> the compiled, vmapped chunk
-        self.training = self._training_for(self.configs[0])  # whose chunk every member runs
+        # Whose chunk every member runs; on Atari with the pool they share.
+        self.training = (make_training(self.configs[0], members=self.padded) if self.shared_pool
+                         else self._training_for(self.configs[0]))
 
     def _training_for(self, config: ExperimentConfig):
         from rlhf_jax.trainer import make_training
@@ -162,7 +183,16 @@ class GroupProgram:
                 return np.stack([leaves_by_member[i][n] for i in rows])
             return jax.make_array_from_callback(shape_dtype.shape, self.sharding, shard)
 
-        return jax.tree.unflatten(treedef, [leaf(n, s) for n, s in enumerate(jax.tree.leaves(abstract))])
+        return self.start_pool(jax.tree.unflatten(treedef, [leaf(n, s) for n, s in enumerate(jax.tree.leaves(abstract))]))
+
+    def start_pool(self, state):
+        """Atari: every member's environments reset through the shared pool (they were
+        initialised, or restored, with environments of their own); others: ``state`` as it is."""
+        if not self.shared_pool:
+            return state
+        keys = jax.random.split(jax.random.PRNGKey(self.configs[0].seed), self.padded)
+        reset = jax.jit(jax.vmap(self.training.reset_env), out_shardings=self.sharding, donate_argnums=0)
+        return reset(state, keys)
 
     def run_chunk(self, state, chunk: int):
         length, wanted = self.training.chunk_inputs(chunk)
@@ -259,7 +289,7 @@ class Sweep:
                 state, first = program.init_state(), 0
             else:
                 _, state = checkpoints.restore(program.abstract_state())
-                first = latest + 1
+                state, first = program.start_pool(state), latest + 1
             rows = [r for r in rows if int(r["group"]) != g or int(r["chunk"]) < first]
             every = max(1, training.config.run.checkpoint_every_updates // training.chunk_iterations)
             bar = tqdm(total=training.num_chunks, initial=first, unit="chunk", disable=not progress,

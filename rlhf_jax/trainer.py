@@ -112,11 +112,12 @@ class AgentRun:
     """An agent on an environment, its run cut into chunks of iterations: what the training
     command needs of any run, whatever the reward (true here, learned in the pipeline)."""
 
-    def __init__(self, config: ExperimentConfig, env_config: EnvConfig):
+    def __init__(self, config: ExperimentConfig, env_config: EnvConfig, members: int = 1):
+        """``members``: the runs of a sweep that will share this one's environment (``envs.make``)."""
         self.config = config
         self.agent = get_agent(config.agent)
         self.agent_config = getattr(config, config.agent)
-        self.env = make(env_config)
+        self.env = make(env_config, members)
         self.total_iterations = self.agent.num_iterations(self.agent_config, self.env)
         self.steps_per_iteration = self.agent.env_steps_per_iteration(self.agent_config, self.env)
         self.chunk_iterations = max(1, min(self.total_iterations, config.run.chunk_env_steps // self.steps_per_iteration))
@@ -154,8 +155,8 @@ class AgentRun:
 class Training(AgentRun):
     """The agent on the environment's reward: everything compiled, shared by a fresh start and a resume."""
 
-    def __init__(self, config: ExperimentConfig):
-        super().__init__(config, true_reward_env_config(config))
+    def __init__(self, config: ExperimentConfig, members: int = 1):
+        super().__init__(config, true_reward_env_config(config), members)
         self.iteration = self.agent.make_iteration(self.agent_config, self.env, env_reward)
         self._run_chunk = compile_chunk(lambda r: self.iteration(r)[:2], self.loop)
         self.init_runner = jax.jit(lambda key: self.agent.init_runner(key, self.agent_config, self.env))
@@ -177,17 +178,17 @@ def restore_latest(training, run_dir: Path):
     return Checkpoints(run_dir, config=to_dict(training.config)).restore(like)
 
 
-def make_training(config: ExperimentConfig):
-    """What drives a run: the agent on the true reward, or the RLHF loop."""
+def make_training(config: ExperimentConfig, members: int = 1):
+    """What drives a run: the agent on the true reward, or the RLHF loop (``members``: see AgentRun)."""
     if config.reward == "preferences":
         from rlhf_jax.pipeline import RLHFTraining
 
-        return RLHFTraining(config)
+        return RLHFTraining(config, members=members)
     if config.reward == "ibt":
         from rlhf_jax.ibt_pipeline import IBTTraining
 
-        return IBTTraining(config)
-    return Training(config)
+        return IBTTraining(config, members=members)
+    return Training(config, members)
 
 
 def connect_people(training, config: ExperimentConfig, run_dir: Path) -> None:

@@ -1,6 +1,6 @@
 """Runs that survive: a run killed with SIGKILL at any moment and resumed ends exactly like one
-never interrupted (DQN with its replay memory; the preference loop with its ensemble, labels,
-segments and keys); a kill in the middle of a checkpoint's write leaves the one before it
+never interrupted (DQN with its replay memory; the preference and IBT loops with their reward
+models, labels, segments and keys); a kill in the middle of a checkpoint's write leaves the one before it
 restorable; a full disk, a diverged loss and a config edited before a resume each stop with
 a message that says what is intact and how to go on."""
 import errno
@@ -39,6 +39,12 @@ DQN = [
 PREFERENCES = [
     "env.num_envs=32", "a2c.total_env_steps=4096", "a2c.mlp_hidden=[32,32]", "preferences.labels=40",
     "preferences.segment_capacity=64", "preferences.fit_pairs_per_env_step=0.01",
+    "run.chunk_env_steps=512", "run.checkpoint_every_updates=1", "run.tensorboard=false",
+]
+# A2C on CartPole from IBT marks on 40 annotated episodes, tiny: 8 chunks of 512 env steps.
+IBT = [
+    str(ROOT / "configs" / "ibt_cartpole.yaml"), "a2c.total_env_steps=4096", "a2c.mlp_hidden=[32,32]",
+    "ibt.episodes=40", "ibt.episode_capacity=64", "ibt.batch_episodes=8", "ibt.hidden=[32,32]",
     "run.chunk_env_steps=512", "run.checkpoint_every_updates=1", "run.tensorboard=false",
 ]
 
@@ -152,10 +158,11 @@ def test_a_kill_while_a_checkpoint_is_written_leaves_the_one_before(dqn_whole, t
     assert_same_trees(resumed, whole)
 
 
-def test_preference_run_killed_and_resumed_keeps_every_label(tmp_path):
+@pytest.mark.parametrize("argv, labels", [(PREFERENCES, "labels"), (IBT, "annotated")], ids=["preferences", "ibt"])
+def test_a_learned_reward_run_killed_and_resumed_keeps_every_label(argv, labels, tmp_path):
     run_dir = tmp_path / "killed"
-    uninterrupted = lambda: train(config_of([*PREFERENCES, f"run.dir={tmp_path / 'whole'}"]), progress=False)
-    last, whole = run_and_kill(PREFERENCES, run_dir, after_chunk=1, meanwhile=uninterrupted)
+    uninterrupted = lambda: train(config_of([*argv, f"run.dir={tmp_path / 'whole'}"]), progress=False)
+    last, whole = run_and_kill(argv, run_dir, after_chunk=1, meanwhile=uninterrupted)
     assert 1 <= last < 7, "the run ended before it was killed"
     # Whatever the kill left, a checkpoint that never finished is passed over.
     junk = run_dir / "checkpoints" / f"{last + 1}{TMP_SUFFIX}"
@@ -165,8 +172,8 @@ def test_preference_run_killed_and_resumed_keeps_every_label(tmp_path):
     assert main(["train", "--resume", str(run_dir)]) == 0
 
     (chunk_a, a), (chunk_b, b) = final_states(whole, run_dir)
-    assert chunk_a == chunk_b == 7 and int(a.labels.count) == int(b.labels.count) > 10
-    # Agent, ensemble, labels, segment buffers, recent steps, keys, queries asked: all of it.
+    assert chunk_a == chunk_b == 7 and int(getattr(a, labels).count) == int(getattr(b, labels).count) > 10
+    # Agent, reward model, labels (marked episodes), clip buffers, recent steps, keys: all of it.
     assert_same_trees(a, b)
     labels_a, labels_b = np.load(whole / "labels.npz"), np.load(run_dir / "labels.npz")
     assert sorted(labels_a.files) == sorted(labels_b.files)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -96,9 +97,9 @@ def test_runs_a_sweep_cannot_vmap_are_refused():
     people = apply_overrides(base_config(), ["reward=preferences", "labeler=people"])
     with pytest.raises(ConfigError, match="people"):
         member_config(people, make_groups(people, {}, 1)[0][0])
-    pong = apply_overrides(base_config(), ["env.id=envpool/Pong-v5"])
-    with pytest.raises(ConfigError, match="EnvPool"):
-        member_config(pong, make_groups(pong, {}, 1)[0][0])
+    hopper = apply_overrides(base_config(), ["env.id=envpool/Hopper-v5", "agent=trpo"])
+    with pytest.raises(ConfigError, match="mjx/Hopper-v5"):
+        member_config(hopper, make_groups(hopper, {}, 1)[0][0])
 
 
 # ------------------------------------------------------------- one program
@@ -168,3 +169,41 @@ def test_a_sweep_killed_with_sigkill_resumes_to_the_same_end(local_sweep, tmp_pa
     assert resumed.wait(timeout=300) == 0, log.read_text()[-3000:]
     assert_same(load_state(directory / "group0" / "checkpoints"), load_state(local_sweep / "group0" / "checkpoints"))
     assert (directory / "results.md").read_text() == (local_sweep / "results.md").read_text()
+
+
+# ------------------------------------------------------------------- Atari
+def test_members_sharing_one_pool_see_what_the_pool_of_all_their_environments_gives():
+    """Vmapped over 2 members of 2 environments, reset and steps go through one pool of 4:
+    each member gets its slice of what a plain pool of 4 (same seed) returns for the same actions."""
+    from rlhf_jax.envs import EnvConfig, make
+
+    shared = make(EnvConfig(id="envpool/Breakout-v5", num_envs=2, seed=3), members=2)
+    plain = make(EnvConfig(id="envpool/Breakout-v5", num_envs=4, seed=3))
+    assert shared.num_envs == 2 and shared.pool.config["num_envs"] == 4
+    actions = jnp.asarray(np.random.default_rng(0).integers(0, 4, size=(12, 2, 2)), jnp.int32)
+
+    def play(env, key, actions):
+        state, first = env.reset(key)
+        _, steps = jax.lax.scan(env.step, state, actions)
+        return first.obs, steps.obs, steps.reward, steps.info["lives"]
+
+    members = jax.jit(jax.vmap(lambda k, a: play(shared, k, a), in_axes=(0, 1)))(
+        jax.random.split(jax.random.PRNGKey(0), 2), actions)
+    whole = jax.jit(lambda a: play(plain, jax.random.PRNGKey(0), a))(actions.reshape(12, 4))
+    first, obs, reward, lives = whole
+    assert float(jnp.abs(obs[:, :2].astype(jnp.int32) - obs[:, 2:]).sum()) > 0  # the members differ
+    np.testing.assert_array_equal(members[0], first.reshape(2, 2, 84, 84, 4))
+    for mine, theirs in zip(members[1:], (obs, reward, lives)):
+        np.testing.assert_array_equal(mine, np.moveaxis(theirs.reshape(12, 2, 2, *theirs.shape[2:]), 1, 0))
+
+
+def test_an_atari_sweep_runs_its_members_on_one_shared_pool(tmp_path):
+    overrides = ["env.num_envs=2", "a2c.total_env_steps=40", "run.chunk_env_steps=20", "run.tensorboard=false"]
+    base = apply_overrides(read_yaml(ROOT / "configs" / "paper" / "atari" / "breakout_a2c.yaml"), overrides)
+    directory = Sweep.create(tmp_path / "breakout", base, {}, seeds=2).run(progress=False)
+    with (directory / "members.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["chunk"], r["seed"], r["env_steps"]) for r in rows] == [
+        ("0", "0", "20.0"), ("0", "1", "20.0"), ("1", "0", "40.0"), ("1", "1", "40.0")]
+    assert rows[-1]["loss"] != rows[-2]["loss"]  # two runs, not one copied
+    assert "| base | 2 |" in (directory / "results.md").read_text()

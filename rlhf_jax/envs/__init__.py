@@ -9,6 +9,7 @@ Ids are ``<backend>/<name>``:
 """
 from __future__ import annotations
 
+from rlhf_jax.errors import ConfigError
 from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, EnvState, TimeStep, check_action
 from rlhf_jax.envs.options import EnvConfig
 
@@ -29,8 +30,12 @@ ENV_IDS = (
 )
 
 
-def make(config: EnvConfig | str) -> Environment:
-    """Build the environment named by ``config.id`` (a bare id string takes default options)."""
+def make(config: EnvConfig | str, members: int = 1) -> Environment:
+    """Build the environment named by ``config.id`` (a bare id string takes default options).
+
+    ``members``: how many runs of a sweep share it. JAX environments are vmapped over the
+    runs as they are; EnvPool Atari builds one pool for all of them
+    (:func:`rlhf_jax.envs.envpool_envs.shared_by_members`)."""
     if isinstance(config, str):
         config = EnvConfig(id=config)  # an unknown id fails here, listing the known ones
     backend, name = config.backend, config.name
@@ -42,7 +47,12 @@ def make(config: EnvConfig | str) -> Environment:
     if backend == "envpool":
         from rlhf_jax.envs.envpool_envs import AtariEnv, MujocoPoolEnv
 
-        return AtariEnv(name, config) if name in ATARI_NAMES else MujocoPoolEnv(name, config)
+        if name in ATARI_NAMES:
+            return AtariEnv(name, config, members)
+        if members > 1:
+            raise ConfigError(f"{config.id}: EnvPool's MuJoCo cannot be shared by a sweep's runs; "
+                              f"sweep mjx/{name} instead")
+        return MujocoPoolEnv(name, config)
     from rlhf_jax.envs.mjx_tasks import make_mjx
 
     return make_mjx(name, config)

@@ -5,8 +5,11 @@ custom call, so stepping happens inside ``jit`` and ``lax.scan`` with no Python 
 loop. Consequences that shape this module:
 
 * The pool lives on the host. Its "state" is an opaque handle: threading an old
-  handle through ``step`` does not rewind the pool, and one pool cannot be
-  ``vmap``ped over seeds (use one pool with more environments instead).
+  handle through ``step`` does not rewind the pool, and a pool cannot be ``vmap``ped
+  as such. A sweep's runs share one pool instead (``members``): one pool of
+  ``members x num_envs`` Atari environments, of which each run gets ``num_envs``; under
+  ``vmap`` over the runs, their actions join into one call of the pool and its results
+  are split among them (:func:`shared_by_members`).
 * The pool is seeded when it is built (``EnvConfig.seed``); ``reset(key)`` ignores
   the key and asks the pool for fresh episodes through an ``io_callback``, so it
   can be called inside ``jit`` too.
@@ -27,6 +30,7 @@ import envpool
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 from jax.experimental import io_callback
 
 from rlhf_jax.envs.atari_masks import hide_score
@@ -51,19 +55,56 @@ class PoolState(NamedTuple):
     failed: jax.Array  # MuJoCo with hidden episode ends: unhealthy earlier in this episode
 
 
+def shared_by_members(call, members: int):
+    """``call(handle, *inputs) -> (handle, outputs)`` of a pool of ``members x N`` environments,
+    as a function of one member's ``N`` that works under ``jax.vmap`` over the members:
+
+        member_call(handle [H], *inputs [N, ...]) -> (handle, outputs [N, ...])
+
+    Vmapped, the members' inputs (each ``[members, N, ...]``; a reset's key, which the pool
+    ignores, is joined alike) become one call of the pool, and its outputs
+    (``[members x N, ...]``) are split among them; every member gets the new handle. Unbatched, a member alone cannot drive the shared
+    pool: that form is only traced for its shapes, and returns zeros.
+    """
+    def split(x):
+        return x.reshape(members, x.shape[0] // members, *x.shape[1:])
+
+    def pool_inputs(inputs):
+        return [x.reshape(-1, *x.shape[2:]) for x in inputs]
+
+    @custom_vmap
+    def member_call(handle, *inputs):
+        shapes = jax.eval_shape(lambda h, *xs: call(h, *pool_inputs(xs)), handle,
+                                *[jax.ShapeDtypeStruct((members, *x.shape), x.dtype) for x in inputs])
+        return handle, jax.tree.map(lambda x: jnp.zeros((x.shape[0] // members, *x.shape[1:]), x.dtype), shapes[1])
+
+    @member_call.def_vmap
+    def joined(axis_size, in_batched, handle, *inputs):
+        if axis_size != members:
+            raise ValueError(f"a pool shared by {members} members was vmapped over {axis_size}")
+        if in_batched[0]:
+            handle = handle[0]  # the same pool for every member
+        inputs = [x if batched else jnp.broadcast_to(x, (members, *x.shape)) for x, batched in zip(inputs, in_batched[1:])]
+        handle, outputs = call(handle, *pool_inputs(inputs))
+        outputs = jax.tree.map(split, outputs)
+        handles = jnp.broadcast_to(handle, (members, *handle.shape))
+        return (handles, outputs), (True, jax.tree.map(lambda _: True, outputs))
+
+    return member_call
+
+
 class EnvPoolEnv(Environment):
     """What both pools share: construction, the initial state and the empty info of a reset."""
 
-    def __init__(self, config: EnvConfig, spec: EnvSpec, **pool_options):
+    def __init__(self, config: EnvConfig, spec: EnvSpec, members: int = 1, **pool_options):
         self._config = config
         self.pool = envpool.make(
-            config.name, env_type="gymnasium", num_envs=config.num_envs, seed=config.seed, **pool_options
+            config.name, env_type="gymnasium", num_envs=config.num_envs * members, seed=config.seed, **pool_options
         )
         self.spec = spec
 
     def _reset(self, key):
-        del key  # the pool was seeded when it was built
-        handle, obs, lives = self._pool_reset()
+        handle, obs, lives = self._pool_reset(key)
         n = self.num_envs
         zero, no = jnp.zeros((n,), jnp.float32), jnp.zeros((n,), bool)
         info = {"true_reward": zero, "true_done": no, "truncated": no, "reset_step": no}
@@ -76,7 +117,7 @@ class AtariEnv(EnvPoolEnv):
     Observations are uint8 of shape (84, 84, 4), channel last as Flax convolutions expect.
     """
 
-    def __init__(self, name: str, config: EnvConfig):
+    def __init__(self, name: str, config: EnvConfig, members: int = 1):
         reject_options(config, "EnvPool Atari", control_cost=True, hidden_end="continue")
         if config.hide_episode_end and config.episodic_life:
             raise ConfigError("env.hide_episode_end and env.episodic_life contradict each other: choose one")
@@ -92,24 +133,34 @@ class AtariEnv(EnvPoolEnv):
             action_space=Discrete(int(pool.action_space.n)), fps=ATARI_FPS,
             max_episode_steps=int(pool.config.max_episode_steps),
         )
-        super().__init__(config, spec, **options)
+        super().__init__(config, spec, members, **options)
         self._handle, self._recv, _, self._xla_step = self.pool.xla()
+        self._reset_call = self._reset_pool
+        if members > 1:
+            self._xla_step = shared_by_members(self._xla_step, members)
+            self._reset_call = shared_by_members(self._reset_call, members)
 
     def _observe(self, obs):
         obs = jnp.transpose(obs, (0, 2, 3, 1))
         return hide_score(obs, self._game) if self._config.hide_score else obs
 
-    def _pool_reset(self):
+    def _pool_reset(self, key):
+        handle, (obs, lives) = self._reset_call(jnp.asarray(self._handle), key)
+        return handle, self._observe(obs), lives
+
+    def _reset_pool(self, handle, key):
+        """Reset every environment of the pool: ``(handle, (obs, lives))``, obs as EnvPool gives them."""
+        del key  # the pool was seeded when it was built
+
         # The handle handed to the receive depends on the callback's result, so XLA
         # cannot move the receive before the reset it collects.
         def host_reset(handle):
             self.pool.async_reset()
             return handle
 
-        handle = jnp.asarray(self._handle)
         handle = io_callback(host_reset, jax.ShapeDtypeStruct(handle.shape, handle.dtype), handle, ordered=True)
         handle, (obs, _, _, _, info) = self._recv(handle)
-        return handle, self._observe(obs), info["lives"]
+        return handle, (obs, info["lives"])
 
     def _step(self, inner: PoolState, action):
         handle, (obs, reward, terminated, truncated, info) = self._xla_step(inner.handle, action.astype(jnp.int32))
@@ -171,7 +222,9 @@ class MujocoPoolEnv(EnvPoolEnv):
         # obs, reward, terminated, truncated, elapsed_step, survive bonus (or x velocity)
         self._step_result = (self._obs_shape, f32, flag, flag, i32, f32)
 
-    def _pool_reset(self):
+    def _pool_reset(self, key):
+        del key  # the pool was seeded when it was built
+
         def host_reset(handle):
             obs, _ = self.pool.reset()
             return handle, obs.astype(np.float32)
