@@ -90,7 +90,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("reward_fit", "fitting the reward ensemble, against imitation", ("--quick",), (),
               "reward_fit", "reward_fit", 1, 5),
     Benchmark("rlhf_overhead", "the RLHF loop against RL on the true reward", ("--quick",), (),
-              "rlhf_overhead", "rlhf_overhead", 3, 10),
+              "rlhf_overhead", "rlhf_overhead", 30, 60),
     Benchmark("replay_memory", "memory of a 1M-transition Atari replay (computed, nothing allocated)", (), (),
               "replay_memory", "replay_memory", 0.2, 0.2),
     Benchmark("ibt", "IBT loss throughput and reward quality against AR and preferences", ("--quick",), (),
@@ -370,6 +370,13 @@ def rlhf_overhead_rows(d: dict) -> list[Row]:
     rows = [("RLHF loop env steps/s vs the same agent on the true reward (CartPole A2C)",
              d.get("cartpole_rlhf_steps_per_s"), d.get("cartpole_true_reward_steps_per_s"),
              d.get("rlhf_over_true_reward"), "rlhf_over_true_reward")]
+    if "no_fitting_over_true_reward" in d:
+        rows.append(("The same loop with no fitting (fit_pairs_per_env_step=0), env steps/s vs true reward",
+                     d.get("cartpole_no_fitting_steps_per_s"), d.get("cartpole_true_reward_steps_per_s"),
+                     d.get("no_fitting_over_true_reward"), None))
+        rows.append(("Arithmetic per env step (XLA cost analysis, flops): RLHF loop vs the agent on the true reward",
+                     d.get("flops_per_env_step_rlhf_loop"), d.get("flops_per_env_step_agent_on_true_reward"),
+                     d.get("flops_rlhf_over_true_reward"), None))
     if "pong_rlhf_over_true_reward" in d:
         rows.append(("RLHF loop env steps/s vs true reward (Pong A2C, Atari reward CNN)",
                      d.get("pong_rlhf_steps_per_s"), d.get("pong_true_reward_steps_per_s"),
