@@ -63,20 +63,21 @@ def shared_by_members(call, members: int):
 
     Vmapped, the members' inputs (each ``[members, N, ...]``; a reset's key, which the pool
     ignores, is joined alike) become one call of the pool, and its outputs
-    (``[members x N, ...]``) are split among them; every member gets the new handle. Unbatched, a member alone cannot drive the shared
-    pool: that form is only traced for its shapes, and returns zeros.
+    (``[members x N, ...]``) are split among them; every member gets the new handle.
+    Unbatched, a member alone cannot drive the shared pool: that form is only traced for its
+    shapes (``custom_vmap`` needs them), and returns zeros.
     """
-    def split(x):
+    def split(x):  # [members x N, ...] -> [members, N, ...]
         return x.reshape(members, x.shape[0] // members, *x.shape[1:])
 
-    def pool_inputs(inputs):
+    def pool_inputs(inputs):  # [members, N, ...] -> [members x N, ...]
         return [x.reshape(-1, *x.shape[2:]) for x in inputs]
 
     @custom_vmap
     def member_call(handle, *inputs):
-        shapes = jax.eval_shape(lambda h, *xs: call(h, *pool_inputs(xs)), handle,
-                                *[jax.ShapeDtypeStruct((members, *x.shape), x.dtype) for x in inputs])
-        return handle, jax.tree.map(lambda x: jnp.zeros((x.shape[0] // members, *x.shape[1:]), x.dtype), shapes[1])
+        joined_shapes = [jax.ShapeDtypeStruct((members, *x.shape), x.dtype) for x in inputs]
+        _, outputs = jax.eval_shape(lambda h, *xs: call(h, *pool_inputs(xs)), handle, *joined_shapes)
+        return handle, jax.tree.map(lambda x: jnp.zeros((x.shape[0] // members, *x.shape[1:]), x.dtype), outputs)
 
     @member_call.def_vmap
     def joined(axis_size, in_batched, handle, *inputs):
