@@ -50,7 +50,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
-from rlhf_jax.envs import ATARI_NAMES
+from rlhf_jax.envs import check_shareable
 from rlhf_jax.errors import ConfigError, RunError
 
 # Swept keys whose values live in the training state, not in the compiled program: runs that
@@ -118,19 +118,11 @@ def member_config(base: dict, member: Member) -> ExperimentConfig:
     config = build(ExperimentConfig, apply_overrides(base, member.overrides()))
     if config.labeler != "synthetic":
         raise ConfigError("a sweep's labels come from the synthetic labeler: people label one run (rlhf-jax train)")
-    if config.env.backend == "envpool":
-        if config.env.name not in ATARI_NAMES:
-            raise ConfigError(f"{config.env.id}: EnvPool's MuJoCo cannot be shared by a sweep's runs; "
-                              f"sweep mjx/{config.env.name} instead")
-        if jax.process_count() > 1:
-            raise ConfigError(f"{config.env.id}: an EnvPool pool lives in one process; sweep Atari without "
-                              "--num-processes (its runs share one pool and one device)")
+    check_shareable(config.env)
+    if config.env.backend == "envpool" and jax.process_count() > 1:
+        raise ConfigError(f"{config.env.id}: an EnvPool pool lives in one process; sweep Atari without "
+                          "--num-processes (its runs share one pool and one device)")
     return config
-
-
-def shares_a_pool(config: ExperimentConfig) -> bool:
-    """Whether a group's members step one EnvPool pool together (Atari) rather than vmapped environments."""
-    return config.env.backend == "envpool"
 
 
 class GroupProgram:
@@ -141,7 +133,8 @@ class GroupProgram:
 
         self.members = members
         self.configs = [member_config(base, m) for m in members]
-        self.shared_pool = shares_a_pool(self.configs[0])
+        # Atari: the members step one EnvPool pool together instead of vmapped environments.
+        self.shared_pool = self.configs[0].env.backend == "envpool"
         if self.shared_pool:  # one pool feeds one device (module docstring)
             mesh = Mesh(np.array(jax.local_devices()[:1]), ("members",))
         self.padded = math.ceil(len(members) / mesh.devices.size) * mesh.devices.size

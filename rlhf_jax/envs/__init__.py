@@ -30,6 +30,14 @@ ENV_IDS = (
 )
 
 
+def check_shareable(config: EnvConfig) -> None:
+    """Refuse an environment that a sweep's runs cannot share: EnvPool's MuJoCo, stepped
+    through a host callback rather than the XLA call that Atari's shared pool wraps."""
+    if config.backend == "envpool" and config.name not in ATARI_NAMES:
+        raise ConfigError(f"{config.id}: EnvPool's MuJoCo cannot be shared by a sweep's runs; "
+                          f"sweep mjx/{config.name} instead")
+
+
 def make(config: EnvConfig | str, members: int = 1) -> Environment:
     """Build the environment named by ``config.id`` (a bare id string takes default options).
 
@@ -47,12 +55,9 @@ def make(config: EnvConfig | str, members: int = 1) -> Environment:
     if backend == "envpool":
         from rlhf_jax.envs.envpool_envs import AtariEnv, MujocoPoolEnv
 
-        if name in ATARI_NAMES:
-            return AtariEnv(name, config, members)
         if members > 1:
-            raise ConfigError(f"{config.id}: EnvPool's MuJoCo cannot be shared by a sweep's runs; "
-                              f"sweep mjx/{name} instead")
-        return MujocoPoolEnv(name, config)
+            check_shareable(config)
+        return AtariEnv(name, config, members) if name in ATARI_NAMES else MujocoPoolEnv(name, config)
     from rlhf_jax.envs.mjx_tasks import make_mjx
 
     return make_mjx(name, config)
@@ -60,5 +65,5 @@ def make(config: EnvConfig | str, members: int = 1) -> Environment:
 
 __all__ = [
     "Box", "Discrete", "ENV_IDS", "EnvConfig", "EnvSpec", "EnvState", "Environment", "TimeStep",
-    "check_action", "make",
+    "check_action", "check_shareable", "make",
 ]
