@@ -27,9 +27,10 @@ from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_override
 from rlhf_jax.trainer import make_training
 
 
-def chunk_rates(configs: dict[str, ExperimentConfig], chunks: int) -> dict[str, float]:
+def chunk_rates(configs: dict[str, ExperimentConfig], chunks: int) -> tuple[dict[str, float], dict]:
     """Env steps/s of each config's chunks: best of ``chunks`` chunks after a first, compiling
-    one, the configs taking turns chunk by chunk so that load from elsewhere falls on all alike."""
+    one, the configs taking turns chunk by chunk so that load from elsewhere falls on all alike.
+    Returns the rates and the trainings that ran them, by the configs' names."""
     runs = {}
     for name, config in configs.items():
         training = make_training(config)
@@ -43,7 +44,8 @@ def chunk_rates(configs: dict[str, ExperimentConfig], chunks: int) -> dict[str, 
             state, _ = training.run_chunk(state, chunk)
             jax.block_until_ready(state)
             run[1:] = [state, min(best, time.perf_counter() - start)]
-    return {name: t.chunk_iterations * t.steps_per_iteration / best for name, (t, _, best) in runs.items()}
+    rates = {name: t.chunk_iterations * t.steps_per_iteration / best for name, (t, _, best) in runs.items()}
+    return rates, {name: training for name, (training, _, _) in runs.items()}
 
 
 def xla_flops(function, *args) -> float:
@@ -52,13 +54,14 @@ def xla_flops(function, *args) -> float:
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
-def flops_per_env_step(learned: ExperimentConfig, true: ExperimentConfig) -> dict[str, float]:
-    """Arithmetic per env step: the agent's iteration on the true reward; the loop's iteration
-    on r̂ with its recording, its share of the fitting steps, and of the per-chunk queries,
-    l2 adaptation and scoring. Loop bodies are counted once, so each piece is one iteration or step."""
-    agent, loop = make_training(true), make_training(learned)
-    runner = agent.init_runner(jax.random.PRNGKey(0))
-    state = loop.init_runner(jax.random.PRNGKey(0))
+def flops_per_env_step(loop, agent) -> dict[str, float]:
+    """Arithmetic per env step: the agent's iteration on the true reward (``agent``, a
+    ``Training``); the loop's (``loop``, an ``RLHFTraining``) iteration on r̂ with its recording,
+    its share of the fitting steps, and of the per-chunk queries, l2 adaptation and scoring.
+    Loop bodies are counted once, so each piece is one iteration or step. Only shapes are
+    needed: nothing is run."""
+    runner = jax.eval_shape(agent.init_runner, jax.random.PRNGKey(0))
+    state = jax.eval_shape(loop.init_runner, jax.random.PRNGKey(0))
     chunk_steps = loop.chunk_iterations * loop.steps_per_iteration
     fitting = xla_flops(loop._fit_one_fn, state) * loop.fit_steps / chunk_steps
     rest = xla_flops(lambda s: loop._after_fit_and_score_fn(loop._ask_fn(s, jnp.int32(1)))[0], state) / chunk_steps
@@ -78,9 +81,9 @@ def main() -> None:
     chunks = 3 if args.quick else 10
     cartpole = ["run.chunk_env_steps=51200", f"a2c.total_env_steps={51200 * (chunks + 2)}"]
     config = lambda *extra: build(ExperimentConfig, apply_overrides(DEFAULT_EXPERIMENT, [*cartpole, *extra]))
-    rates = chunk_rates({"learned": config(), "no_fitting": config("preferences.fit_pairs_per_env_step=0"),
-                         "true": config("reward=env")}, chunks)
-    flops = flops_per_env_step(config(), config("reward=env"))
+    rates, trainings = chunk_rates({"learned": config(), "no_fitting": config("preferences.fit_pairs_per_env_step=0"),
+                                    "true": config("reward=env")}, chunks)
+    flops = flops_per_env_step(trainings["learned"], trainings["true"])
     results.update(cartpole_rlhf_steps_per_s=rates["learned"], cartpole_true_reward_steps_per_s=rates["true"],
                    cartpole_no_fitting_steps_per_s=rates["no_fitting"],
                    rlhf_over_true_reward=rates["learned"] / rates["true"],
@@ -99,7 +102,7 @@ def main() -> None:
                 "preferences": {"labels": 200, "initial_labels": 20, "segment_capacity": 64, "pretrain_epochs": 1},
                 "run": {"chunk_env_steps": steps}}
         pong_config = lambda *extra: build(ExperimentConfig, apply_overrides(pong, list(extra)))
-        rates = chunk_rates({"learned": pong_config(), "true": pong_config("reward=env")}, pong_chunks)
+        rates, _ = chunk_rates({"learned": pong_config(), "true": pong_config("reward=env")}, pong_chunks)
         learned, true = rates["learned"], rates["true"]
         results.update(pong_rlhf_steps_per_s=learned, pong_true_reward_steps_per_s=true,
                        pong_rlhf_over_true_reward=learned / true)

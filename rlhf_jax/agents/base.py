@@ -65,7 +65,7 @@ def rollout_rewards(reward_fn: RewardFn, reward_params, obs, env_action, timeste
 
     The rewards never steer the actions of the rollout they belong to, so an on-policy agent
     asks for them after its steps: a learned reward then runs as one batch of ``T x num_envs``
-    rows instead of ``T`` small ones inside the loop, which on a CPU costs a fraction of the time.
+    rows instead of ``T`` small ones inside the sequential loop.
     """
     leading = env_action.shape[:2]
     flat = lambda x: x.reshape(-1, *x.shape[2:])
