@@ -17,39 +17,28 @@ full: 65,536). TRPO takes whole iterations of configs/trpo_pendulum.yaml's 6,400
 (32 environments x one 200-step Pendulum episode each): ``--quick`` one iteration
 (6,400 env steps per seed), full 10 (64,000).
 
-On CPU, jax/jaxlib 0.10.2 can deadlock running ``jax.jit(jax.vmap(train))`` when ``train``
-makes several orthogonal initialisations (batched QRs; TRPO and ACER do): every thread
-idles in ``block_until_ready`` for good (TRPO on Pendulum with 8 seeds and one iteration
-did, every time). XLA's concurrency-optimised scheduler is what deadlocks, so this script
-turns it off (:func:`avoid_cpu_scheduler_deadlock`) for all the agents it times.
+Seeds are initialised one at a time, outside the timed program, and only the iterations are
+vmapped (as ``scaling.py`` does). On CPU, jax/jaxlib 0.10.2 deadlocked running
+``jax.jit(jax.vmap(train))`` when ``train`` made several orthogonal initialisations (batched
+LAPACK QRs; TRPO and ACER do): TRPO on Pendulum with 8 or 64 seeds sat idle in
+``block_until_ready`` for good, even with XLA's concurrency-optimised scheduler turned off.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import enable_compilation_cache, steps_per_second, write_result
+from benchmarks.common import compiled_chunk, enable_compilation_cache, stacked_runners, steps_per_second, write_result
 from benchmarks.env_throughput import measure_envpool_python
+
 from rlhf_jax.agents import a2c, acer, dqn, trpo
 from rlhf_jax.config import ExperimentConfig, RunConfig
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.trainer import Training
-
-CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
-
-
-def avoid_cpu_scheduler_deadlock() -> None:
-    """Turn off XLA's concurrency-optimised CPU scheduler (module docstring). It must run
-    before JAX creates its CPU client, i.e. before the first computation."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if CPU_SCHEDULER_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {CPU_SCHEDULER_FLAG}".strip()
-
 
 # The settings that solve CartPole (configs/a2c_cartpole.yaml).
 A2C_CARTPOLE = a2c.A2CConfig(num_steps=8, learning_rate=3e-3)
@@ -77,15 +66,20 @@ def trust_region_setups():
 
 
 def measure_training(agent, config, env_config: EnvConfig, seeds: int, env_steps: int, repeats: int) -> float:
-    """Env steps per second (summed over seeds) of whole compiled training runs."""
+    """Env steps per second (summed over seeds) of a whole run's iterations, one compiled
+    program with the seeds vmapped; each timed call carries on from the last one's runners."""
     env = make(env_config)
     config = dataclasses.replace(config, total_env_steps=env_steps)
-    train = agent.make_train(config, env)
-    run = jax.jit(jax.vmap(train)) if seeds > 1 else jax.jit(train)
-    keys = jax.random.split(jax.random.PRNGKey(0), seeds) if seeds > 1 else jax.random.PRNGKey(0)
-    jax.block_until_ready(run(keys))  # compile
-    done = agent.num_iterations(config, env) * agent.env_steps_per_iteration(config, env) * seeds
-    return steps_per_second(lambda: jax.block_until_ready(run(keys)), done, repeats)
+    runners = stacked_runners(jax.jit(lambda key: agent.init_runner(key, config, env)), seeds)
+    iterations = agent.num_iterations(config, env)
+    chunk = compiled_chunk(agent, config, env, iterations)
+    runners = jax.block_until_ready(chunk(runners)[0])  # compile
+
+    def run():
+        nonlocal runners
+        runners = jax.block_until_ready(chunk(runners)[0])
+
+    return steps_per_second(run, iterations * agent.env_steps_per_iteration(config, env) * seeds, repeats)
 
 
 def measure_command_training(config: ExperimentConfig, repeats: int) -> float:
@@ -138,7 +132,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small budgets: under a minute on 2 CPU cores")
     args = parser.parse_args()
-    avoid_cpu_scheduler_deadlock()
     enable_compilation_cache()
     quick = args.quick
     repeats = 1 if quick else 3
@@ -193,7 +186,6 @@ def main() -> None:
 
     write_result("agent_throughput", {
         "quick": quick, "cartpole_envs": CARTPOLE_ENVS, "pendulum_envs": CARTPOLE_ENVS, "pong_envs": pong_envs,
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         **{k: round(v, 4) if "over" in k else round(v, 1) for k, v in results.items()},
     })
 

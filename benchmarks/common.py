@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+
+from rlhf_jax.agents.base import env_reward
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -51,3 +54,20 @@ def write_result(name: str, result: dict) -> Path:
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return path
+
+
+def stacked_runners(init, seeds: int):
+    """``seeds`` runners on a leading axis, each initialised by its own call (no vmapped QR)."""
+    runners = [init(key) for key in jax.random.split(jax.random.PRNGKey(0), seeds)]
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *runners)
+
+
+def compiled_chunk(agent, config, env, iterations: int):
+    """``chunk(runners) -> (runners, metrics)``: ``iterations`` vmapped iterations, runners donated."""
+    iteration = agent.make_iteration(config, env, env_reward)
+    step_seeds = jax.vmap(lambda runner: iteration(runner, None)[:2])
+
+    def chunk(runners):
+        return jax.lax.scan(lambda runners, _: step_seeds(runners), runners, None, iterations)
+
+    return jax.jit(chunk, donate_argnums=0)

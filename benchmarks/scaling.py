@@ -54,11 +54,10 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 
 from benchmarks.agent_throughput import CARTPOLE_ENVS, agent_setups
-from benchmarks.common import RESULTS, enable_compilation_cache, steps_per_second, write_result
-from rlhf_jax.agents.base import env_reward
+from benchmarks.common import (RESULTS, compiled_chunk, enable_compilation_cache, stacked_runners, steps_per_second,
+                               write_result)
 from rlhf_jax.envs import EnvConfig, make
 
 ENV_ID = "gymnax/CartPole-v1"
@@ -101,23 +100,6 @@ def prepared(name: str, num_envs: int):
     env = make(EnvConfig(id=ENV_ID, num_envs=num_envs))
     config = throughput_config(name, config, num_envs)
     return agent, config, env, jax.jit(lambda key: agent.init_runner(key, config, env))
-
-
-def stacked_runners(init, seeds: int):
-    """``seeds`` runners on a leading axis, each initialised by its own call (no vmapped QR)."""
-    runners = [init(key) for key in jax.random.split(jax.random.PRNGKey(0), seeds)]
-    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *runners)
-
-
-def compiled_chunk(agent, config, env, iterations: int):
-    """``chunk(runners) -> (runners, metrics)``: ``iterations`` vmapped iterations, runners donated."""
-    iteration = agent.make_iteration(config, env, env_reward)
-    step_seeds = jax.vmap(lambda runner: iteration(runner, None)[:2])
-
-    def chunk(runners):
-        return jax.lax.scan(lambda runners, _: step_seeds(runners), runners, None, iterations)
-
-    return jax.jit(chunk, donate_argnums=0)
 
 
 @functools.lru_cache(maxsize=None)
