@@ -1,6 +1,7 @@
 """What every benchmark shares: timing, the machine's description, and the JSON result file."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
@@ -30,6 +31,7 @@ def machine() -> dict:
         "cpu_cores": os.cpu_count(),
         "python": platform.python_version(),
         "jax": jax.__version__,
+        "written": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 

@@ -225,8 +225,12 @@ class Source:
 
     @property
     def written(self) -> str:
+        """When the benchmark wrote it, as the JSON says; older files only have their file
+        time, which a checkout or a copy resets (marked "file time")."""
+        if "written" in self.data.get("machine", {}):
+            return self.data["machine"]["written"]
         stamp = datetime.datetime.fromtimestamp(self.path.stat().st_mtime, datetime.timezone.utc)
-        return stamp.strftime("%Y-%m-%d %H:%M UTC")
+        return stamp.strftime("%Y-%m-%d %H:%M UTC (file time)")
 
 
 def load_source(bench: Benchmark, written_now: set[str]) -> Source | None:
