@@ -125,6 +125,17 @@ def test_gymnax_reset_vmaps_over_seeds():
     assert len(np.unique(np.asarray(timestep.obs[:, 0, 0]))) == 5
 
 
+@pytest.mark.parametrize("env_id", ["gymnax/Pendulum-v1", "gymnax/CartPole-v1", "gymnax/Breakout-MinAtar"])
+def test_a_step_returns_the_state_types_reset_gave(env_id):
+    """Same shapes, dtypes and weak types after a step, or every jitted chunk compiles twice
+    (gymnax's Pendulum resets a weakly typed torque)."""
+    env = make(EnvConfig(id=env_id, num_envs=2))
+    state, _ = env.reset(jax.random.PRNGKey(0))
+    action = random_actions(env, jax.random.PRNGKey(1), 1)[0]
+    stepped = jax.eval_shape(env.step, state, action)[0]
+    assert jax.tree.map(jax.typeof, state) == jax.tree.map(jax.typeof, stepped)
+
+
 def test_unknown_id_lists_the_known_ones():
     with pytest.raises(ConfigError) as error:
         make("gymnax/CartPole-v9")

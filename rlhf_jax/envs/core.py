@@ -137,6 +137,10 @@ class Environment(abc.ABC):
 
     def reset(self, key: jax.Array) -> tuple[EnvState, TimeStep]:
         inner, timestep = self._reset(key)
+        # Strong types, as a step returns them: gymnax's Pendulum resets `last_u` to a weakly
+        # typed 0.0, and a state whose types change after one step makes jit compile every
+        # chunk function a second time (10 s for TRPO on Pendulum).
+        inner = jax.tree.map(lambda x: jnp.asarray(x, x.dtype), inner)
         zeros = jnp.zeros((self.num_envs,), jnp.float32)
         info = dict(timestep.info, episode_return=zeros, episode_length=zeros.astype(jnp.int32))
         state = EnvState(inner, zeros, zeros.astype(jnp.int32))
