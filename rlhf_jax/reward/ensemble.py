@@ -197,7 +197,11 @@ def init_ensemble(key: jax.Array, config: RewardModelConfig, spec: EnvSpec) -> E
         return params, variables.get("batch_stats", {}), optimizer.init(params)
 
     members = config.ensemble_size
-    params, batch_stats, opt_state = jax.vmap(init_member)(jax.random.split(key, members))
+    # One member after another, not vmapped: vmapped orthogonal initialisers are batched
+    # LAPACK QRs, and two of them side by side deadlocked XLA:CPU on 2 cores (jax 0.10.2:
+    # each waits in ParallelBatchMap for pool threads that the other holds).
+    inits = [init_member(member_key) for member_key in jax.random.split(key, members)]
+    params, batch_stats, opt_state = jax.tree.map(lambda *xs: jnp.stack(xs), *inits)
     # The "no regularization" ablation keeps l2 at zero for good.
     l2 = config.l2_init if config.adapt_l2 else 0.0
     return EnsembleState(
