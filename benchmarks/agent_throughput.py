@@ -34,7 +34,6 @@ import jax.numpy as jnp
 
 from benchmarks.common import compiled_chunk, enable_compilation_cache, stacked_runners, steps_per_second, write_result
 from benchmarks.env_throughput import measure_envpool_python
-
 from rlhf_jax.agents import a2c, acer, dqn, trpo
 from rlhf_jax.config import ExperimentConfig, RunConfig
 from rlhf_jax.envs import EnvConfig, make
