@@ -58,9 +58,11 @@ def write_result(name: str, result: dict) -> Path:
     return path
 
 
-def stacked_runners(init, seeds: int):
-    """``seeds`` runners on a leading axis, each initialised by its own call (no vmapped QR)."""
-    runners = [init(key) for key in jax.random.split(jax.random.PRNGKey(0), seeds)]
+def stacked_runners(init, seeds: int, seed: int = 0):
+    """``seeds`` runners on a leading axis, each initialised by its own call from the keys of
+    ``PRNGKey(seed)``: vmapped orthogonal initialisers are batched LAPACK QRs, which can
+    deadlock XLA:CPU on few cores (see the README's *A CPU hang to know about*)."""
+    runners = [init(key) for key in jax.random.split(jax.random.PRNGKey(seed), seeds)]
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *runners)
 
 

@@ -20,7 +20,7 @@ import time
 import jax
 import numpy as np
 
-from benchmarks.common import RESULTS, enable_compilation_cache, write_result
+from benchmarks.common import RESULTS, enable_compilation_cache, stacked_runners, write_result
 from benchmarks.reproduce import read_ablations
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
@@ -66,17 +66,11 @@ def evaluate_seeds(training, params, seed: int) -> list[float]:
     return [float(s / max(n, 1)) for s, n in zip(result["episode_return_sum"], result["episodes"])]
 
 
-def init_seeds(init, seed: int):
-    """``SEEDS`` initial states stacked on a leading axis, initialised one at a time: vmapped
-    orthogonal initialisers (batched LAPACK QR) can deadlock on a CPU with few cores."""
-    states = [init(key) for key in jax.random.split(jax.random.PRNGKey(seed), SEEDS)]
-    return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *states)
-
-
 def rlhf_cell(overrides: list[str], seed: int = 0) -> dict:
     training = RLHFTraining(experiment(overrides))
     start = time.perf_counter()
-    state, _, learned = jax.jit(jax.vmap(training.make_train().from_state))(init_seeds(training.init_runner, seed))
+    state, _, learned = jax.jit(jax.vmap(training.make_train().from_state))(
+        stacked_runners(training.init_runner, SEEDS, seed))
     returns = evaluate_seeds(training, state.runner.params, seed)
     return {"returns": returns, "mean": float(np.mean(returns)), "labels": int(learned["labels"][0, -1]),
             # None when every fresh pair tied at the end (a policy that never fails).
@@ -162,27 +156,19 @@ def main() -> None:
 
     result = {"seeds": SEEDS, "eval_episodes": EVAL_EPISODES, "tasks": {}, "ablations": {}}
     name = "labels_vs_return_quick" if args.quick else "labels_vs_return"
-    # Cells run before (other tasks, other budgets) stay: a run replaces only the cells it runs.
-    earlier = RESULTS / f"{name}.json"
-    if earlier.exists():
-        saved = json.loads(earlier.read_text())
-        result["tasks"], result["ablations"] = saved.get("tasks", {}), saved.get("ablations", {})
 
     def save():
-        """Write this run's cells over the file's latest contents, so that runs of different
-        tasks in parallel processes keep each other's cells."""
+        """Write this run's cells over the file's latest contents: cells run before (other
+        tasks, other budgets, or by another process at the same time) stay."""
         path = RESULTS / f"{name}.json"
         if path.exists():
             latest = json.loads(path.read_text())
             for task, cells in latest.get("tasks", {}).items():
-                if task not in tasks:
-                    result["tasks"][task] = cells
-                else:
-                    mine = result["tasks"].setdefault(task, {"labels": {}})
-                    kept = {b: c for b, c in cells.get("labels", {}).items() if int(b) not in budgets}
-                    mine["labels"] = {**kept, **mine["labels"]}
-            if args.quick or args.no_ablations:
-                result["ablations"] = latest.get("ablations", {})
+                mine = result["tasks"].setdefault(task, {})  # updated in place: main() holds it
+                mine["labels"] = {**cells.get("labels", {}), **mine.get("labels", {})}
+                for key, value in cells.items():
+                    mine.setdefault(key, value)
+            result["ablations"] = {**latest.get("ablations", {}), **result["ablations"]}
         path.write_text(json.dumps({"benchmark": name, **result}, indent=2) + "\n")
         plot(result, RESULTS / f"{name}.png")
 

@@ -40,8 +40,9 @@ random play's -350 per 1,000 steps, at that budget).
 **A CPU hang worked around.** With jax/jaxlib 0.10.2 on CPU, ``jax.jit(jax.vmap(f))`` where
 ``f`` makes several orthogonal initialisations (``nn.initializers.orthogonal``: QR of a random
 matrix; ACER's init makes eight) can block forever in ``block_until_ready``, every thread
-idle; XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false avoids it. So the
-runners are initialised one seed at a time and stacked; the training chunks are vmapped.
+idle: batched QRs side by side deadlock XLA:CPU's thread pool (the README's *A CPU hang to
+know about*). So the runners are initialised one seed at a time and stacked
+(``benchmarks.common.stacked_runners``); the training chunks are vmapped.
 
 **Hyper-parameters** (not tuned; none is the paper's unless said so):
 
@@ -71,7 +72,7 @@ import time
 import jax
 import numpy as np
 
-from benchmarks.common import RESULTS, enable_compilation_cache, machine, write_result
+from benchmarks.common import RESULTS, enable_compilation_cache, machine, stacked_runners, write_result
 from rlhf_jax.agents import acer, trpo
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.envs import EnvConfig, make
@@ -132,13 +133,9 @@ def run_curve(agent_name: str, task: str, env_steps: int, num_envs: int, points:
     iterations = agent.num_iterations(config, env)
     chunk_length = max(1, iterations // points)
     chunks = iterations // chunk_length
-    keys = jax.random.split(jax.random.PRNGKey(0), SEEDS)
     start = time.perf_counter()
-    # One seed at a time, then stacked: the same runners as vmapping init_runner, but on CPU
-    # jax 0.10.2 jit(vmap(...)) of ACER's init (eight orthogonal initialisations, batched QRs)
-    # hangs in XLA's concurrent scheduler (see module docstring).
     init = jax.jit(lambda key: agent.init_runner(key, config, env))
-    runner = jax.block_until_ready(jax.tree.map(lambda *x: jax.numpy.stack(x), *[init(key) for key in keys]))
+    runner = jax.block_until_ready(stacked_runners(init, SEEDS))
     init_s = time.perf_counter() - start
     chunk = jax.jit(jax.vmap(make_chunk(agent.make_iteration(config, env, env_reward), chunk_length)),
                     donate_argnums=0)
