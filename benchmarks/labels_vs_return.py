@@ -43,6 +43,11 @@ TASKS = {
                  "reward_model.normalized_std=1.0", "run.chunk_env_steps=64000"],
     "breakout": ["env.id=gymnax/Breakout-MinAtar", "a2c.total_env_steps=5017600", "run.chunk_env_steps=250880"],
 }
+# Settings only for learning from the predictor. TRPO's entropy bonus, "the only hyperparameter
+# which we adjusted" (section 2.2.1; 0.01, appendix A.1): without it one Pendulum seed of three
+# settled on flailing at the torque limit at every budget, though its r̂ ranked the other
+# seeds' balancing policies far above its own.
+FROM_PREDICTOR = {"pendulum": ["trpo.entropy_coef=0.01"]}
 LABELS = (125, 250, 500, 1000)
 # Section 3.3, each one switch (configs/paper/ablations.yaml), on CartPole with 500 labels.
 ABLATIONS = read_ablations()
@@ -179,7 +184,8 @@ def main() -> None:
         print(f"{task}, true reward: {cells['true_reward']}", flush=True)
         save()
         for labels in budgets:
-            cells["labels"][str(labels)] = rlhf_cell([*TASKS[task], f"preferences.labels={labels}"])
+            cells["labels"][str(labels)] = rlhf_cell([*TASKS[task], *FROM_PREDICTOR.get(task, []),
+                                                        f"preferences.labels={labels}"])
             print(f"{task}, {labels} labels: {cells['labels'][str(labels)]}", flush=True)
             save()
     if not (args.quick or args.no_ablations):
