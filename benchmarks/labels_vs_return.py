@@ -4,8 +4,8 @@
 
 Every cell is 3 seeds of the RLHF loop run as one compiled program (``jax.vmap`` over
 ``RLHFTraining.make_train().from_state``), scored by the mean true return of 32 whole, unmodified
-episodes per seed. The agent on the true reward (same agent, same budget, visible episode
-ends) runs the same way. Then the six ablations of section 3.3 on CartPole with 500 labels.
+episodes per seed, with its curves kept beside (``chunk_curves``). The agent on the true reward
+(same agent, same budget, visible episode ends) runs the same way. Then the six ablations of section 3.3 on CartPole with 500 labels.
 Results are written after every cell (``benchmarks/results/labels_vs_return.json``, and a
 PNG beside it), so an interrupted run keeps what it finished; cells from earlier runs that
 this run does not repeat are kept, so tasks can be run one at a time.
@@ -71,17 +71,34 @@ def evaluate_seeds(training, params, seed: int) -> list[float]:
     return [float(s / max(n, 1)) for s, n in zip(result["episode_return_sum"], result["episodes"])]
 
 
+def chunk_curves(training, metrics, learned) -> dict:
+    """Per chunk, for each seed: the true return of the episodes that ended in the chunk
+    (NaN where none did), the labels so far, and the predictor's accuracy and correlation."""
+    def per_chunk(x):  # [seeds, iterations] -> [seeds, chunks], summed within each chunk
+        edges = np.arange(0, x.shape[1], training.chunk_iterations)
+        return np.add.reduceat(np.asarray(x, np.float64), edges, axis=1)
+    episodes = per_chunk(metrics["episodes"])
+    returns = np.where(episodes > 0, per_chunk(metrics["episode_return_sum"]) / np.maximum(episodes, 1), np.nan)
+    rounded = lambda x: np.round(np.asarray(x, np.float64), 3).tolist()
+    ends = np.minimum(np.arange(1, returns.shape[1] + 1) * training.chunk_iterations, training.total_iterations)
+    return {"env_steps": (ends * training.steps_per_iteration).tolist(),
+            "true_return": rounded(returns), "labels": np.asarray(learned["labels"]).tolist(),
+            "reward_accuracy": rounded(learned["reward_accuracy"]),
+            "reward_correlation": rounded(learned["reward_correlation"])}
+
+
 def rlhf_cell(overrides: list[str], seed: int = 0) -> dict:
     training = RLHFTraining(experiment(overrides))
     start = time.perf_counter()
-    state, _, learned = jax.jit(jax.vmap(training.make_train().from_state))(
-        stacked_runners(training.init_runner, SEEDS, seed))
+    state, metrics, learned = jax.device_get(jax.jit(jax.vmap(training.make_train().from_state))(
+        stacked_runners(training.init_runner, SEEDS, seed)))
     returns = evaluate_seeds(training, state.runner.params, seed)
+    seconds = round(time.perf_counter() - start, 1)
     return {"returns": returns, "mean": float(np.mean(returns)), "labels": int(learned["labels"][0, -1]),
             # None when every fresh pair tied at the end (a policy that never fails).
             "reward_accuracy": None if np.isnan(learned["reward_accuracy"][:, -1]).all()
             else float(np.nanmean(learned["reward_accuracy"][:, -1])),
-            "seconds": round(time.perf_counter() - start, 1)}
+            "seconds": seconds, "curves": chunk_curves(training, metrics, learned)}
 
 
 def true_reward_cell(overrides: list[str], seed: int = 0) -> dict:
