@@ -1,0 +1,19 @@
+"""Helpers of the benchmark scripts, checked on values worked out by hand."""
+from types import SimpleNamespace
+
+import numpy as np
+
+from benchmarks.labels_vs_return import chunk_curves
+
+
+def test_chunk_curves_average_the_episodes_that_ended_in_each_chunk():
+    # 5 iterations of 10 env steps in chunks of 2: the last chunk is one iteration long.
+    training = SimpleNamespace(chunk_iterations=2, total_iterations=5, steps_per_iteration=10)
+    metrics = {"episodes": np.array([[1, 0, 0, 0, 2]]), "episode_return_sum": np.array([[5.0, 0, 0, 0, 8.0]])}
+    learned = {"labels": np.array([[1, 2, 3]]), "reward_accuracy": np.array([[0.5, np.nan, 0.7]]),
+               "reward_correlation": np.array([[0.1, 0.2, 0.3]])}
+    curves = chunk_curves(training, metrics, learned)
+    assert curves["env_steps"] == [20, 40, 50]
+    assert curves["true_return"] == [[5.0, None, 4.0]]  # no episode ended in the second chunk
+    assert curves["reward_accuracy"] == [[0.5, None, 0.7]]  # NaN written as JSON's null
+    assert curves["labels"] == [[1, 2, 3]]
