@@ -208,6 +208,19 @@ def test_validation_losses_and_adaptation(trained):
 # --- Networks ------------------------------------------------------------------------
 
 
+def test_input_standardisation_floors_the_std_of_inputs_that_never_moved(state):
+    """A brick the untrained policy never breaks (std 0) scales as std 0.1: breaking it later
+    moves the input by 10, not by the thousands a tiny floor gave."""
+    moving = np.array([-1.0, 1.0, -1.0, 1.0], np.float32)  # mean 0, std 1
+    still = np.ones(4, np.float32)  # std 0
+    obs = jnp.asarray(np.stack([moving, still], -1))
+    standardised = ensemble.set_input_statistics(state, SPEC, obs)
+    np.testing.assert_allclose(standardised.obs_mean, [0.0, 1.0])
+    np.testing.assert_allclose(standardised.obs_std, [1.0, 0.1])
+    broken = (np.array([0.5, 0.0]) - standardised.obs_mean) / standardised.obs_std
+    np.testing.assert_allclose(broken, [0.5, -10.0], rtol=1e-6)
+
+
 def test_reward_cnn_shapes_batch_stats_and_ignores_action():
     network = reward_network_for(ATARI_SPEC, CONFIG)
     assert isinstance(network, RewardCNN) and isinstance(reward_network_for(SPEC, CONFIG), RewardMLP)

@@ -38,7 +38,7 @@ import optax
 
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.networks import RewardCNN, is_atari_frames, reward_network_for
+from rlhf_jax.networks import RewardCNN, input_statistics, is_atari_frames, reward_network_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
 from rlhf_jax.reward.data import Labels, action_shape_dtype
 from rlhf_jax.reward.preference import preference_loss, target_loss
@@ -222,8 +222,8 @@ def set_input_statistics(state: EnsembleState, spec: EnvSpec, obs: jax.Array) ->
     (the untrained policy's steps, before any fitting; Atari frames are left as they are)."""
     if is_atari_frames(spec.observation_shape):
         return state
-    flat = obs.reshape((-1, *spec.observation_shape)).astype(jnp.float32)
-    return state._replace(obs_mean=flat.mean(0), obs_std=jnp.maximum(flat.std(0), 1e-3))
+    mean, std = input_statistics(spec.observation_shape, obs)
+    return state._replace(obs_mean=mean, obs_std=std)
 
 
 def _standardize(state: EnsembleState, spec: EnvSpec, obs: jax.Array) -> jax.Array:

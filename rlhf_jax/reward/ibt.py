@@ -48,7 +48,7 @@ import optax
 
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.networks import _dense, _leaky_relu, is_atari_frames, torso_for
+from rlhf_jax.networks import _dense, _leaky_relu, input_statistics, is_atari_frames, torso_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
 from rlhf_jax.reward.annotators import AnnotatorConfig
 
@@ -335,8 +335,8 @@ def set_input_statistics(state: IBTState, spec: EnvSpec, obs: jax.Array) -> IBTS
     """Standardise inputs by these observations' mean and std (vector observations only)."""
     if is_atari_frames(spec.observation_shape):
         return state
-    flat = obs.reshape(-1, *spec.observation_shape).astype(jnp.float32)
-    return state._replace(obs_mean=flat.mean(0), obs_std=jnp.maximum(flat.std(0), 1e-3))  # a constant input stays finite
+    mean, std = input_statistics(spec.observation_shape, obs)
+    return state._replace(obs_mean=mean, obs_std=std)
 
 
 def utilities(state: IBTState, config: IBTConfig, spec: EnvSpec, episodes: jax.Array) -> jax.Array:
