@@ -166,6 +166,19 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def merge_cells(latest: dict, mine: dict) -> dict:
+    """The results file's latest contents with this run's cells written over them. Cells this
+    run did not make (other tasks or budgets, or another process's, written meanwhile) stay."""
+    merged = {key: value for key, value in latest.items() if key not in ("benchmark", "machine")}
+    merged.update(seeds=mine["seeds"], eval_episodes=mine["eval_episodes"],
+                  ablations={**latest.get("ablations", {}), **mine["ablations"]},
+                  tasks=dict(latest.get("tasks", {})))
+    for task, cells in mine["tasks"].items():
+        old = merged["tasks"].get(task, {})
+        merged["tasks"][task] = {**old, **cells, "labels": {**old.get("labels", {}), **cells["labels"]}}
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -184,20 +197,13 @@ def main() -> None:
     result = {"seeds": SEEDS, "eval_episodes": EVAL_EPISODES, "tasks": {}, "ablations": {}}
     name = "labels_vs_return_quick" if args.quick else "labels_vs_return"
 
-    def save():
-        """Write this run's cells over the file's latest contents: cells run before (other
-        tasks, other budgets, or by another process at the same time) stay."""
-        path = RESULTS / f"{name}.json"
-        if path.exists():
-            latest = json.loads(path.read_text())
-            for task, cells in latest.get("tasks", {}).items():
-                mine = result["tasks"].setdefault(task, {})  # updated in place: main() holds it
-                mine["labels"] = {**cells.get("labels", {}), **mine.get("labels", {})}
-                for key, value in cells.items():
-                    mine.setdefault(key, value)
-            result["ablations"] = {**latest.get("ablations", {}), **result["ablations"]}
-        path.write_text(json.dumps({"benchmark": name, **result}, indent=2) + "\n")
-        plot(result, RESULTS / f"{name}.png")
+    path = RESULTS / f"{name}.json"
+
+    def save() -> dict:
+        merged = merge_cells(json.loads(path.read_text()) if path.exists() else {}, result)
+        path.write_text(json.dumps({"benchmark": name, **merged}, indent=2) + "\n")
+        plot(merged, RESULTS / f"{name}.png")
+        return merged
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     for task in tasks:
@@ -215,9 +221,9 @@ def main() -> None:
             result["ablations"][ablation] = rlhf_cell(["preferences.labels=500", *overrides])
             print(f"cartpole 500 labels, {ablation}: {without_curves(result['ablations'][ablation])}", flush=True)
             save()
-    print(table(result))
-    save()
-    write_result(name, result)
+    merged = save()
+    print(table(merged))
+    write_result(name, merged)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from benchmarks.labels_vs_return import chunk_curves
+from benchmarks.labels_vs_return import chunk_curves, merge_cells
 
 
 def test_chunk_curves_average_the_episodes_that_ended_in_each_chunk():
@@ -17,3 +17,18 @@ def test_chunk_curves_average_the_episodes_that_ended_in_each_chunk():
     assert curves["true_return"] == [[5.0, None, 4.0]]  # no episode ended in the second chunk
     assert curves["reward_accuracy"] == [[0.5, None, 0.7]]  # NaN written as JSON's null
     assert curves["labels"] == [[1, 2, 3]]
+
+
+def test_merge_keeps_cells_another_run_wrote_meanwhile():
+    # Another process wrote Breakout's 250 cell after this (CartPole) run started.
+    latest = {"benchmark": "labels_vs_return", "machine": {"written": "old"}, "seeds": 3,
+              "tasks": {"breakout": {"true_reward": {"mean": 6.6}, "labels": {"125": 4.9, "250": 4.0}},
+                        "cartpole": {"true_reward": {"mean": 500}, "labels": {"125": 100, "500": 400}}},
+              "ablations": {"target": 58, "no ensemble": 499}}
+    mine = {"seeds": 3, "eval_episodes": 32, "ablations": {"target": 60},
+            "tasks": {"cartpole": {"true_reward": {"mean": 499}, "labels": {"125": 200}}}}
+    merged = merge_cells(latest, mine)
+    assert merged["tasks"]["breakout"] == latest["tasks"]["breakout"]
+    assert merged["tasks"]["cartpole"] == {"true_reward": {"mean": 499}, "labels": {"125": 200, "500": 400}}
+    assert merged["ablations"] == {"target": 60, "no ensemble": 499}
+    assert "machine" not in merged and "benchmark" not in merged  # write_result adds fresh ones
