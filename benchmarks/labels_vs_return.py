@@ -4,9 +4,10 @@
 
 Every cell is 3 seeds of the RLHF loop run as one compiled program (``jax.vmap`` over
 ``RLHFTraining.make_train().from_state``), scored by the mean true return of 32 whole, unmodified
-episodes per seed, with its curves kept beside (``chunk_curves``). The agent on the true reward
-(same agent, same budget, visible episode ends) runs the same way. Then the six ablations of
-section 3.3 on CartPole with 500 labels.
+episodes per seed, with its curves kept beside (``chunk_curves``). Two references run the same
+way with the same agent and budget: RL on the true reward with visible episode ends, and, where
+the task hides its ends from the agent, RL on the oracle's own reward with the ends hidden (a
+perfect reward model's result). Then the six ablations of section 3.3 on CartPole with 500 labels.
 Results are written after every cell (``benchmarks/results/labels_vs_return.json``, and a
 PNG beside it), so an interrupted run keeps what it finished; cells from earlier runs that
 this run does not repeat are kept, so tasks can be run one at a time.
@@ -106,15 +107,21 @@ def without_curves(cell: dict) -> dict:
     return {key: value for key, value in cell.items() if key != "curves"}
 
 
-def true_reward_cell(overrides: list[str], seed: int = 0) -> dict:
-    """The same agent and budget on the environment's reward, with visible episode ends."""
-    config = experiment([*overrides, "reward=env", "env.hide_episode_end=false"])
+def true_reward_cell(overrides: list[str], seed: int = 0, visible_ends: bool = True) -> dict:
+    """The same agent and budget on the environment's reward, with visible episode ends; or,
+    with ``visible_ends=False``, on the oracle's reward under the task's own treatment (ends
+    hidden, a penalty per failure): the most a perfect reward model could give this agent."""
+    config = experiment([*overrides, "reward=env", *(["env.hide_episode_end=false"] if visible_ends else [])])
     training = AgentRun(config, config.env)
     train = training.agent.make_train(training.agent_config, training.env, env_reward)
     start = time.perf_counter()
     runner, _ = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(seed), SEEDS))
     returns = evaluate_seeds(training, runner.params, seed)
     return {"returns": returns, "mean": float(np.mean(returns)), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def hides_episode_ends(task: str) -> bool:
+    return experiment(TASKS[task]).env.hide_episode_end
 
 
 def plot(result: dict, path) -> None:
@@ -137,6 +144,8 @@ def plot(result: dict, path) -> None:
         ax.errorbar(budgets, means, yerr=spread, marker="o", capsize=3, label="preferences")
         if "true_reward" in cells:
             ax.axhline(cells["true_reward"]["mean"], color="k", linestyle="--", label="true reward")
+        if "oracle_reward" in cells:
+            ax.axhline(cells["oracle_reward"]["mean"], color="k", linestyle=":", label="oracle's reward, ends hidden")
         ax.set_xscale("log", base=2)
         ax.set_xticks(budgets, [str(b) for b in budgets])
         ax.set_title(task)
@@ -155,11 +164,12 @@ def plot(result: dict, path) -> None:
 
 def table(result: dict) -> str:
     budgets = sorted({int(b) for cells in result["tasks"].values() for b in cells["labels"]})
-    lines = ["| task | " + " | ".join(f"{b} labels" for b in budgets) + " | true reward |",
-             "| --- |" + " --- |" * (len(budgets) + 1)]
+    references = ("oracle_reward", "true_reward")
+    lines = ["| task | " + " | ".join(f"{b} labels" for b in budgets) + " | oracle's reward, ends hidden | true reward |",
+             "| --- |" + " --- |" * (len(budgets) + 2)]
     for task, cells in result["tasks"].items():
         row = [f"{cells['labels'][str(b)]['mean']:.1f}" if str(b) in cells["labels"] else "" for b in budgets]
-        row.append(f"{cells['true_reward']['mean']:.1f}" if "true_reward" in cells else "")
+        row += [f"{cells[key]['mean']:.1f}" if key in cells else "" for key in references]
         lines.append(f"| {task} | " + " | ".join(row) + " |")
     for name, cell in result["ablations"].items():
         lines.append(f"| cartpole 500, {name} | {cell['mean']:.1f} |")
@@ -184,12 +194,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="CartPole only, 125 and 500 labels, no ablations: about 10 minutes on 2 CPU cores")
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
-    parser.add_argument("--labels", default=",".join(map(str, LABELS)))
+    parser.add_argument("--labels", default=",".join(map(str, LABELS)),
+                        help="comma-separated budgets; empty (--labels=) runs only the reference cells")
     parser.add_argument("--no-ablations", action="store_true")
     args = parser.parse_args()
     enable_compilation_cache()
     tasks = ["cartpole"] if args.quick else args.tasks.split(",")
-    budgets = [125, 500] if args.quick else [int(b) for b in args.labels.split(",")]
+    budgets = [125, 500] if args.quick else [int(b) for b in args.labels.split(",") if b]
     unknown = set(tasks) - set(TASKS)
     if unknown:
         parser.error(f"unknown tasks {sorted(unknown)}; known: {', '.join(TASKS)}")
@@ -210,6 +221,9 @@ def main() -> None:
         cells = result["tasks"].setdefault(task, {"labels": {}})
         cells["true_reward"] = true_reward_cell(TASKS[task])
         print(f"{task}, true reward: {cells['true_reward']}", flush=True)
+        if hides_episode_ends(task):
+            cells["oracle_reward"] = true_reward_cell(TASKS[task], visible_ends=False)
+            print(f"{task}, the oracle's reward with the ends hidden: {cells['oracle_reward']}", flush=True)
         save()
         for labels in budgets:
             cells["labels"][str(labels)] = rlhf_cell([*TASKS[task], *FROM_PREDICTOR.get(task, []),

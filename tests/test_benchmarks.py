@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from benchmarks.labels_vs_return import chunk_curves, merge_cells
+from benchmarks.labels_vs_return import chunk_curves, hides_episode_ends, merge_cells, table
 
 
 def test_chunk_curves_average_the_episodes_that_ended_in_each_chunk():
@@ -32,3 +32,14 @@ def test_merge_keeps_cells_another_run_wrote_meanwhile():
     assert merged["tasks"]["cartpole"] == {"true_reward": {"mean": 499}, "labels": {"125": 200, "500": 400}}
     assert merged["ablations"] == {"target": 60, "no ensemble": 499}
     assert "machine" not in merged and "benchmark" not in merged  # write_result adds fresh ones
+
+
+def test_table_puts_both_references_beside_the_budgets():
+    result = {"ablations": {}, "tasks": {
+        "breakout": {"labels": {"125": {"mean": 4.625}}, "oracle_reward": {"mean": 5.46}, "true_reward": {"mean": 6.6}},
+        "pendulum": {"labels": {"125": {"mean": -348.1}}, "true_reward": {"mean": -173.3}}}}
+    lines = table(result).splitlines()
+    assert lines[0] == "| task | 125 labels | oracle's reward, ends hidden | true reward |"
+    assert lines[2] == "| breakout | 4.6 | 5.5 | 6.6 |"
+    assert lines[3] == "| pendulum | -348.1 |  | -173.3 |"  # its episode ends are not hidden
+    assert not hides_episode_ends("pendulum") and hides_episode_ends("breakout")
