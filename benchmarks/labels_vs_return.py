@@ -6,8 +6,8 @@ Every cell is 3 seeds of the RLHF loop run as one compiled program (``jax.vmap``
 ``RLHFTraining.make_train().from_state``), scored by the mean true return of 32 whole, unmodified
 episodes per seed, with its curves kept beside (``chunk_curves``). Two references run the same
 way with the same agent and budget: RL on the true reward with visible episode ends, and, where
-the task hides its ends from the agent, RL on the oracle's own reward with the ends hidden (a
-perfect reward model's result). Then the six ablations of section 3.3 on CartPole with 500 labels.
+the task hides its ends from the agent, RL on the oracle's own reward with the ends hidden
+(unnormalised, unlike r̂). Then the six ablations of section 3.3 on CartPole with 500 labels.
 Results are written after every cell (``benchmarks/results/labels_vs_return.json``, and a
 PNG beside it), so an interrupted run keeps what it finished; cells from earlier runs that
 this run does not repeat are kept, so tasks can be run one at a time.
@@ -110,7 +110,7 @@ def without_curves(cell: dict) -> dict:
 def true_reward_cell(overrides: list[str], seed: int = 0, visible_ends: bool = True) -> dict:
     """The same agent and budget on the environment's reward, with visible episode ends; or,
     with ``visible_ends=False``, on the oracle's reward under the task's own treatment (ends
-    hidden, a penalty per failure): the most a perfect reward model could give this agent."""
+    hidden, a penalty per failure), as it is: not normalised as r̂ is."""
     config = experiment([*overrides, "reward=env", *(["env.hide_episode_end=false"] if visible_ends else [])])
     training = AgentRun(config, config.env)
     train = training.agent.make_train(training.agent_config, training.env, env_reward)
