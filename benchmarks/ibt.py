@@ -379,7 +379,7 @@ def quality_task(task: str, settings: Settings, seed: int) -> dict:
     teacher = TeacherConfig(mistake_prob=annotator.noise, tie_gap=annotator.threshold)
 
     def pref_init(k):
-        return ensemble.set_input_statistics(ensemble.init_ensemble(k, pref_config, spec), spec, train_obs)
+        return ensemble.set_input_statistics(ensemble.init_ensemble(k, pref_config, spec), pref_config, spec, train_obs)
 
     def make_labels(episodes, actions, d, budget, decisions, key):
         """``capacity`` pairs of segments from the first ``budget`` clips, the first ``decisions`` answered.

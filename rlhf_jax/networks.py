@@ -153,18 +153,11 @@ def is_atari_frames(observation_shape: Sequence[int]) -> bool:
     return len(shape) == 3 and shape[:2] == ATARI_SHAPE[:2]
 
 
-# Each input's std is floored here before standardising. The statistics come from the
-# untrained policy, under which many inputs never move (a MinAtar Breakout brick, the ball
-# above the wall); a better policy then moves them, and a tiny floor (we had 1e-3) turned
-# that 0 -> 1 into a thousandfold input. At 0.1 it is tenfold.
-INPUT_STD_FLOOR = 0.1
-
-
-def input_statistics(observation_shape: Sequence[int], obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Mean and floored std of each input over ``obs [..., *observation_shape]``, for an MLP's
-    standardisation ``(o - mean) / std``."""
+def input_statistics(observation_shape: Sequence[int], obs: jax.Array, std_floor: float) -> tuple[jax.Array, jax.Array]:
+    """Mean and std (at least ``std_floor``) of each input over ``obs [..., *observation_shape]``,
+    for an MLP's standardisation ``(o - mean) / std``."""
     flat = obs.reshape((-1, *observation_shape)).astype(jnp.float32)
-    return flat.mean(0), jnp.maximum(flat.std(0), INPUT_STD_FLOOR)
+    return flat.mean(0), jnp.maximum(flat.std(0), std_floor)
 
 
 def torso_for(observation_shape: Sequence[int], kind: str = "nature", **mlp_kwargs) -> nn.Module:

@@ -235,7 +235,7 @@ class RLHFTraining(AgentRun):
         # `recent` starts afresh with RL; the reward model's inputs are standardised by the
         # untrained policy's steps, once, so that later fits never see their inputs move.
         obs = segments.obs.reshape(-1, *spec.observation_shape)
-        ensemble = reward_model.set_input_statistics(ensemble, spec, obs)
+        ensemble = reward_model.set_input_statistics(ensemble, self.model_config, spec, obs)
         state = state._replace(segments=segments, ensemble=ensemble)
         initial = self.settings.initial_labels
         if initial and self.host is None:  # people answer theirs in `prepare`

@@ -214,7 +214,7 @@ def test_input_standardisation_floors_the_std_of_inputs_that_never_moved(state):
     moving = np.array([-1.0, 1.0, -1.0, 1.0], np.float32)  # mean 0, std 1
     still = np.ones(4, np.float32)  # std 0
     obs = jnp.asarray(np.stack([moving, still], -1))
-    standardised = ensemble.set_input_statistics(state, SPEC, obs)
+    standardised = ensemble.set_input_statistics(state, CONFIG, SPEC, obs)
     np.testing.assert_allclose(standardised.obs_mean, [0.0, 1.0])
     np.testing.assert_allclose(standardised.obs_std, [1.0, 0.1])
     broken = (np.array([0.5, 0.0]) - standardised.obs_mean) / standardised.obs_std
@@ -245,7 +245,7 @@ def test_reward_cnn_shapes_batch_stats_and_ignores_action():
     dict(ensemble_size=0), dict(random_answer_prob=1.0), dict(random_answer_prob=-0.1),
     dict(validation_fraction=1.0), dict(l2_low=1.5, l2_high=1.5), dict(batch_size=0),
     dict(l2_factor=1.0), dict(learning_rate=0.0), dict(mlp_dropout=1.0), dict(loss="mse"),
-    dict(hidden=()), dict(normalized_std=-1.0),
+    dict(hidden=()), dict(normalized_std=-1.0), dict(input_std_floor=0.0),
 ])
 def test_bad_config_values_raise(bad):
     with pytest.raises(ConfigError):

@@ -63,6 +63,10 @@ class RewardModelConfig:
       1.5 / 1.1 = 1.36 wide, so small steps approach it without jumping over it, and 24
       adaptations still move l2 tenfold.
     * ``batch_size = 64`` pairs per gradient step, each member drawing its own.
+    * ``input_std_floor = 0.1``: the MLP's inputs are standardised by the untrained policy's
+      steps, under which many never move (89 of MinAtar Breakout's 100 brick cells). A
+      better policy then moves them: at a floor of 1e-3 a broken brick was an input of
+      -1000, and Breakout's return fell as labels grew. At 0.1 it is -10.
     """
 
     ensemble_size: int = 3
@@ -80,6 +84,7 @@ class RewardModelConfig:
     l2_factor: float = 1.1
     learning_rate: float = 3e-4
     batch_size: int = 64
+    input_std_floor: float = 0.1
     normalized_std: float = 0.0  # 0: the paper's, 0.05 on Atari frames and 1 otherwise
     loss: Literal["preference", "target"] = "preference"
     bootstrap: bool = True
@@ -103,6 +108,7 @@ class RewardModelConfig:
             (self.l2_factor > 1, f"l2_factor must be > 1, got {self.l2_factor}"),
             (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}"),
             (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
+            (self.input_std_floor > 0, f"input_std_floor must be > 0, got {self.input_std_floor}"),
             (self.normalized_std >= 0,
              f"normalized_std must be >= 0 (0 means the paper's value), got {self.normalized_std}"),
             (self.loss in ("preference", "target"), f"loss must be 'preference' or 'target', got {self.loss!r}"),
@@ -217,12 +223,12 @@ def init_ensemble(key: jax.Array, config: RewardModelConfig, spec: EnvSpec) -> E
     )
 
 
-def set_input_statistics(state: EnsembleState, spec: EnvSpec, obs: jax.Array) -> EnsembleState:
+def set_input_statistics(state: EnsembleState, config: RewardModelConfig, spec: EnvSpec, obs: jax.Array) -> EnsembleState:
     """Fix the MLP's input standardisation to the mean and std of ``obs`` ``[..., *obs_shape]``
     (the untrained policy's steps, before any fitting; Atari frames are left as they are)."""
     if is_atari_frames(spec.observation_shape):
         return state
-    mean, std = input_statistics(spec.observation_shape, obs)
+    mean, std = input_statistics(spec.observation_shape, obs, config.input_std_floor)
     return state._replace(obs_mean=mean, obs_std=std)
 
 
