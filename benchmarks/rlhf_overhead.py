@@ -64,7 +64,9 @@ def flops_per_env_step(loop, agent) -> dict[str, float]:
     state = jax.eval_shape(loop.init_runner, jax.random.PRNGKey(0))
     chunk_steps = loop.chunk_iterations * loop.steps_per_iteration
     fitting = xla_flops(loop._fit_one_fn, state) * loop.fit_steps / chunk_steps
-    rest = xla_flops(lambda s: loop._after_fit_and_score_fn(loop._ask_fn(s, jnp.int32(1)))[0], state) / chunk_steps
+    # The metrics are returned too: XLA drops what a program does not return, and the
+    # scoring would then count for nothing.
+    rest = xla_flops(lambda s: loop._after_fit_and_score_fn(loop._ask_fn(s, jnp.int32(1))), state) / chunk_steps
     playing = xla_flops(lambda s: loop._collect_fn(s)[0], state) / loop.steps_per_iteration
     return {"agent_on_true_reward": xla_flops(lambda r: agent.iteration(r)[0], runner) / agent.steps_per_iteration,
             "rlhf_loop": playing + fitting + rest, "rlhf_fitting": fitting}
