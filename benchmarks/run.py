@@ -225,12 +225,31 @@ class Source:
 
     @property
     def written(self) -> str:
-        """When the benchmark wrote it, as the JSON says; older files only have their file
-        time, which a checkout or a copy resets (marked "file time")."""
+        """When the benchmark wrote it, as the JSON says. Older files do not say: for them the
+        time of the commit that last changed the file, if it is committed as it stands (a
+        checkout resets file times), else the file time."""
         if "written" in self.data.get("machine", {}):
             return self.data["machine"]["written"]
+        committed = last_commit_time(self.path)
+        if committed is not None:
+            return committed.strftime("%Y-%m-%d %H:%M UTC (committed)")
         stamp = datetime.datetime.fromtimestamp(self.path.stat().st_mtime, datetime.timezone.utc)
         return stamp.strftime("%Y-%m-%d %H:%M UTC (file time)")
+
+
+def last_commit_time(path: Path) -> datetime.datetime | None:
+    """When the last commit that changed ``path`` was made, or None if the file is not
+    committed as it stands (untracked, changed since, or no git)."""
+    def git(*args) -> str:
+        return subprocess.run(["git", *args], cwd=path.parent, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    try:
+        if git("status", "--porcelain", "--", path.name):  # untracked or changed
+            return None
+        stamp = git("log", "-1", "--format=%ct", "--", path.name)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return datetime.datetime.fromtimestamp(int(stamp), datetime.timezone.utc) if stamp else None
 
 
 def load_source(bench: Benchmark, written_now: set[str]) -> Source | None:

@@ -43,3 +43,26 @@ def test_table_puts_both_references_beside_the_budgets():
     assert lines[2] == "| breakout | 4.6 | 5.5 | 6.6 |"
     assert lines[3] == "| pendulum | -348.1 |  | -173.3 |"  # its episode ends are not hidden
     assert not hides_episode_ends("pendulum") and hides_episode_ends("breakout")
+
+
+def test_report_dates_an_undated_result_by_its_commit_not_its_file_time(tmp_path):
+    """A checkout resets file times: a result committed as it stands is dated by its commit;
+    one changed since, or outside git, by nothing (the report then falls back to the file time)."""
+    import subprocess
+
+    from benchmarks.run import last_commit_time
+
+    result = tmp_path / "old.json"
+    assert last_commit_time(result) is None  # no git repository here
+    git = lambda *args, **env: subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True,
+                                              env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env})
+    git("init", "-q")
+    result.write_text("{}")
+    assert last_commit_time(result) is None  # untracked
+    stamp = "2020-01-02T03:04:05+00:00"
+    git("add", "old.json")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "r",
+        GIT_COMMITTER_DATE=stamp, GIT_AUTHOR_DATE=stamp)
+    assert last_commit_time(result).isoformat() == stamp
+    result.write_text('{"changed": 1}')
+    assert last_commit_time(result) is None
