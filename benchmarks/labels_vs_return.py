@@ -36,7 +36,7 @@ TASKS = {
     "cartpole": [],
     # Reaching the goal ends Acrobot's episode: a success, so no penalty. The physics
     # treatment (`continue`): a swung-up arm runs on, and every step it stays above the line
-    # costs the oracle's -1 less. Under `reset` a success was one such step, almost every
+    # pays the oracle 0 instead of -1. Under `reset` a success was one such step, almost every
     # pair tied, and A2C learned in 1 run of 12.
     "acrobot": ["env.id=gymnax/Acrobot-v1", "env.termination_penalty=0.0", "env.hidden_end=continue"],
     # Continuous actions: TRPO, the paper's agent for them, with configs/trpo_pendulum.yaml's
