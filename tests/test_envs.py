@@ -68,6 +68,11 @@ def test_gymnax_hidden_end_reset_restarts_unannounced():
     assert falls.sum() >= 4 * 200 // 60 and not np.asarray(ts.done).any()
     np.testing.assert_allclose(ts.reward, np.where(falls, np.asarray(ts.info["true_reward"]) - 2.0, 1.0))
     assert np.all(np.abs(ts.obs[falls]) <= 0.05)  # the next observation is a fresh start
+    # ...while final_obs is the state the copy fell into: the pole past 12 degrees or the cart off the track.
+    fallen = (np.abs(ts.final_obs[falls][:, 2]) > 0.2094) | (np.abs(ts.final_obs[falls][:, 0]) > 2.4)
+    assert fallen.all()
+    np.testing.assert_array_equal(ts.final_obs[~falls], ts.obs[~falls])
+    assert not ts.action_ignored.any()
 
 
 def test_gymnax_shapes_and_auto_reset(cartpole_plain):
@@ -79,6 +84,12 @@ def test_gymnax_shapes_and_auto_reset(cartpole_plain):
     assert ts.done.sum() >= 4 * 300 // 60
     # A fresh CartPole state lies in [-0.05, 0.05]^4.
     assert np.all(np.abs(ts.obs[ts.done]) <= 0.05)
+    # Every end is a fall (no time limit in 300 steps): terminated, and final_obs is the fallen state.
+    np.testing.assert_array_equal(ts.terminated, ts.done)
+    assert not ts.truncated.any() and not ts.action_ignored.any()
+    final = ts.final_obs[ts.done]
+    assert np.all((np.abs(final[:, 2]) > 0.2094) | (np.abs(final[:, 0]) > 2.4))
+    np.testing.assert_array_equal(ts.final_obs[~ts.done], ts.obs[~ts.done])
 
 
 def test_episode_return_is_the_sum_of_true_rewards(cartpole_plain):
@@ -99,7 +110,7 @@ def test_hidden_episode_end_keeps_the_unmodified_return(cartpole_plain, cartpole
     env, (_, hidden) = cartpole_hidden
     # The agent sees an episode end only at the fixed time limit.
     assert np.array_equal(np.flatnonzero(hidden.done[:, 0]), np.arange(99, 300, 100))
-    assert np.all(hidden.info["truncated"] == hidden.done)
+    assert np.all(hidden.truncated == hidden.done) and not hidden.terminated.any()
     # Same key, same actions: the first episode is the same game until the pole falls,
     # so its unmodified return is the same in both versions.
     np.testing.assert_allclose(first_episode_returns(hidden), first_episode_returns(plain))
@@ -192,9 +203,12 @@ def test_atari_games_end_and_restart(breakout_runs):
     _, ts = breakout_runs["plain"]
     assert ts.info["true_done"].sum() >= 2
     np.testing.assert_array_equal(ts.done, ts.info["true_done"])
-    # EnvPool resets on the step after a game ends.
+    # EnvPool resets on the step after a game ends: that step's action is ignored.
     ends = np.argwhere(ts.info["true_done"][:-1])
-    assert all(ts.info["reset_step"][t + 1, c] for t, c in ends)
+    assert all(ts.action_ignored[t + 1, c] for t, c in ends)
+    # Nothing is replaced within a step: final_obs is obs, a lost game is terminated.
+    np.testing.assert_array_equal(ts.final_obs, ts.obs)
+    np.testing.assert_array_equal(ts.terminated, ts.done)
 
 
 def test_atari_reset_step_follows_every_game_end_even_without_lives():
@@ -202,16 +216,18 @@ def test_atari_reset_step_follows_every_game_end_even_without_lives():
     env = make(EnvConfig(id="envpool/Pong-v5", num_envs=2, seed=0, max_episode_steps=30))
     _, ts = rollout(env, 70)
     ends = np.argwhere(ts.info["true_done"][:-1])
-    assert len(ends) >= 2 and ts.info["truncated"][tuple(ends.T)].all()
-    following = np.zeros_like(ts.info["reset_step"])
+    assert len(ends) >= 2 and ts.truncated[tuple(ends.T)].all() and not ts.terminated.any()
+    following = np.zeros_like(ts.action_ignored)
     following[1:] = ts.info["true_done"][:-1]
-    np.testing.assert_array_equal(ts.info["reset_step"], following)
+    np.testing.assert_array_equal(ts.action_ignored, following)
+    np.testing.assert_array_equal(ts.final_obs, ts.obs)  # the time-limit step's observation is real
 
 
 def test_atari_hidden_episode_end(breakout_runs):
     _, plain = breakout_runs["plain"]
     _, hidden = breakout_runs["hidden"]
     assert not hidden.done.any()  # one continuous game for the agent
+    np.testing.assert_array_equal(hidden.action_ignored, plain.action_ignored)  # EnvPool still resets a step late
     np.testing.assert_array_equal(hidden.info["true_done"], plain.info["true_done"])
     np.testing.assert_array_equal(hidden.info["true_reward"], plain.info["true_reward"])
     # The oracle pays a penalty of 1 for each life lost (Breakout is not Pong).
@@ -239,6 +255,14 @@ def test_envpool_mujoco_hidden_episode_end_keeps_the_unmodified_return():
     _, hidden = rollout(hidden_env, 250, seed=2)
     assert plain_env.spec.observation_shape == (11,) and plain_env.spec.fps == pytest.approx(125)
     assert hidden.done[:, 0].sum() == 1 and hidden.done[199, 0]
+    np.testing.assert_array_equal(hidden.truncated, hidden.done)
+    assert not hidden.terminated.any()
+    # Unmodified, the Hopper falls (terminated) and EnvPool resets on the next step, ignoring its action.
+    assert plain.terminated.any() and not (plain.terminated & plain.truncated).any()
+    following = np.zeros_like(plain.action_ignored)
+    following[1:] = plain.done[:-1]
+    np.testing.assert_array_equal(plain.action_ignored, following)
+    np.testing.assert_array_equal(plain.final_obs, plain.obs)
     # Random actions topple the Hopper quickly; the first episode's unmodified return is the same.
     np.testing.assert_allclose(first_episode_returns(hidden), first_episode_returns(plain), rtol=1e-5)
     # Once fallen, the oracle pays the penalty (no healthy bonus, minus 1) on top of the

@@ -131,9 +131,10 @@ def test_spec_and_reset_match_gymnasium(name):
     assert ts.obs.shape == (2, EXPECTED_OBS_DIM[name]) and ts.obs.dtype == jnp.float32
     assert np.all(np.isfinite(ts.obs))
     assert not np.allclose(ts.obs[0], ts.obs[1]), "copies should get different reset noise"
-    for key in ("true_reward", "true_done", "truncated", "episode_return", "episode_length"):
+    for key in ("true_reward", "true_done", "episode_return", "episode_length"):
         assert ts.info[key].shape == (2,)
-    assert ts.reward.shape == ts.done.shape == (2,)
+    assert ts.reward.shape == ts.done.shape == ts.truncated.shape == ts.action_ignored.shape == (2,)
+    np.testing.assert_array_equal(ts.final_obs, ts.obs)
 
     # The first observation (a reset computes only what it needs) equals Gymnasium's
     # after set_state (a full mj_forward) for the same (qpos, qvel).
@@ -165,10 +166,10 @@ def check_parity(name, ts, qpos, qvel, action, atol):
     """``ts`` (one step from ``(qpos, qvel)`` with ``action``, one copy per row) against Gymnasium."""
     for i in range(len(qpos)):
         obs, reward, terminated, _ = gymnasium_step(name, qpos[i], qvel[i], action[i])
-        np.testing.assert_allclose(ts.info["final_obs"][i], obs, atol=atol, rtol=0)
+        np.testing.assert_allclose(ts.final_obs[i], obs, atol=atol, rtol=0)
         np.testing.assert_allclose(ts.info["true_reward"][i], reward, atol=atol, rtol=0)
         np.testing.assert_allclose(ts.reward[i], reward, atol=atol, rtol=0)  # no modifications
-        assert bool(ts.info["terminated"][i]) == terminated == bool(ts.done[i])
+        assert bool(ts.terminated[i]) == terminated == bool(ts.done[i]) == bool(ts.info["unhealthy"][i])
 
 
 def test_hopper_step_matches_gymnasium(hopper_step):
@@ -236,7 +237,8 @@ def test_hide_episode_end_fixed_length(hide_rollout):
     at_limit = np.arange(HIDE_STEPS) == HIDE_LIMIT - 1
     for copy in range(2):
         np.testing.assert_array_equal(ts.done[:, copy], at_limit)
-        np.testing.assert_array_equal(ts.info["truncated"][:, copy], at_limit)
+        np.testing.assert_array_equal(ts.truncated[:, copy], at_limit)
+        assert not ts.terminated[:, copy].any()  # hidden: the agent never sees a terminal state
         np.testing.assert_array_equal(ts.info["true_done"][:, copy], at_limit)
     np.testing.assert_array_equal(ts.info["episode_length"][HIDE_LIMIT - 1], [HIDE_LIMIT, HIDE_LIMIT])
 
@@ -247,10 +249,10 @@ def test_hide_episode_end_unhealthy_hopper_keeps_running(hide_rollout):
     episode = slice(0, HIDE_LIMIT)
     # Copy 1 is unhealthy at every step of its first episode: the simulation runs on
     # (positions move continuously, nothing resets) instead of ending the episode.
-    assert info["terminated"][episode, 1].all() and info["failed"][episode, 1].all()
+    assert info["unhealthy"][episode, 1].all() and info["failed"][episode, 1].all()
     assert not ts.done[: HIDE_LIMIT - 1, 1].any()
     assert np.all(np.abs(np.diff(info["x_position"][episode, 1])) < 0.1)
-    assert np.all(np.abs(np.diff(info["final_obs"][episode, 1], axis=0)).max(axis=1) > 0)
+    assert np.all(np.abs(np.diff(ts.final_obs[episode, 1], axis=0)).max(axis=1) > 0)
     # The oracle's reward: forward reward, no healthy bonus, no control cost, minus the penalty.
     np.testing.assert_allclose(ts.reward[episode, 1], info["x_velocity"][episode, 1] - 1.0, atol=1e-5)
     # The unmodified evaluation: Gymnasium's episode ends after one step with reward r;
@@ -262,15 +264,15 @@ def test_hide_episode_end_unhealthy_hopper_keeps_running(hide_rollout):
     np.testing.assert_allclose(info["episode_return"][HIDE_LIMIT - 1, 1], r, atol=1e-4)
     # After the time limit the copy starts afresh: healthy again, the flag cleared.
     after = slice(HIDE_LIMIT, HIDE_STEPS)
-    assert not info["terminated"][after, 1].any() and not info["failed"][after, 1].any()
+    assert not info["unhealthy"][after, 1].any() and not info["failed"][after, 1].any()
     assert np.all(info["true_reward"][after, 1] != 0.0)
-    np.testing.assert_allclose(info["final_obs"][HIDE_LIMIT, 1, 0], 1.25, atol=0.05)  # z of a fresh hopper
+    np.testing.assert_allclose(ts.final_obs[HIDE_LIMIT, 1, 0], 1.25, atol=0.05)  # z of a fresh hopper
 
 
 def test_control_cost_removed(hide_rollout, hopper_step):
     env, qpos, qvel, actions, ts = hide_rollout
     info = ts.info
-    healthy = ~info["terminated"][:, 0]
+    healthy = ~info["unhealthy"][:, 0]
     assert healthy[:3].all()
     # While healthy the oracle's reward is the true v5 reward plus exactly the control cost.
     expected_cost = 1e-3 * np.sum(np.square(actions[:, 0]), axis=-1)
@@ -298,13 +300,14 @@ def test_scan_auto_resets_terminated_copies(ip_rollout):
     ts = jax.tree.map(np.asarray, ts)
     done = ts.done
     assert done.any(), "random actions should topple the pendulum within 40 steps"
-    np.testing.assert_array_equal(done, ts.info["terminated"])  # no time limit within 40 steps
+    np.testing.assert_array_equal(done, ts.terminated)  # no time limit within 40 steps
     np.testing.assert_array_equal(done, ts.info["true_done"])
-    assert not ts.info["truncated"].any()
+    assert not ts.truncated.any() and not ts.action_ignored.any()
     # A finished copy: reward 0 on the terminal step, 1 on every other, so return = length - 1.
     np.testing.assert_array_equal(ts.reward[done], 0.0)
     np.testing.assert_array_equal(ts.info["episode_return"][done], ts.info["episode_length"][done] - 1)
-    assert np.all(np.abs(ts.info["final_obs"][done][:, 1]) > 0.2)
+    assert np.all(np.abs(ts.final_obs[done][:, 1]) > 0.2)
+    np.testing.assert_array_equal(ts.final_obs[~done], ts.obs[~done])
     # ... and its next observation is a fresh reset: within the reset noise of 0.01.
     assert np.all(np.abs(ts.obs[done]) <= 0.01)
     # Episode counters restart after each end.

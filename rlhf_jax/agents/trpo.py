@@ -335,7 +335,10 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         params = runner.params
         values = value.apply(params["value"], observations)
         bootstrap = value.apply(params["value"], obs)
-        returns, mask = returns_and_mask(config, rewards, dones, info, values, bootstrap)
+        ends = {"truncated": timesteps.truncated}  # (until TRPO moves onto ops.episode_ends)
+        if env.spec.backend.startswith("envpool"):
+            ends["reset_step"] = timesteps.action_ignored
+        returns, mask = returns_and_mask(config, rewards, dones, ends, values, bootstrap)
         advantages = returns - values
         if config.normalize_advantages:
             mean = _masked_mean(advantages, mask)

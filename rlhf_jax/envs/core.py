@@ -6,19 +6,44 @@ An environment is a pair of pure functions over a batch of ``num_envs`` copies:
     step(state, action)   -> (state, TimeStep)
 
 ``step`` resets finished copies automatically, so an agent can ``lax.scan`` it for
-ever. Everything in a ``TimeStep`` has the batch as its leading axis.
+ever. Everything in a ``TimeStep`` has the batch as its leading axis ``[N, ...]``.
 
-What travels where (the agent never has to read the true reward):
+What travels where, each field described here and nowhere else (the agent never has
+to read the true reward):
 
-* ``TimeStep.reward`` is the task reward under the chosen modifications, i.e. the
-  reward a synthetic oracle judges by (appendix A of Christiano et al.).
-* ``TimeStep.done`` is the episode boundary the agent is allowed to see; with
-  ``hide_episode_end`` it carries no information about the task.
-* ``info["true_reward"]`` is the unmodified environment's reward and
-  ``info["true_done"]`` the end of an unmodified episode; ``info["episode_return"]``
-  and ``info["episode_length"]`` hold the finished true episode's totals wherever
-  ``true_done`` is set. ``info["truncated"]`` marks time-limit ends, which an agent
-  may bootstrap through.
+==================  =============  ==================================================================
+field               type           meaning
+==================  =============  ==================================================================
+``obs``             ``[N, *obs]``  ``o_{t+1}``; after an automatic reset, the new episode's first
+                                   observation.
+``reward``          float32 [N]    the task reward under the chosen modifications: what a synthetic
+                                   oracle judges by (appendix A of Christiano et al.).
+``terminated``      bool [N]       the agent's episode ended in a terminal state: its return
+                                   bootstraps from 0.
+``truncated``       bool [N]       the agent's episode was cut by its time limit (and did not
+                                   terminate): its return bootstraps from ``V(final_obs)``.
+``final_obs``       ``[N, *obs]``  the observation the step reached, before any automatic reset:
+                                   ``obs`` where no reset happened. With a hidden end that restarts
+                                   a copy (gymnax ``hidden_end="reset"``, a diverged MJX copy) it is
+                                   the real last observation while ``obs`` is the new episode's
+                                   first. EnvPool resets on the *next* step, so there it always
+                                   equals ``obs`` (which is real).
+``action_ignored``  bool [N]       EnvPool's reset step: a new game's first frame, the action had no
+                                   effect, the reward is 0 and the step carries no loss. Always
+                                   False on gymnax and MJX.
+``info``            dict           diagnostics only (below); no agent reads episode ends from it.
+``done``            property       ``terminated | truncated``: the agent's episode boundary. With
+                                   ``hide_episode_end`` it carries no information about the task.
+==================  =============  ==================================================================
+
+``info`` holds ``true_reward`` (the unmodified environment's reward), ``true_done``
+(the end of an unmodified episode), ``episode_return`` and ``episode_length`` (the
+finished true episode's totals wherever ``true_done`` is set), and back-end extras
+(Atari's ``lives``; MJX's ``unhealthy``, ``failed``, ``ctrl_cost`` and reward terms).
+
+How an agent treats the ends is one rule for every agent,
+:func:`rlhf_jax.ops.episode_ends.fold_time_limits` and
+:func:`rlhf_jax.ops.episode_ends.loss_mask`.
 """
 from __future__ import annotations
 
@@ -28,14 +53,32 @@ from typing import Any, NamedTuple, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 class TimeStep(NamedTuple):
+    """One vector step's result; the fields are described in the module docstring."""
+
     obs: jax.Array
     reward: jax.Array
-    done: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_obs: jax.Array
+    action_ignored: jax.Array
     info: dict
+
+    @property
+    def done(self) -> jax.Array:
+        """The agent's episode boundary."""
+        return self.terminated | self.truncated
+
+
+def first_timestep(obs: jax.Array, info: dict) -> TimeStep:
+    """What a reset returns: ``obs`` starts an episode; no reward, no end, nothing ignored.
+
+    ``info`` must hold the keys a step's does (zeros), so a TimeStep can be a scan carry."""
+    n = obs.shape[0]
+    no = jnp.zeros((n,), bool)
+    return TimeStep(obs, jnp.zeros((n,), jnp.float32), no, no, obs, no, info)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +151,9 @@ class Environment(abc.ABC):
     """Base of every back end: action checks and true-episode statistics.
 
     A back end implements ``_reset(key) -> (inner, TimeStep)`` and
-    ``_step(inner, action) -> (inner, TimeStep)`` whose ``info`` holds at least
-    ``true_reward``, ``true_done`` and ``truncated``; this class adds
-    ``episode_return`` and ``episode_length``.
+    ``_step(inner, action) -> (inner, TimeStep)``, filling every typed field, with
+    ``true_reward`` and ``true_done`` in ``info``; this class adds ``episode_return``
+    and ``episode_length``.
     """
 
     spec: EnvSpec
@@ -161,14 +204,3 @@ class Environment(abc.ABC):
         )
         return state, timestep._replace(info=info)
 
-
-def as_float32(x) -> jax.Array:
-    return jnp.asarray(x, jnp.float32)
-
-
-def zeros_bool(n: int) -> jax.Array:
-    return jnp.zeros((n,), bool)
-
-
-def numpy_dtype_name(dtype) -> str:
-    return np.dtype(dtype).name

@@ -34,7 +34,7 @@ from jax.custom_batching import custom_vmap
 from jax.experimental import io_callback
 
 from rlhf_jax.envs.atari_masks import hide_score
-from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep
+from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 from rlhf_jax.errors import ConfigError
 
@@ -108,8 +108,7 @@ class EnvPoolEnv(Environment):
         handle, obs, lives = self._pool_reset(key)
         n = self.num_envs
         zero, no = jnp.zeros((n,), jnp.float32), jnp.zeros((n,), bool)
-        info = {"true_reward": zero, "true_done": no, "truncated": no, "reset_step": no}
-        return PoolState(handle, lives, no), TimeStep(obs, zero, no, info)
+        return PoolState(handle, lives, no), first_timestep(obs, {"true_reward": zero, "true_done": no})
 
 
 class AtariEnv(EnvPoolEnv):
@@ -169,18 +168,18 @@ class AtariEnv(EnvPoolEnv):
         lives = info["lives"]
         reset_step = info["elapsed_step"] == 0  # EnvPool's reset step: a new game's first frame
         life_lost = lives < inner.lives  # (lives rise, never fall, at a reset)
-        if self._config.hide_episode_end:
-            agent_done = jnp.zeros_like(game_over)
-        elif self._config.episodic_life:
-            agent_done = game_over | life_lost
+        if self._config.hide_episode_end:  # one continuous game: the agent sees no end
+            agent_terminated = agent_truncated = jnp.zeros_like(game_over)
         else:
-            agent_done = game_over
+            agent_terminated = terminated | life_lost if self._config.episodic_life else terminated
+            agent_truncated = truncated & ~agent_terminated
         oracle_reward = reward
         if self._penalise:
             oracle_reward = reward - self._config.termination_penalty * (life_lost | game_over)
-        info = {"true_reward": reward, "true_done": game_over, "truncated": truncated & ~terminated,
-                "reset_step": reset_step, "lives": lives}
-        return PoolState(handle, lives, inner.failed), TimeStep(self._observe(obs), oracle_reward, agent_done, info)
+        info = {"true_reward": reward, "true_done": game_over, "lives": lives}
+        obs = self._observe(obs)
+        timestep = TimeStep(obs, oracle_reward, agent_terminated, agent_truncated, obs, reset_step, info)
+        return PoolState(handle, lives, inner.failed), timestep
 
 
 class MujocoPoolEnv(EnvPoolEnv):
@@ -259,9 +258,9 @@ class MujocoPoolEnv(EnvPoolEnv):
             reward = jnp.where(reset_step, 0.0, oracle)
         else:
             true_reward = reward if self._config.control_cost or not self._ctrl_cost_weight else reward - ctrl_cost
-        info = {"true_reward": true_reward, "true_done": game_over, "truncated": truncated & ~terminated,
-                "reset_step": reset_step}
-        return PoolState(inner.handle, inner.lives, failed), TimeStep(obs, reward, game_over, info)
+        info = {"true_reward": true_reward, "true_done": game_over}
+        timestep = TimeStep(obs, reward, terminated, truncated & ~terminated, obs, reset_step, info)
+        return PoolState(inner.handle, inner.lives, failed), timestep
 
 
 def _timestep(name: str) -> float:

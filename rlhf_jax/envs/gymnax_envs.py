@@ -1,4 +1,11 @@
-"""gymnax back end: classic control and MinAtar, pure JAX, vmapped over ``num_envs`` copies."""
+"""gymnax back end: classic control and MinAtar, pure JAX, vmapped over ``num_envs`` copies.
+
+A step resets a finished copy within the step; ``TimeStep.final_obs`` is the observation
+the copy reached before that reset. With ``hide_episode_end`` and ``hidden_end="reset"`` a
+failing copy restarts without the agent being told: there ``final_obs`` is the real last
+observation and ``obs`` the new episode's first, on a step that is neither terminated
+nor truncated for the agent.
+"""
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -7,7 +14,7 @@ import gymnax
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep
+from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 
 # name -> frames per second of real time, used to size segments and play clips
@@ -67,8 +74,8 @@ class GymnaxEnv(Environment):
         obs, env_state = self._reset_copies(reset_key)
         n = self.num_envs
         inner = GymnaxInner(env_state, key, jnp.zeros((n,), bool))
-        info = {"true_reward": jnp.zeros((n,)), "true_done": jnp.zeros((n,), bool), "truncated": jnp.zeros((n,), bool)}
-        return inner, TimeStep(obs, jnp.zeros((n,)), jnp.zeros((n,), bool), info)
+        info = {"true_reward": jnp.zeros((n,)), "true_done": jnp.zeros((n,), bool)}
+        return inner, first_timestep(obs, info)
 
     def _step(self, inner: GymnaxInner, action):
         key, step_key, reset_key = jax.random.split(inner.key, 3)
@@ -83,27 +90,24 @@ class GymnaxEnv(Environment):
             # Appendix A's Atari treatment: the copy restarts at once, the agent is not told
             # (only the time limit of a life that lasts ends its episode), the oracle pays
             # the penalty on the failing step.
-            agent_done = truncated & ~terminated
+            agent_terminated, agent_truncated = jnp.zeros_like(terminated), truncated & ~terminated
             true_reward, failed = reward, inner.failed
             reward = reward - self._config.termination_penalty * terminated
             true_done = terminated | truncated
-            time_limit = agent_done
             restart = terminated | truncated
         elif self._config.hide_episode_end:
             # Appendix A: the copy runs on to its time limit; every step in a terminal
             # state costs the oracle `termination_penalty`, and the unmodified return
             # stops counting at the first failure.
-            agent_done = truncated
+            agent_terminated, agent_truncated = jnp.zeros_like(terminated), truncated
             true_reward = jnp.where(inner.failed, 0.0, reward)
             reward = reward - self._config.termination_penalty * terminated
             failed = inner.failed | terminated
-            true_done = time_limit = truncated
-            restart = agent_done
+            true_done = restart = truncated
         else:
-            agent_done = terminated | truncated
-            true_reward, failed, true_done = reward, inner.failed, agent_done
-            time_limit = truncated & ~terminated
-            restart = agent_done
+            agent_terminated, agent_truncated = terminated, truncated & ~terminated
+            true_reward, failed = reward, inner.failed
+            true_done = restart = terminated | truncated
 
         reset_obs, reset_state = self._reset_copies(reset_key)
         env_state = jax.tree.map(
@@ -111,7 +115,8 @@ class GymnaxEnv(Environment):
             reset_state,
             env_state,
         )
-        obs = jnp.where(restart.reshape((-1,) + (1,) * (obs.ndim - 1)), reset_obs, obs)
+        next_obs = jnp.where(restart.reshape((-1,) + (1,) * (obs.ndim - 1)), reset_obs, obs)
         inner = GymnaxInner(env_state, key, failed & ~restart)
-        info = {"true_reward": true_reward, "true_done": true_done, "truncated": time_limit}
-        return inner, TimeStep(obs, reward, agent_done, info)
+        info = {"true_reward": true_reward, "true_done": true_done}
+        ignored = jnp.zeros_like(terminated)
+        return inner, TimeStep(next_obs, reward, agent_terminated, agent_truncated, obs, ignored, info)

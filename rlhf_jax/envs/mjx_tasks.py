@@ -16,11 +16,11 @@ How a step works (``MjxEnv._step``), for a batch of ``num_envs`` copies:
    (:class:`RewardTerms`), and whether the new state is healthy;
 3. combine the terms under the options of appendix A (``control_cost``,
    ``hide_episode_end``, ``termination_penalty``) into ``TimeStep.reward``,
-   ``TimeStep.done`` and the unmodified ``info["true_reward"]`` /
+   ``TimeStep.terminated`` / ``truncated`` and the unmodified ``info["true_reward"]`` /
    ``info["true_done"]``;
 4. reset the copies whose (agent-visible) episode ended, with fresh reset noise.
    The returned observation of such a copy is the first one of its new episode;
-   the last observation of the old one is ``info["final_obs"]``.
+   the last observation of the old one is ``TimeStep.final_obs``.
 
 Deviations from Gymnasium, all deliberate:
 
@@ -76,7 +76,7 @@ import numpy as np
 with contextlib.redirect_stdout(io.StringIO()):
     from mujoco import mjx
 
-from rlhf_jax.envs.core import Box, EnvSpec, EnvState, Environment, TimeStep
+from rlhf_jax.envs.core import Box, EnvSpec, EnvState, Environment, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 
 logger = logging.getLogger(__name__)
@@ -628,21 +628,19 @@ class MjxEnv(Environment):
         # The same info keys as a step's (zeros), so a TimeStep can be a scan carry.
         extras = jax.eval_shape(self._reward_terms, data, data, jnp.zeros((n, self.mj_model.nu), jnp.float32)).extras
         info = self._info(
-            true_reward=zeros, true_done=false, truncated=false, terminated=false, failed=false,
-            ctrl_cost=zeros, final_obs=obs, extras={k: zeros for k in extras},
+            true_reward=zeros, true_done=false, unhealthy=false, failed=false,
+            ctrl_cost=zeros, extras={k: zeros for k in extras},
         )
-        return inner, TimeStep(obs, zeros, false, info)
+        return inner, first_timestep(obs, info)
 
     @staticmethod
-    def _info(*, true_reward, true_done, truncated, terminated, failed, ctrl_cost, final_obs, extras) -> dict:
+    def _info(*, true_reward, true_done, unhealthy, failed, ctrl_cost, extras) -> dict:
         return {
             "true_reward": true_reward.astype(jnp.float32),
             "true_done": true_done,
-            "truncated": truncated,
-            "terminated": terminated,  # the unmodified episode ends (or would end) here
+            "unhealthy": unhealthy,  # the unmodified episode ends (or would end) here; a diverged copy too
             "failed": failed,  # hide_episode_end: has been where the unmodified episode ends
             "ctrl_cost": ctrl_cost.astype(jnp.float32),
-            "final_obs": final_obs,  # the observation before any automatic reset
             **{k: jnp.asarray(v, jnp.float32) for k, v in extras.items()},
         }
 
@@ -696,20 +694,19 @@ class MjxEnv(Environment):
             # Fixed-length episodes: the simulation runs on after failure; the oracle pays
             # the penalty for every step in a terminal state; the unmodified evaluation
             # stops counting once the copy has failed.
-            done = at_limit
+            # A diverged copy restarts unannounced (final_obs keeps what it reached).
+            agent_terminated, agent_truncated = jnp.zeros_like(at_limit), at_limit
             oracle = oracle - config.termination_penalty * terminated
             true_reward = jnp.where(inner.failed, 0.0, v5_reward)
             failed = inner.failed | terminated
             true_done = at_limit
-            truncated = at_limit
-            reset = done | diverged
+            reset = at_limit | diverged
         else:
-            done = terminated | at_limit
+            agent_terminated, agent_truncated = terminated, at_limit & ~terminated
             failed = jnp.zeros_like(inner.failed)
             true_reward = v5_reward
-            true_done = done
-            truncated = at_limit & ~terminated
-            reset = done
+            true_done = reset = terminated | at_limit
+        done = agent_terminated | agent_truncated
         oracle = jnp.where(diverged, 0.0, oracle)
 
         key, reset_key = jax.random.split(inner.key)
@@ -729,10 +726,12 @@ class MjxEnv(Environment):
             key=key,
         )
         info = self._info(
-            true_reward=true_reward, true_done=true_done, truncated=truncated, terminated=terminated,
-            failed=failed, ctrl_cost=terms.ctrl_cost, final_obs=obs, extras=terms.extras,
+            true_reward=true_reward, true_done=true_done, unhealthy=terminated,
+            failed=failed, ctrl_cost=terms.ctrl_cost, extras=terms.extras,
         )
-        return next_inner, TimeStep(next_obs, oracle.astype(jnp.float32), done, info)
+        ignored = jnp.zeros_like(done)
+        return next_inner, TimeStep(next_obs, oracle.astype(jnp.float32), agent_terminated, agent_truncated, obs,
+                                    ignored, info)
 
 
 def make_mjx(name: str, config: EnvConfig) -> MjxEnv:
