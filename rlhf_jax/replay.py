@@ -52,6 +52,7 @@ import numpy as np
 from flax import struct
 
 from rlhf_jax.envs.core import EnvSpec
+from rlhf_jax.networks import is_atari_frames
 
 
 @struct.dataclass
@@ -86,8 +87,10 @@ class Batch(NamedTuple):
 
 
 def frame_stack(spec: EnvSpec) -> int:
-    """How many frames an observation stacks: 4 for EnvPool Atari (stored once each), else 1 (stored whole)."""
-    return int(spec.observation_shape[-1]) if spec.backend == "envpool-atari" else 1
+    """How many frames an observation stacks: 4 for Atari frames (stored once each, here and in
+    the label database), else 1 (stored whole). The rule is the reward model's and the agents'
+    (:func:`rlhf_jax.networks.is_atari_frames`), so all of them agree on what a frame stack is."""
+    return int(spec.observation_shape[-1]) if is_atari_frames(spec.observation_shape) else 1
 
 
 def init(capacity: int, num_envs: int, obs_shape: Sequence[int], obs_dtype, stack: int = 1) -> ReplayState:
