@@ -125,6 +125,54 @@ def test_returns_reject_bad_shapes():
         ops.gae_advantages(rewards, discounts, values[:, :2], bootstrap, 0.9)
 
 
+# ---------------------------------------------------------------- episode ends
+
+
+def test_fold_time_limits_by_hand():
+    # gamma 0.5; step 1 terminates, step 2 is cut by the time limit with V(final_obs_2) = 8.
+    # r' = [1, 2, 3 + 0.5 * 8, 4], discount = [0.5, 0, 0, 0.5]; the other final values (NaN
+    # included: a diverged copy's) are never read.
+    reward = jnp.array([1.0, 2.0, 3.0, 4.0])
+    terminated = jnp.array([False, True, False, False])
+    truncated = jnp.array([False, False, True, False])
+    final_value = jnp.array([jnp.nan, 200.0, 8.0, 300.0])
+    folded, discount = ops.fold_time_limits(reward, terminated, truncated, final_value, 0.5)
+    np.testing.assert_allclose(folded, [1.0, 2.0, 7.0, 4.0])
+    np.testing.assert_allclose(discount, [0.5, 0.0, 0.0, 0.5])
+    # Through n-step returns with V(s_T) = 10: R_3 = 4 + 5 = 9, R_2 = 7 (nothing flows back
+    # across the cut), R_1 = 2 (terminal), R_0 = 1 + 0.5 * 2 = 2.
+    np.testing.assert_allclose(ops.n_step_returns(folded, discount, jnp.array(10.0)), [2.0, 2.0, 7.0, 9.0])
+    # A target: no gradient reaches the value of the final observation.
+    grad = jax.grad(lambda v: ops.fold_time_limits(reward, terminated, truncated, v, 0.5)[0].sum())(final_value)
+    np.testing.assert_array_equal(grad, 0.0)
+    with pytest.raises(AssertionError):
+        ops.fold_time_limits(reward, terminated, truncated[:3], final_value, 0.5)
+
+
+def test_loss_mask_and_masked_mean_by_hand():
+    mask = ops.loss_mask(jnp.array([[False, True], [False, False]]))
+    assert mask.dtype == jnp.float32
+    np.testing.assert_array_equal(mask, [[1.0, 0.0], [1.0, 1.0]])
+    # (1 + 3 + 4) / 3: the reset step's 100 carries nothing.
+    np.testing.assert_allclose(ops.masked_mean(jnp.array([[1.0, 100.0], [3.0, 4.0]]), mask), 8.0 / 3.0)
+    assert float(ops.masked_mean(jnp.ones(3), jnp.zeros(3))) == 0.0  # nothing to average
+
+
+def test_actor_critic_loss_masks_reset_steps():
+    # Two steps, the second a reset step: every part is the first step's alone.
+    log_pi_a, entropy = jnp.array([-1.0, -5.0]), jnp.array([0.5, 9.0])
+    values, returns = jnp.array([1.0, 0.0]), jnp.array([3.0, 50.0])
+    loss, parts = ops.actor_critic_loss(log_pi_a, entropy, values, returns, entropy_coef=0.1, value_coef=1.0,
+                                        mask=ops.loss_mask(jnp.array([False, True])))
+    np.testing.assert_allclose(parts["policy_loss"], -(-1.0 * 2.0))
+    np.testing.assert_allclose(parts["value_loss"], 0.5 * 2.0**2)
+    np.testing.assert_allclose(parts["entropy"], 0.5)
+    np.testing.assert_allclose(loss, 2.0 - 0.05 + 2.0)
+    grad = jax.grad(lambda v: ops.actor_critic_loss(log_pi_a, entropy, v, returns,
+                                                    mask=jnp.array([1.0, 0.0]))[0])(values)
+    assert float(grad[1]) == 0.0
+
+
 # ---------------------------------------------------------------- Q-learning
 
 

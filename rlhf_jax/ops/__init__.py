@@ -5,7 +5,8 @@ Every function is a small pure function over arrays that ``jax.jit`` and
 shape checks. Two conventions hold throughout:
 
 * sequences are **time-major**, ``[T, ...]``;
-* a **discount carries the done mask**: ``discount_t = gamma * (1 - done_t)``.
+* a **discount carries the done mask**: ``discount_t = gamma * (1 - done_t)``; a
+  time-limit end is folded into the reward first (:mod:`rlhf_jax.ops.episode_ends`).
 """
 from rlhf_jax.ops.acer import (
     retrace_targets,
@@ -16,6 +17,7 @@ from rlhf_jax.ops.acer import (
     trust_region_projection,
 )
 from rlhf_jax.ops.distributions import categorical_log_prob, entropy, gaussian_entropy, gaussian_log_prob
+from rlhf_jax.ops.episode_ends import fold_time_limits, loss_mask, masked_mean
 from rlhf_jax.ops.exploration import epsilon_greedy
 from rlhf_jax.ops.policy_gradient import actor_critic_loss, policy_gradient_loss
 from rlhf_jax.ops.returns import gae_advantages, lambda_returns, n_step_returns
@@ -39,6 +41,7 @@ __all__ = [
     "double_q_learning_target",
     "entropy",
     "epsilon_greedy",
+    "fold_time_limits",
     "fisher_vector_product",
     "gae_advantages",
     "gaussian_entropy",
@@ -47,6 +50,8 @@ __all__ = [
     "huber_loss",
     "lambda_returns",
     "linear_schedule",
+    "loss_mask",
+    "masked_mean",
     "max_step",
     "n_step_returns",
     "policy_gradient_loss",

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.ops.distributions import categorical_log_prob
+from rlhf_jax.ops.episode_ends import masked_mean
 
 
 def policy_gradient_loss(logits: chex.Array, actions: chex.Array, advantages: chex.Array) -> jax.Array:
@@ -43,6 +44,7 @@ def actor_critic_loss(
     entropy_coef: float = 0.01,
     value_coef: float = 0.5,
     advantages: chex.Array | None = None,
+    mask: chex.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The advantage actor-critic loss of A3C (Mnih et al. 2016, Algorithm S3 and section 4),
     in the synchronous, shared-network form (A2C):
@@ -70,6 +72,8 @@ def actor_critic_loss(
       entropy_coef: ``beta`` (0.01 on Atari in the paper).
       value_coef: ``c_v``.
       advantages: ``[...]`` optional advantages (e.g. GAE); default ``R_t - V(s_t)``.
+      mask: ``[...]`` optional weights (:func:`~rlhf_jax.ops.loss_mask`): each mean becomes
+        ``sum(x * mask) / sum(mask)``, so a masked step (EnvPool's reset step) carries no loss.
 
     Returns:
       ``(loss, parts)`` with ``parts = {"policy_loss", "value_loss", "entropy"}``, where
@@ -83,8 +87,10 @@ def actor_critic_loss(
     chex.assert_equal_shape([advantages, values])
     advantages = jax.lax.stop_gradient(advantages)
 
-    policy_loss = -jnp.mean(log_pi_a * advantages)
-    value_loss = 0.5 * jnp.mean((returns - values) ** 2)
-    mean_entropy = jnp.mean(jnp.broadcast_to(entropy, values.shape))
+    mask = jnp.ones_like(values) if mask is None else mask
+    chex.assert_equal_shape([mask, values])
+    policy_loss = -masked_mean(log_pi_a * advantages, mask)
+    value_loss = 0.5 * masked_mean((returns - values) ** 2, mask)
+    mean_entropy = masked_mean(jnp.broadcast_to(entropy, values.shape), mask)
     loss = policy_loss - entropy_coef * mean_entropy + value_coef * value_loss
     return loss, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": mean_entropy}

@@ -13,7 +13,8 @@ Conventions shared by every function here:
   automatic reset). A zero discount cuts every sum at the episode boundary, and a
   per-step ``gamma`` needs no separate argument. A time-limit end that should be
   bootstrapped through cannot be expressed by a discount alone (it needs the value
-  of the last state of the old episode); callers handle it before calling here.
+  of the last state of the old episode): :func:`rlhf_jax.ops.fold_time_limits` folds
+  it into the reward before calling here.
 
 None of these functions stops gradients: the results are targets, and the losses
 in :mod:`rlhf_jax.ops` apply ``jax.lax.stop_gradient`` to them.
