@@ -3,11 +3,12 @@
     rlhf-jax sweep configs/a2c_cartpole.yaml --seeds 4 a2c.learning_rate=0.001,0.003 a2c.entropy_coef=0.0,0.01
 
 A *member* is one run: one seed and one value of every swept key. Members that differ only
-in seeds and in hyper-parameters held in the training state (:data:`IN_STATE`: the learning
-rates, which ``optax.inject_hyperparams`` keeps in the optimiser state) share one compiled
-program: their states are stacked and the run's pure chunk (``sweep_chunk``) is vmapped over
-them. A swept key that changes the program (a shape, a loop length, an entropy coefficient
-compiled into the loss) makes one such *group* per value, run one after another.
+in seeds and in hyper-parameters held in the training state (config fields marked with
+``config_base.in_state``: the learning rates ``optax.inject_hyperparams`` keeps in the optimiser
+state) share one compiled program: their states are stacked and the run's pure chunk
+(``sweep_chunk``) is vmapped over them. A swept key that changes the program (a shape, a loop
+length, an entropy coefficient compiled into the loss) makes one such *group* per value, run
+one after another.
 
 The stacked members are spread over every device with ``jax.sharding``: a one-axis ``Mesh``
 named ``members``, each leaf of the state ``NamedSharding``-ed along its leading axis (members
@@ -50,13 +51,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
+from rlhf_jax.config_base import is_in_state
 from rlhf_jax.envs import check_shareable
 from rlhf_jax.errors import ConfigError, RunError
 
-# Swept keys whose values live in the training state, not in the compiled program: runs that
-# differ in them are vmapped together. (ACER's learning rate is applied outside its optimiser.)
-IN_STATE = ("a2c.learning_rate", "dqn.learning_rate", "trpo.value_learning_rate",
-            "reward_model.learning_rate", "ibt.learning_rate")
 SWEEP_FILE = "sweep.yaml"
 
 
@@ -99,8 +97,9 @@ def make_groups(base: dict, swept: dict[str, list], seeds: int) -> list[list[Mem
     """The members, grouped by the values of the swept keys that change the program."""
     if seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, got {seeds}")
-    program_keys = [key for key in swept if key not in IN_STATE]
-    state_keys = [key for key in swept if key in IN_STATE]
+    in_state = {key: is_in_state(ExperimentConfig, key) for key in swept}  # an unknown key stops here
+    program_keys = [key for key in swept if not in_state[key]]
+    state_keys = [key for key in swept if in_state[key]]
     first_seed = int(base.get("seed", 0))
     groups, index = [], 0
     for program_values in itertools.product(*(swept[k] for k in program_keys)):

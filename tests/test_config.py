@@ -80,3 +80,25 @@ def test_the_built_in_default_is_the_shipped_cartpole_config():
 
     shipped = read_yaml(Path(__file__).resolve().parent.parent / "configs" / "rlhf_cartpole.yaml")
     assert build(ExperimentConfig, shipped) == build(ExperimentConfig, DEFAULT_EXPERIMENT)
+
+
+def test_in_state_marks_are_read_by_dotted_key():
+    from rlhf_jax.config_base import is_in_state
+
+    assert is_in_state(ExperimentConfig, "a2c.learning_rate") and is_in_state(ExperimentConfig, "ibt.learning_rate")
+    assert not is_in_state(ExperimentConfig, "a2c.entropy_coef") and not is_in_state(ExperimentConfig, "seed")
+    with pytest.raises(ConfigError, match="unknown key 'a2c.nope'; valid keys of a2c: total_env_steps"):
+        is_in_state(ExperimentConfig, "a2c.nope")
+    with pytest.raises(ConfigError, match="unknown key 'seed.x': seed is not a section"):
+        is_in_state(ExperimentConfig, "seed.x")
+
+
+def test_a_run_directory_is_checked_before_its_config_is_read(tmp_path):
+    from rlhf_jax.config_base import CONFIG_FILE, read_run_config
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_run_config(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="not a run directory: it has no config.yaml"):
+        read_run_config(tmp_path)
+    (tmp_path / CONFIG_FILE).write_text("labeler: people\npeople:\n  assignment_timeout_s: 60\n")
+    assert read_run_config(tmp_path) == {"labeler": "people", "people": {"assignment_timeout_s": 60}}

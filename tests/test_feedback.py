@@ -1,6 +1,9 @@
 """The label store, the training side's PeopleLabeler, and every endpoint of the labeling app."""
 import sqlite3
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -271,3 +274,37 @@ def test_the_label_command_refuses_a_run_the_oracle_labels(run_dir, capsys):
     assert main(["label", str(run_dir)]) == 2
     assert "labeler" in capsys.readouterr().err
     assert main(["label", str(run_dir / "nowhere")]) == 2
+
+
+@pytest.mark.parametrize("people, message", [
+    ("{assignment_timeout_s: 0}", "people.assignment_timeout_s must be a positive number"),
+    ("{instructions: x}", "unknown key 'people.instructions'"),
+])
+def test_the_label_command_checks_the_people_section(run_dir, capsys, people, message):
+    (run_dir / "config.yaml").write_text(f"reward: preferences\nlabeler: people\npeople: {people}\n")
+    assert main(["label", str(run_dir)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_label_command_serves_a_run_without_importing_jax_or_an_agent(tmp_path):
+    """`rlhf-jax label` reads only the run's people section: no JAX, flax, optax, orbax or agent,
+    so it starts at once, on any machine. A fresh interpreter, as the command line is."""
+    (tmp_path / "config.yaml").write_text("reward: ibt\nlabeler: people\npeople:\n  instruction: Mark the falls.\n")
+    script = f"""
+import sys
+import uvicorn
+from starlette.testclient import TestClient
+from rlhf_jax.cli import main
+
+def run(app, **options):  # instead of serving: what has been imported by now, and the page
+    print("imported:", [m for m in ("jax", "flax", "optax", "orbax", "rlhf_jax.agents") if m in sys.modules])
+    page = TestClient(app).get("/")
+    print("page:", page.url.path, "Mark the falls." in page.text)
+
+uvicorn.run = run
+sys.exit(main(["label", {str(tmp_path)!r}]))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 0, result.stderr
+    assert "imported: []" in result.stdout and "page: /annotate True" in result.stdout

@@ -15,7 +15,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
+from rlhf_jax.config import ExperimentConfig, apply_overrides, build, flat_keys, read_yaml, to_dict
+from rlhf_jax.config_base import is_in_state
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.sweep import Sweep, make_groups, member_config, split_sweep_words
 from rlhf_jax.trainer import restore_latest, train
@@ -91,6 +92,55 @@ def test_learning_rates_share_a_program_other_keys_make_one_group_per_value():
     assert [m.index for g in groups for m in g] == list(range(8))
     with pytest.raises(ConfigError, match="at least 1"):
         make_groups({}, {}, seeds=0)
+
+
+def test_groups_follow_the_in_state_marks_and_unknown_keys_are_refused():
+    # ACER applies its rate outside the optimiser: a program per value; the marked rates share one.
+    groups = make_groups({}, {"acer.learning_rate": [1e-3, 3e-3], "trpo.value_learning_rate": [1e-3, 3e-3],
+                              "reward_model.learning_rate": [1e-4, 3e-4]}, seeds=1)
+    assert len(groups) == 2 and all(len(g) == 4 for g in groups)
+    with pytest.raises(ConfigError, match=r"^unknown key 'a2c.learning_rat'; valid keys of a2c: total_env_steps"):
+        make_groups({}, {"a2c.learning_rat": [1e-3, 3e-3]}, seeds=1)
+    with pytest.raises(ConfigError, match="unknown key 'seed.x'"):
+        make_groups({}, {"seed.x": [1, 2]}, seeds=1)
+
+
+OPTIMIZED = ("a2c", "acer", "dqn", "trpo", "reward_model", "ibt")  # the config sections with an optimiser
+
+
+def hyperparams_in_state(section: str, config: ExperimentConfig) -> list[float]:
+    """The values of the hyper-parameters in the optimiser states that ``section`` initialises
+    (``optax.inject_hyperparams`` keeps them under ``hyperparams``)."""
+    from rlhf_jax.agents import AGENTS, get_agent
+    from rlhf_jax.envs import make
+    from rlhf_jax.reward.ensemble import init_ensemble
+    from rlhf_jax.reward.ibt import init_ibt
+
+    env, key = make(config.env), jax.random.key(0)
+    if section in AGENTS:
+        state = get_agent(section).init_runner(key, getattr(config, section), env)
+    else:
+        state = {"reward_model": init_ensemble, "ibt": init_ibt}[section](key, getattr(config, section), env.spec)
+    values = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        if "hyperparams" in jax.tree_util.keystr(path):
+            (value,) = np.unique(np.asarray(leaf))  # one value, whatever the ensemble's size
+            values.append(float(value))
+    return sorted(values)
+
+
+def test_grouping_marks_are_exactly_the_hyperparameters_in_the_optimizer_states():
+    keys = flat_keys(to_dict(ExperimentConfig()))
+    marked = {key for key in keys if is_in_state(ExperimentConfig, key)}
+    assert {key.split(".")[0] for key in marked} <= set(OPTIMIZED)
+    # Every marked key gets a value of its own: each section's optimiser states must hold
+    # exactly its marked keys' values, and nothing else.
+    values = {key: 1e-4 * (2 + i) for i, key in enumerate(sorted(marked))}
+    base = {"env": {"id": "gymnax/CartPole-v1", "num_envs": 2}, "dqn": {"replay_capacity": 1000}}
+    config = build(ExperimentConfig, apply_overrides(base, [f"{key}={value}" for key, value in values.items()]))
+    for section in OPTIMIZED:
+        expected = sorted(value for key, value in values.items() if key.startswith(f"{section}."))
+        assert hyperparams_in_state(section, config) == pytest.approx(expected), section
 
 
 def test_runs_a_sweep_cannot_vmap_are_refused():

@@ -18,6 +18,7 @@ import optax
 from rlhf_jax import ops
 from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
                                   rollout_rewards)
+from rlhf_jax.config_base import in_state
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, torso_for
 from rlhf_jax.errors import ConfigError
@@ -33,7 +34,7 @@ class A2CConfig:
     gamma: float = 0.99
     entropy_coef: float = 0.01
     value_coef: float = 0.5
-    learning_rate: float = 7e-4
+    learning_rate: float = in_state(7e-4)
     # The rate decays linearly to zero at this many env steps (0: at total_env_steps).
     # Christiano et al. decay over 80M steps although their runs stop at 50M.
     lr_decay_env_steps: int = 0

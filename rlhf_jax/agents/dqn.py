@@ -47,6 +47,7 @@ import optax
 
 from rlhf_jax import ops, replay
 from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble
+from rlhf_jax.config_base import in_state
 from rlhf_jax.envs.core import Discrete, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import QHead, torso_for
@@ -73,7 +74,7 @@ class DQNConfig:
     # i.e. optax.rmsprop(lr, decay=rho, eps=eps, centered=True) after scaling by
     # batch_size. rho is both the table's "gradient momentum" and "squared gradient
     # momentum" (0.95 each); eps is its "min squared gradient".
-    learning_rate: float = 0.00025
+    learning_rate: float = in_state(0.00025)
     rms_decay: float = 0.95
     rms_eps: float = 0.01
     epsilon_start: float = 1.0  # initial exploration

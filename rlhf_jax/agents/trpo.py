@@ -49,6 +49,7 @@ from jax.flatten_util import ravel_pytree
 from rlhf_jax import ops
 from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
                                   rollout_rewards)
+from rlhf_jax.config_base import in_state
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
@@ -85,7 +86,7 @@ class TRPOConfig:
     entropy_coef: float = 0.0
     normalize_advantages: bool = True
     # The value function: its own network fitted with Adam to the lambda-returns.
-    value_learning_rate: float = 1e-3
+    value_learning_rate: float = in_state(1e-3)
     value_epochs: int = 5
     value_minibatches: int = 8
     policy_hidden: tuple[int, ...] = (64, 64)

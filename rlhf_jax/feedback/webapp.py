@@ -38,6 +38,8 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainT
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from rlhf_jax.config_base import build, read_run_config
+from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.feedback.labeler import CLIPS_DIR
 from rlhf_jax.feedback.store import KINDS, STORE_FILE, BadAnswer, LabelStore, UnknownQuery
@@ -188,22 +190,27 @@ class TokenCheck:
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+def run_settings(run_dir: str | Path) -> tuple[PeopleConfig, str]:
+    """What the app needs from a run's ``config.yaml``: its people section and the first page
+    to show. Only those are built, not the whole experiment config, whose dataclasses live
+    beside the agents: serving a run never imports JAX or an agent."""
+    config = read_run_config(run_dir)
+    if config.get("labeler") != "people":
+        raise ConfigError(f"{run_dir} was not trained with labeler: people, so it asks no one; "
+                          "train with labeler=people to ask people")
+    page = "annotate" if config.get("reward") == "ibt" else "compare"
+    return build(PeopleConfig, config.get("people", {}), "people"), page
+
+
 def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, token: str | None = None) -> None:
     """Check the run, print the address to open, and serve until interrupted."""
     import uvicorn
 
-    from rlhf_jax.errors import ConfigError
-    from rlhf_jax.trainer import load_run_config
-
-    config = load_run_config(run_dir)
-    if config.labeler != "people":
-        raise ConfigError(f"{run_dir} is labeled by the synthetic oracle (labeler: {config.labeler}); "
-                          "train with labeler=people to ask people")
+    people, page = run_settings(run_dir)
     if host not in LOOPBACK and not token:
         raise ConfigError(f"serving on {host} lets other machines in: give an access token with --token "
                           "(or RLHF_JAX_TOKEN)")
-    page = "annotate" if config.reward == "ibt" else "compare"
-    app = create_app(run_dir, config.people, token, default_page=page)
+    app = create_app(run_dir, people, token, default_page=page)
     shown = f"[{host}]" if ":" in host else host
     print(f"labeling {run_dir}: open http://{shown}:{port}/{page}" + (f"?token={token}" if token else ""), flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

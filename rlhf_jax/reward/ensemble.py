@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rlhf_jax.config_base import in_state
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import RewardCNN, input_statistics, is_atari_frames, reward_network_for
@@ -82,7 +83,7 @@ class RewardModelConfig:
     l2_low: float = 1.1
     l2_high: float = 1.5
     l2_factor: float = 1.1
-    learning_rate: float = 3e-4
+    learning_rate: float = in_state(3e-4)
     batch_size: int = 64
     input_std_floor: float = 0.1
     normalized_std: float = 0.0  # 0: the paper's, 0.05 on Atari frames and 1 otherwise

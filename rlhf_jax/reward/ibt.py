@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rlhf_jax.config_base import in_state
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import _dense, _leaky_relu, input_statistics, is_atari_frames, torso_for
@@ -275,7 +276,7 @@ class IBTConfig:
     leaky_relu_slope: float = 0.01
     no_mark_weight: float = 1.0  # C of Algorithm 1
     pair_samples: int = 0  # pairs drawn per episode; 0: every pair (O(T^2) memory)
-    learning_rate: float = 1e-4
+    learning_rate: float = in_state(1e-4)
     adam_b1: float = 0.0
     batch_episodes: int = 96
     # The agent's reward: U's rise divided by its standard deviation on recent steps, times this.
