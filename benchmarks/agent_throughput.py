@@ -32,7 +32,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import compiled_chunk, enable_compilation_cache, stacked_runners, steps_per_second, write_result
+from benchmarks.common import (Headline, Target, compiled_chunk, enable_compilation_cache, ratio, stacked_runners,
+                               steps_per_second, write_result)
 from benchmarks.env_throughput import measure_envpool_python
 from rlhf_jax.agents import a2c, acer, dqn, trpo
 from rlhf_jax.config import ExperimentConfig, RunConfig
@@ -186,7 +187,26 @@ def main() -> None:
     write_result("agent_throughput", {
         "quick": quick, "cartpole_envs": CARTPOLE_ENVS, "pendulum_envs": CARTPOLE_ENVS, "pong_envs": pong_envs,
         **{k: round(v, 4) if "over" in k else round(v, 1) for k, v in results.items()},
-    })
+    }, headline=headline)
+
+
+def headline(result: dict) -> list[Headline]:
+    """The report's rows: the module docstring's two targets, then each agent's 64 seeds over 1."""
+    r, envs = result, result["cartpole_envs"]
+    rows = [
+        # The SB3 figures are missing where stable-baselines3 is not installed.
+        Headline(f"A2C CartPole env steps/s, 64 seeds vmapped vs Stable-Baselines3 A2C ({envs} envs)",
+                 r["a2c_cartpole_64seeds_steps_per_s"], r.get("sb3_a2c_cartpole_steps_per_s"),
+                 r.get("a2c_cartpole_64seeds_over_sb3"), Target.on(r, "a2c_cartpole_64seeds_over_sb3", ">=", 50.0)),
+        Headline(f"A2C Pong training env steps/s vs raw EnvPool stepping ({r['pong_envs']} envs)",
+                 r["a2c_pong_steps_per_s"], r["envpool_pong_raw_steps_per_s"], r["a2c_pong_over_raw_env"],
+                 Target.on(r, "a2c_pong_over_raw_env", ">=", 0.8)),  # the target is for CPU
+    ]
+    for agent, task in (("a2c", "CartPole"), ("dqn", "CartPole"), ("acer", "CartPole"), ("trpo", "Pendulum")):
+        one, many = (r[f"{agent}_{task.lower()}_{seeds}seeds_steps_per_s"] for seeds in (1, 64))
+        rows.append(Headline(f"{agent.upper()} {task} env steps/s, 64 seeds vs 1 seed ({envs} envs each)",
+                             many, one, ratio(many, one)))
+    return rows
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from benchmarks.common import RESULTS, enable_compilation_cache, write_result
+from benchmarks.common import RESULTS, Headline, enable_compilation_cache, ratio, write_result
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.reward import ensemble
 from rlhf_jax.reward import ibt
@@ -608,7 +608,38 @@ def main() -> None:
     name = "ibt_quick" if quick else "ibt"
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot(result, RESULTS / f"{name}.png")
-    write_result(name, result)
+    write_result(name, result, headline=headline)
+
+
+def headline(result: dict) -> list[Headline]:
+    """The report's rows: each IBT loss at the longest episodes measured against the AR baseline's,
+    and, per task at the largest budget, the rewards' correlation with true progress."""
+    rows = []
+    throughput = result.get("throughput", {})  # either part may be skipped
+    cases = throughput.get("cases", {})
+    titles = {"mlp_all_pairs": "MLP, every pair",
+              "mlp_sampled_pairs": f"MLP, {throughput.get('pair_samples')} sampled pairs/episode",
+              "lstm_all_pairs": "LSTM, every pair"}
+    for case, title in titles.items():
+        measured = [t for t, cell in cases.get(case, {}).items() if "frames_per_s" in cell]
+        if not measured:
+            continue
+        t = max(measured, key=int)
+        ours = cases[case][t]["frames_per_s"]
+        peer = cases["ar_teacher_forced"].get(t, {}).get("frames_per_s")
+        rows.append(Headline(f"IBT loss+grad, frames/s, {title}, T = {t} (peer: AR baseline, teacher-forced)",
+                             ours, peer, ratio(ours, peer)))
+    for task, cell in result.get("quality", {}).get("tasks", {}).items():
+        if not cell["budgets"]:
+            continue
+        budget = max(cell["budgets"], key=int)
+        models = cell["budgets"][budget]["models"]
+        ibt_r, ar_r, preferences_r = (models[m]["mean"] for m in ("ibt", "ar_sampled", "preferences"))
+        rows.append(Headline(f"IBT reward, Pearson r with true progress, {task}, {budget} clips "
+                             "(peer: AR sampled mark)", ibt_r, ar_r))
+        rows.append(Headline(f"Preference ensemble reward, Pearson r, {task}, same decisions (peer: IBT)",
+                             preferences_r, ibt_r))
+    return rows
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ import time
 import jax
 import numpy as np
 
-from benchmarks.common import RESULTS, enable_compilation_cache, stacked_runners, write_result
+from benchmarks.common import (RESULTS, Headline, enable_compilation_cache, stacked_runners, with_headline,
+                               write_result)
 from benchmarks.reproduce import read_ablations
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
@@ -181,7 +182,7 @@ def table(result: dict) -> str:
 def merge_cells(latest: dict, mine: dict) -> dict:
     """The results file's latest contents with this run's cells written over them. Cells this
     run did not make (other tasks or budgets, or another process's, written meanwhile) stay."""
-    merged = {key: value for key, value in latest.items() if key not in ("benchmark", "machine")}
+    merged = {key: value for key, value in latest.items() if key not in ("benchmark", "machine", "headline")}
     merged.update(seeds=mine["seeds"], eval_episodes=mine["eval_episodes"],
                   ablations={**latest.get("ablations", {}), **mine["ablations"]},
                   tasks=dict(latest.get("tasks", {})))
@@ -214,7 +215,7 @@ def main() -> None:
 
     def save() -> dict:
         merged = merge_cells(json.loads(path.read_text()) if path.exists() else {}, result)
-        path.write_text(json.dumps({"benchmark": name, **merged}, indent=2) + "\n")
+        path.write_text(json.dumps(with_headline({"benchmark": name, **merged}, headline), indent=2) + "\n")
         plot(merged, RESULTS / f"{name}.png")
         return merged
 
@@ -239,7 +240,18 @@ def main() -> None:
             save()
     merged = save()
     print(table(merged))
-    write_result(name, merged)
+    write_result(name, merged, headline=headline)
+
+
+def headline(result: dict) -> list[Headline]:
+    """The report's rows: each task's true return from each label budget, beside RL on the true reward."""
+    rows = []
+    for task, cells in result["tasks"].items():
+        true = cells.get("true_reward", {}).get("mean")
+        for labels, cell in sorted(cells["labels"].items(), key=lambda kv: int(kv[0])):
+            rows.append(Headline(f"True return, {task}, RLHF from {labels} labels (peer: RL on the true reward)",
+                                 cell["mean"], true))
+    return rows
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from benchmarks.agent_throughput import agent_setups
-from benchmarks.common import RESULTS, enable_compilation_cache, write_result
+from benchmarks.common import RESULTS, Headline, enable_compilation_cache, write_result
 from rlhf_jax.envs import EnvConfig, make
 
 ENV_ID = "gymnax/Breakout-MinAtar"
@@ -72,7 +72,13 @@ def main() -> None:
     write_result("minatar_curves", {"quick": args.quick, "env": ENV_ID, "seeds": SEEDS, "env_steps": env_steps,
                                     "final_mean_return": {n: float(np.mean([r[-1] for r in c["return_per_seed"]]))
                                                           for n, c in curves.items()},
-                                    "curves": curves})
+                                    "curves": curves}, headline=headline)
+
+
+def headline(result: dict) -> list[Headline]:
+    """The report's rows: each agent's final return (no peer)."""
+    return [Headline(f"MinAtar Breakout final return, {agent.upper()}, {result['env_steps']:,} env steps x "
+                     f"{result['seeds']} seeds", value) for agent, value in result["final_mean_return"].items()]
 
 
 if __name__ == "__main__":

@@ -72,7 +72,8 @@ import time
 import jax
 import numpy as np
 
-from benchmarks.common import RESULTS, enable_compilation_cache, machine, stacked_runners, write_result
+from benchmarks.common import (RESULTS, Headline, enable_compilation_cache, machine, stacked_runners, with_headline,
+                               write_result)
 from rlhf_jax.agents import acer, trpo
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.envs import EnvConfig, make
@@ -261,9 +262,9 @@ def main() -> None:
 
     def save_partial(runs):
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"{name}.json").write_text(json.dumps(
+        (RESULTS / f"{name}.json").write_text(json.dumps(with_headline(
             {"benchmark": name, "machine": machine(), **settings, "complete": False,
-             "summary": summary(runs), "curves": runs}, indent=2) + "\n")
+             "summary": summary(runs), "curves": runs}, headline), indent=2) + "\n")
 
     start = time.perf_counter()
     for task in args.tasks:
@@ -275,7 +276,17 @@ def main() -> None:
             save_partial(curves)
             plot(curves, args.tasks, RESULTS / f"{name}.png")
     write_result(name, {**settings, "complete": True, "wall_seconds": round(time.perf_counter() - start, 1),
-                        "summary": summary(curves), "curves": curves})
+                        "summary": summary(curves), "curves": curves}, headline=headline)
+
+
+def headline(result: dict) -> list[Headline]:
+    """The report's rows: each agent and task's return at the end of its curve, beside its start."""
+    rows = []
+    for run, s in result["summary"].items():
+        agent, task = run.split("_", 1)
+        rows.append(Headline(f"{agent.upper()} {task} (MJX), last chunk's return (peer: first chunk's), "
+                             f"{result['env_steps_per_seed']:,} env steps/seed", s["last_return"], s["first_return"]))
+    return rows
 
 
 if __name__ == "__main__":

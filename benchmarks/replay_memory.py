@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from benchmarks.common import write_result
+from benchmarks.common import Headline, Target, ratio, write_result
 from rlhf_jax import replay
 
 CAPACITY = 1_000_000
@@ -32,7 +32,15 @@ def main() -> None:
         "stacked_obs_gib": round(stacked / GIB, 3),
         "stacked_obs_and_next_gib": round((stacked + stack_bytes) / GIB, 3),
         "saving_over_stacked": round(stacked / ours, 2),
-    })
+    }, headline=headline)
+
+
+def headline(result: dict) -> list[Headline]:
+    """The report's row: our replay's memory against the naive layout's, with its target."""
+    ours, naive = result["atari_replay_1m_gib"], result["stacked_obs_and_next_gib"]
+    return [Headline("Atari replay of 1M transitions, GiB (peer: s and s' stored as whole 4-frame stacks)",
+                     ours, naive, ratio(ours, naive),
+                     Target.on(result, "atari_replay_1m_gib", "<=", result["atari_replay_1m_target_gib"]))]
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import enable_compilation_cache, write_result
+from benchmarks.common import Headline, Target, enable_compilation_cache, write_result
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
 from rlhf_jax.trainer import make_training
 
@@ -110,7 +110,29 @@ def main() -> None:
                        pong_rlhf_over_true_reward=learned / true)
 
     write_result("rlhf_overhead", {"quick": args.quick,
-                                   **{k: round(v, 4) if "over" in k else round(v, 1) for k, v in results.items()}})
+                                   **{k: round(v, 4) if "over" in k else round(v, 1) for k, v in results.items()}},
+                 headline=headline)
+
+
+def headline(result: dict) -> list[Headline]:
+    """The report's rows: CartPole's ratio (the module docstring's target), what bounds it, and Pong's."""
+    r = result
+    rows = [
+        Headline("RLHF loop env steps/s vs the same agent on the true reward (CartPole A2C)",
+                 r["cartpole_rlhf_steps_per_s"], r["cartpole_true_reward_steps_per_s"], r["rlhf_over_true_reward"],
+                 Target.on(r, "rlhf_over_true_reward", ">=", 0.8)),
+        Headline("The same loop with no fitting (fit_pairs_per_env_step=0), env steps/s vs true reward",
+                 r["cartpole_no_fitting_steps_per_s"], r["cartpole_true_reward_steps_per_s"],
+                 r["no_fitting_over_true_reward"]),
+        Headline("Arithmetic per env step (XLA cost analysis, flops): RLHF loop vs the agent on the true reward",
+                 r["flops_per_env_step_rlhf_loop"], r["flops_per_env_step_agent_on_true_reward"],
+                 r["flops_rlhf_over_true_reward"]),
+    ]
+    if "pong_rlhf_over_true_reward" in r:  # not with --no-atari
+        rows.append(Headline("RLHF loop env steps/s vs true reward (Pong A2C, Atari reward CNN)",
+                             r["pong_rlhf_steps_per_s"], r["pong_true_reward_steps_per_s"],
+                             r["pong_rlhf_over_true_reward"]))
+    return rows
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python -m benchmarks.run --full                      # every benchmark, its default budget (hours on a CPU)
     python -m benchmarks.run --quick --only scaling,env_throughput
     python -m benchmarks.run --report-only               # rebuild the report from benchmarks/results/*.json
+    python -m benchmarks.run --backfill-headlines        # store headline rows in JSON files written without them
 
 Each benchmark runs as its own process (``python -m benchmarks.<name>``, with ``--quick``
 where the script has it), one after the other, so that one that fails, hangs past
@@ -14,10 +15,16 @@ long.
 
 The report has the machine and the library versions on top, then ONE table of the
 headline figures of every benchmark: our figure, the peer's or the raw back end's figure
-where there is one, their ratio, the target (:data:`TARGETS`) and whether it is met, and
-for each row the JSON file it came from and whether that run was ``--quick``. Then the
-scaling plots of ``benchmarks/scaling.py`` and links to the other figures, the JSON
-files used, and what happened to each benchmark this invocation ran.
+where there is one, their ratio, the target and whether it is met, and for each row the
+JSON file it came from and whether that run was ``--quick``. Then the scaling plots of
+``benchmarks/scaling.py`` and links to the other figures, the JSON files used, and what
+happened to each benchmark this invocation ran.
+
+What a benchmark's headline figures are, and their targets, the benchmark says: its
+``headline(result)`` gives its rows (``benchmarks.common.Headline``), which ``write_result``
+stores in its JSON under ``"headline"``; this runner only renders them.
+``--backfill-headlines`` stores them in JSON files written before benchmarks did so (run
+on the stored results: nothing is measured again).
 
 Which JSON a benchmark's rows come from: the file this invocation wrote, if it ran the
 benchmark successfully; otherwise the full run's file if there is one (``ibt.json``),
@@ -30,6 +37,7 @@ import argparse
 import collections
 import dataclasses
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -41,36 +49,19 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from benchmarks.common import Headline, Target, with_headline
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 REPORT = ROOT / "benchmarks" / "REPORT.md"
-
-# Every target the benchmarks' docstrings state, by the JSON key it is checked on:
-# key -> (comparison, threshold). One place, so the report and its readers agree.
-TARGETS: dict[str, tuple[str, float]] = {
-    # env_throughput.py: Pong through our EnvPool XLA wrapper in a jitted scan, over
-    # EnvPool's own Python loop at the same number of environments.
-    "envpool_xla_over_python": (">=", 0.95),
-    # env_throughput.py: the papers' Atari modifications (score hidden, no episode ends) over plain.
-    "atari_modified_over_plain": (">=", 0.95),
-    # agent_throughput.py: our A2C with 64 seeds vmapped over Stable-Baselines3's A2C, CartPole.
-    "a2c_cartpole_64seeds_over_sb3": (">=", 50.0),
-    # agent_throughput.py: A2C training on Pong over raw EnvPool stepping (the target is for CPU).
-    "a2c_pong_over_raw_env": (">=", 0.8),
-    # reward_fit.py: our 3-member MLP ensemble's fitting over imitation's EnsembleTrainer.
-    "ensemble_fit_over_imitation": (">=", 10.0),
-    # rlhf_overhead.py: the RLHF loop over the same agent on the true reward (CartPole A2C).
-    "rlhf_over_true_reward": (">=", 0.8),
-    # replay_memory.py: device memory of a 1M-transition Atari replay, GiB.
-    "atari_replay_1m_gib": ("<=", 8.0),
-}
 
 
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
     """One script of ``benchmarks/`` as this runner drives it."""
 
-    name: str  # the module, benchmarks.<name>
+    name: str  # the module, benchmarks.<name>; its headline(result) gives the report's rows
+    section: str  # the rows' section in the report's table
     about: str
     quick_args: tuple[str, ...]
     full_args: tuple[str, ...]
@@ -81,26 +72,29 @@ class Benchmark:
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark("env_throughput", "environment back ends against the raw ones", ("--quick",), (),
+    Benchmark("env_throughput", "Environments", "environment back ends against the raw ones", ("--quick",), (),
               "env_throughput", "env_throughput", 1, 5),
-    Benchmark("scaling", "agents' env steps/s against seeds and environments", ("--quick",), (),
-              "scaling", "scaling", 4, 20),
-    Benchmark("agent_throughput", "agents' env steps/s, against Stable-Baselines3 and raw EnvPool",
+    Benchmark("scaling", "Agents: seeds and environments", "agents' env steps/s against seeds and environments",
+              ("--quick",), (), "scaling", "scaling", 4, 20),
+    Benchmark("agent_throughput", "Agents vs Stable-Baselines3 and raw EnvPool",
+              "agents' env steps/s, against Stable-Baselines3 and raw EnvPool",
               ("--quick",), (), "agent_throughput", "agent_throughput", 2, 15),
-    Benchmark("reward_fit", "fitting the reward ensemble, against imitation", ("--quick",), (),
-              "reward_fit", "reward_fit", 1, 5),
-    Benchmark("rlhf_overhead", "the RLHF loop against RL on the true reward", ("--quick",), (),
-              "rlhf_overhead", "rlhf_overhead", 30, 60),
-    Benchmark("replay_memory", "memory of a 1M-transition Atari replay (computed, nothing allocated)", (), (),
-              "replay_memory", "replay_memory", 0.2, 0.2),
-    Benchmark("ibt", "IBT loss throughput and reward quality against AR and preferences", ("--quick",), (),
+    Benchmark("reward_fit", "Reward fitting vs imitation", "fitting the reward ensemble, against imitation",
+              ("--quick",), (), "reward_fit", "reward_fit", 1, 5),
+    Benchmark("ibt", "IBT", "IBT loss throughput and reward quality against AR and preferences", ("--quick",), (),
               "ibt", "ibt_quick", 3, 10),
-    Benchmark("labels_vs_return", "true return from synthetic labels, beside the true reward", ("--quick",), (),
+    Benchmark("rlhf_overhead", "RLHF overhead", "the RLHF loop against RL on the true reward", ("--quick",), (),
+              "rlhf_overhead", "rlhf_overhead", 30, 60),
+    Benchmark("replay_memory", "Replay memory",
+              "memory of a 1M-transition Atari replay (computed, nothing allocated)", (), (),
+              "replay_memory", "replay_memory", 0.2, 0.2),
+    Benchmark("labels_vs_return", "Learning: labels vs return",
+              "true return from synthetic labels, beside the true reward", ("--quick",), (),
               "labels_vs_return", "labels_vs_return_quick", 8, 120),
-    Benchmark("minatar_curves", "DQN and A2C learning curves on MinAtar Breakout", ("--quick",), (),
-              "minatar_curves", "minatar_curves", 2, 90),
-    Benchmark("mujoco_curves", "TRPO and ACER learning curves on MJX Hopper and HalfCheetah", ("--quick",), (),
-              "mujoco_curves", "mujoco_curves_quick", 5, 600),
+    Benchmark("minatar_curves", "Learning: MinAtar", "DQN and A2C learning curves on MinAtar Breakout",
+              ("--quick",), (), "minatar_curves", "minatar_curves", 2, 90),
+    Benchmark("mujoco_curves", "Learning: MuJoCo", "TRPO and ACER learning curves on MJX Hopper and HalfCheetah",
+              ("--quick",), (), "mujoco_curves", "mujoco_curves_quick", 5, 600),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 STDERR_TAIL = 40  # lines of a failed benchmark's stderr kept for the report
@@ -216,6 +210,12 @@ class Source:
         return self.path.stem == self.bench.quick_result
 
     @property
+    def headline(self) -> list[Headline] | None:
+        """The benchmark's rows for the table; None for a JSON written before benchmarks stored them."""
+        rows = self.data.get("headline")
+        return None if rows is None else [Headline.from_json(row) for row in rows]
+
+    @property
     def mode(self) -> str:
         return {True: "quick", False: "full", None: "n/a"}[self.quick]
 
@@ -226,7 +226,7 @@ class Source:
     @property
     def written(self) -> str:
         """When the benchmark wrote it, as the JSON says. Older files do not say: for them the
-        time of the commit that last changed the file, if it is committed as it stands (a
+        time of the commit that last changed the result, if it is committed as it stands (a
         checkout resets file times), else the file time."""
         if "written" in self.data.get("machine", {}):
             return self.data["machine"]["written"]
@@ -238,18 +238,31 @@ class Source:
 
 
 def last_commit_time(path: Path) -> datetime.datetime | None:
-    """When the last commit that changed ``path`` was made, or None if the file is not
-    committed as it stands (untracked, changed since, or no git)."""
+    """When the last commit that changed the result in ``path`` was made, or None if the file
+    is not committed as it stands (untracked, changed since, or no git). A commit that only
+    stored the result's headline rows (``--backfill-headlines``) did not change the result."""
     def git(*args) -> str:
         return subprocess.run(["git", *args], cwd=path.parent, capture_output=True, text=True,
                               check=True).stdout.strip()
+
+    def result_at(commit: str) -> dict | None:
+        try:
+            data = json.loads(git("show", f"{commit}:./{path.name}"))
+        except (subprocess.CalledProcessError, json.JSONDecodeError):  # absent, or not a result
+            return None
+        return {key: value for key, value in data.items() if key != "headline"} if isinstance(data, dict) else data
+
     try:
         if git("status", "--porcelain", "--", path.name):  # untracked or changed
             return None
-        stamp = git("log", "-1", "--format=%ct", "--", path.name)
+        current = result_at("HEAD")
+        for line in git("log", "--format=%H %ct", "--", path.name).splitlines():
+            commit, stamp = line.split()
+            if result_at(f"{commit}^") != current:  # this commit made the result as it stands
+                return datetime.datetime.fromtimestamp(int(stamp), datetime.timezone.utc)
     except (OSError, subprocess.CalledProcessError):
         return None
-    return datetime.datetime.fromtimestamp(int(stamp), datetime.timezone.utc) if stamp else None
+    return None
 
 
 def load_source(bench: Benchmark, written_now: set[str]) -> Source | None:
@@ -267,191 +280,9 @@ def load_source(bench: Benchmark, written_now: set[str]) -> Source | None:
     return None
 
 
-def lookup(data: dict, key: str):
-    """``data[key]``, where a dotted key walks into nested objects; None if absent."""
-    value = data
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
 # ---------------------------------------------------------------------------------------------
-# The table: one function per section, each giving rows of (metric, ours, peer or raw,
-# ratio, key the target is checked on). Values are numbers or None (not measured).
-
-Row = tuple  # (metric, ours, peer, ratio, target_key)
-
-
-def _ratio(ours, peer):
-    return ours / peer if isinstance(ours, (int, float)) and isinstance(peer, (int, float)) and peer else None
-
-
-def env_throughput_rows(d: dict) -> list[Row]:
-    atari, gymnax, hopper = d.get("atari_envs", 8), d.get("gymnax_envs", 1024), d.get("envpool_hopper_envs", 16)
-    rows = [
-        (f"Pong env steps/s, our EnvPool XLA wrapper in a jitted scan vs EnvPool's Python loop ({atari} envs)",
-         d.get("envpool_pong_xla_steps_per_s"), d.get("envpool_pong_python_steps_per_s"),
-         d.get("envpool_xla_over_python"), "envpool_xla_over_python"),
-        ("Pong env steps/s, papers' modifications (score hidden, no episode ends) vs plain",
-         d.get("envpool_pong_modified_steps_per_s"), d.get("envpool_pong_xla_steps_per_s"),
-         d.get("atari_modified_over_plain"), "atari_modified_over_plain"),
-        (f"CartPole env steps/s, our protocol vs gymnax's own vmapped step ({gymnax} envs)",
-         d.get("gymnax_cartpole_steps_per_s"), d.get("gymnax_cartpole_raw_steps_per_s"),
-         d.get("gymnax_ours_over_raw"), None),
-        (f"Hopper env steps/s, EnvPool through a host callback ({hopper} envs)",
-         d.get("envpool_hopper_steps_per_s"), None, None, None),
-    ]
-    if "mjx_hopper_steps_per_s" in d:
-        rows.append((f"Hopper env steps/s, MJX ({d.get('mjx_hopper_envs')} envs)",
-                     d["mjx_hopper_steps_per_s"], None, None, None))
-    return rows
-
-
-def scaling_rows(d: dict) -> list[Row]:
-    rows = []
-    for sweep, axis, unit in (("seeds_sweep", "seeds", "seed"), ("envs_sweep", "num_envs", "env")):
-        for agent, points in d.get(sweep, {}).items():
-            base = points[0] if points else None
-            for point in points:
-                if sweep == "seeds_sweep":
-                    what = f"{point['seeds']} seed{'' if point['seeds'] == 1 else 's'} x {point['num_envs']} envs"
-                else:
-                    what = f"1 seed x {point['num_envs']} env{'' if point['num_envs'] == 1 else 's'}"
-                if point is base:
-                    rows.append((f"{agent.upper()} CartPole env steps/s, {what}", point["steps_per_s"], None, None, None))
-                    continue
-                plural = "" if base[axis] == 1 else "s"
-                rows.append((f"{agent.upper()} CartPole env steps/s, {what} (peer: {base[axis]} {unit}{plural}; "
-                             "ratio = speed-up)",
-                             point["steps_per_s"], base["steps_per_s"], _ratio(point["steps_per_s"], base["steps_per_s"]),
-                             None))
-    return rows
-
-
-def agent_throughput_rows(d: dict) -> list[Row]:
-    envs = d.get("cartpole_envs", 32)
-    rows = [
-        (f"A2C CartPole env steps/s, 64 seeds vmapped vs Stable-Baselines3 A2C ({envs} envs)",
-         d.get("a2c_cartpole_64seeds_steps_per_s"), d.get("sb3_a2c_cartpole_steps_per_s"),
-         d.get("a2c_cartpole_64seeds_over_sb3"), "a2c_cartpole_64seeds_over_sb3"),
-        (f"A2C Pong training env steps/s vs raw EnvPool stepping ({d.get('pong_envs', 16)} envs)",
-         d.get("a2c_pong_steps_per_s"), d.get("envpool_pong_raw_steps_per_s"),
-         d.get("a2c_pong_over_raw_env"), "a2c_pong_over_raw_env"),
-    ]
-    for agent, task in (("a2c", "CartPole"), ("dqn", "CartPole"), ("acer", "CartPole"), ("trpo", "Pendulum")):
-        prefix = f"{agent}_{task.lower()}"
-        one, many = d.get(f"{prefix}_1seeds_steps_per_s"), d.get(f"{prefix}_64seeds_steps_per_s")
-        if many is not None:
-            rows.append((f"{agent.upper()} {task} env steps/s, 64 seeds vs 1 seed ({envs} envs each)",
-                         many, one, _ratio(many, one), None))
-    return rows
-
-
-def reward_fit_rows(d: dict) -> list[Row]:
-    return [
-        (f"Reward ensemble fit, pairs/s (3 MLPs, {d.get('segment_length', 25)}-step segments) vs imitation "
-         f"({d.get('imitation', 'imitation')})",
-         d.get("mlp_pairs_per_s"), d.get("imitation_mlp_pairs_per_s"), d.get("ensemble_fit_over_imitation"),
-         "ensemble_fit_over_imitation"),
-        (f"Reward ensemble fit, pairs/s, Atari CNN (minibatch {d.get('cnn_batch_size', 64)} pairs)",
-         d.get("cnn_pairs_per_s"), None, None, None),
-    ]
-
-
-def ibt_rows(d: dict) -> list[Row]:
-    rows = []
-    cases = lookup(d, "throughput.cases") or {}
-    ar = cases.get("ar_teacher_forced", {})
-    names = {"mlp_all_pairs": "MLP, every pair", "mlp_sampled_pairs": "MLP, 256 sampled pairs/episode",
-             "lstm_all_pairs": "LSTM, every pair"}
-    for case, title in names.items():
-        measured = [t for t, cell in cases.get(case, {}).items() if "frames_per_s" in cell]
-        if not measured:
-            continue
-        t = max(measured, key=int)  # the longest episodes measured
-        ours = cases[case][t]["frames_per_s"]
-        peer = ar.get(t, {}).get("frames_per_s")
-        rows.append((f"IBT loss+grad, frames/s, {title}, T = {t} (peer: AR baseline, teacher-forced)",
-                     ours, peer, _ratio(ours, peer), None))
-    for task, cell in (lookup(d, "quality.tasks") or {}).items():
-        budgets = cell.get("budgets", {})
-        if not budgets:
-            continue
-        b = max(budgets, key=int)
-        models = budgets[b].get("models", {})
-        ibt, ar_mark, pref = (models.get(m, {}).get("mean") for m in ("ibt", "ar_sampled", "preferences"))
-        rows.append((f"IBT reward, Pearson r with true progress, {task}, {b} clips (peer: AR sampled mark)",
-                     ibt, ar_mark, None, None))
-        rows.append((f"Preference ensemble reward, Pearson r, {task}, same decisions (peer: IBT)",
-                     pref, ibt, None, None))
-    return rows
-
-
-def rlhf_overhead_rows(d: dict) -> list[Row]:
-    rows = [("RLHF loop env steps/s vs the same agent on the true reward (CartPole A2C)",
-             d.get("cartpole_rlhf_steps_per_s"), d.get("cartpole_true_reward_steps_per_s"),
-             d.get("rlhf_over_true_reward"), "rlhf_over_true_reward")]
-    if "no_fitting_over_true_reward" in d:
-        rows.append(("The same loop with no fitting (fit_pairs_per_env_step=0), env steps/s vs true reward",
-                     d.get("cartpole_no_fitting_steps_per_s"), d.get("cartpole_true_reward_steps_per_s"),
-                     d.get("no_fitting_over_true_reward"), None))
-        rows.append(("Arithmetic per env step (XLA cost analysis, flops): RLHF loop vs the agent on the true reward",
-                     d.get("flops_per_env_step_rlhf_loop"), d.get("flops_per_env_step_agent_on_true_reward"),
-                     d.get("flops_rlhf_over_true_reward"), None))
-    if "pong_rlhf_over_true_reward" in d:
-        rows.append(("RLHF loop env steps/s vs true reward (Pong A2C, Atari reward CNN)",
-                     d.get("pong_rlhf_steps_per_s"), d.get("pong_true_reward_steps_per_s"),
-                     d.get("pong_rlhf_over_true_reward"), None))
-    return rows
-
-
-def replay_memory_rows(d: dict) -> list[Row]:
-    ours, naive = d.get("atari_replay_1m_gib"), d.get("stacked_obs_and_next_gib")
-    return [("Atari replay of 1M transitions, GiB (peer: s and s' stored as whole 4-frame stacks)",
-             ours, naive, _ratio(ours, naive), "atari_replay_1m_gib")]
-
-
-def labels_vs_return_rows(d: dict) -> list[Row]:
-    rows = []
-    for task, cell in d.get("tasks", {}).items():
-        true = lookup(cell, "true_reward.mean")
-        for labels, result in sorted(cell.get("labels", {}).items(), key=lambda kv: int(kv[0])):
-            rows.append((f"True return, {task}, RLHF from {labels} labels (peer: RL on the true reward)",
-                         result.get("mean"), true, None, None))
-    return rows
-
-
-def minatar_rows(d: dict) -> list[Row]:
-    steps = fmt(d.get("env_steps"))
-    return [(f"MinAtar Breakout final return, {agent.upper()}, {steps} env steps x {d.get('seeds')} seeds",
-             value, None, None, None) for agent, value in d.get("final_mean_return", {}).items()]
-
-
-def mujoco_rows(d: dict) -> list[Row]:
-    rows = []
-    for run, s in d.get("summary", {}).items():
-        agent, task = run.split("_", 1)
-        rows.append((f"{agent.upper()} {task} (MJX), last chunk's return (peer: first chunk's), "
-                     f"{fmt(d.get('env_steps_per_seed'))} env steps/seed", s.get("last_return"), s.get("first_return"),
-                     None, None))
-    return rows
-
-
-# (section title, benchmark, rows)
-SECTIONS = (
-    ("Environments", "env_throughput", env_throughput_rows),
-    ("Agents: seeds and environments", "scaling", scaling_rows),
-    ("Agents vs Stable-Baselines3 and raw EnvPool", "agent_throughput", agent_throughput_rows),
-    ("Reward fitting vs imitation", "reward_fit", reward_fit_rows),
-    ("IBT", "ibt", ibt_rows),
-    ("RLHF overhead", "rlhf_overhead", rlhf_overhead_rows),
-    ("Replay memory", "replay_memory", replay_memory_rows),
-    ("Learning: labels vs return", "labels_vs_return", labels_vs_return_rows),
-    ("Learning: MinAtar", "minatar_curves", minatar_rows),
-    ("Learning: MuJoCo", "mujoco_curves", mujoco_rows),
-)
+# The table: each benchmark's own headline rows (its ``headline`` function, stored in its JSON
+# by ``write_result``), rendered as they are.
 
 
 def fmt(value) -> str:
@@ -465,35 +296,54 @@ def fmt(value) -> str:
     return f"{value:.3g}"
 
 
-def target_cells(key: str | None, data: dict) -> tuple[str, str]:
-    """(target, met?) for a row checked on ``key`` of ``data``."""
-    if key is None or key not in TARGETS:
+def target_cells(target: Target | None) -> tuple[str, str]:
+    """(target, met?) of one row."""
+    if target is None:
         return "", ""
-    op, threshold = TARGETS[key]
-    value = data.get(key)
-    if not isinstance(value, (int, float)):
-        return f"{op} {threshold:g}", "not measured"
-    met = value >= threshold if op == ">=" else value <= threshold
-    return f"{op} {threshold:g}", "yes" if met else "**no**"
+    met = {True: "yes", False: "**no**", None: "not measured"}[target.met]
+    return f"{target.comparison} {target.threshold:g}", met
 
 
 def table(sources: dict[str, Source]) -> list[str]:
+    """The table of every benchmark's headline rows, then how many targets are met."""
     lines = ["| section | metric | ours | peer or raw | ratio | target | met? | from |",
              "| --- | --- | ---: | ---: | ---: | --- | --- | --- |"]
-    for title, name, make_rows in SECTIONS:
-        source = sources.get(name)
+    for bench in BENCHMARKS:
+        source = sources.get(bench.name)
         if source is None:
-            lines.append(f"| {title} | no results yet: `python -m benchmarks.{name}` | | | | | | |")
-            continue
-        try:
-            rows = make_rows(source.data)
-        except Exception as error:  # a JSON of an older layout must not stop the report
-            rows = [(f"could not read: {type(error).__name__}: {error}", None, None, None, None)]
-        for metric, ours, peer, ratio, key in rows:
-            target, met = target_cells(key, source.data)
-            lines.append(f"| {title} | {metric} | {fmt(ours)} | {fmt(peer)} | {fmt(ratio)} | {target} | {met} "
-                         f"| {source.label} |")
+            lines.append(f"| {bench.section} | no results yet: `python -m benchmarks.{bench.name}` | | | | | | |")
+        elif source.headline is None:
+            lines.append(f"| {bench.section} | `{source.path.name}` has no headline rows: "
+                         "`python -m benchmarks.run --backfill-headlines` | | | | | | |")
+        else:
+            for row in source.headline:
+                target, met = target_cells(row.target)
+                lines.append(f"| {bench.section} | {row.what} | {fmt(row.ours)} | {fmt(row.peer)} | {fmt(row.ratio)} "
+                             f"| {target} | {met} | {source.label} |")
+    targets = [row.target for s in sources.values() for row in s.headline or () if row.target is not None]
+    if targets:
+        measured = [t for t in targets if t.met is not None]
+        lines += ["", f"Targets met: {sum(t.met for t in measured)} of {len(measured)} measured ({len(targets)} "
+                  "targets in the rows above, each stated by its benchmark)."]
     return lines
+
+
+def backfill_headlines() -> list[Path]:
+    """Store its headline rows in every JSON the report reads that was written before the
+    benchmarks stored them, by the benchmark's own ``headline`` function run on the stored
+    result: nothing is measured, and every other key stays as it was. Returns the files written."""
+    written = []
+    for bench in BENCHMARKS:
+        headline = importlib.import_module(f"benchmarks.{bench.name}").headline
+        for stem in dict.fromkeys([bench.full_result, bench.quick_result]):
+            path = RESULTS / f"{stem}.json"
+            if not path.exists():
+                continue
+            data = json.loads(path.read_text())
+            if "headline" not in data:
+                path.write_text(json.dumps(with_headline(data, headline), indent=2) + "\n")
+                written.append(path)
+    return written
 
 
 # ---------------------------------------------------------------------------------------------
@@ -575,12 +425,6 @@ def write_report(outcomes: list[Outcome], written_now: set[str], invocation: str
              "(see the load average); the ratios measured side by side within one run move less.", "",
              "## Machine", "", *header(), "",
              "## Results", "", *table(sources), ""]
-    targets = [(k, op, t, s) for s in sources.values() for k, (op, t) in TARGETS.items() if k in s.data]
-    if targets:
-        met = sum((s.data[k] >= t) if op == ">=" else (s.data[k] <= t) for k, op, t, s in targets
-                  if isinstance(s.data[k], (int, float)))
-        lines += [f"Targets met: {met} of {len(targets)} measured ({len(TARGETS)} targets in `benchmarks/run.py`).", ""]
-
     lines += ["## Scaling", ""]
     scaling = sources.get("scaling")
     if scaling is not None:
@@ -634,11 +478,17 @@ def main() -> None:
     mode.add_argument("--quick", action="store_true", help="each benchmark with --quick (where it has one)")
     mode.add_argument("--full", action="store_true", help="each benchmark with its default budget")
     mode.add_argument("--report-only", action="store_true", help="run nothing; rebuild REPORT.md from the JSON files")
+    mode.add_argument("--backfill-headlines", action="store_true",
+                      help="store the headline rows in JSON files written before benchmarks stored them, then stop")
     parser.add_argument("--only", default="", help=f"comma-separated, of {', '.join(BY_NAME)}")
     parser.add_argument("--skip", default="", help="comma-separated benchmarks to leave out")
     parser.add_argument("--timeout", type=float, default=0.0, help="seconds per benchmark before it is stopped (0: none)")
     parser.add_argument("--quiet", action="store_true", help="do not echo the benchmarks' own output")
     args = parser.parse_args()
+    if args.backfill_headlines:
+        for path in backfill_headlines():
+            print(f"[run] stored headline rows in {path.relative_to(ROOT)}", file=sys.stderr)
+        return
 
     chosen = [n for n in args.only.split(",") if n] or list(BY_NAME)
     skipped = {n for n in args.skip.split(",") if n}

@@ -56,8 +56,8 @@ import time
 import jax
 
 from benchmarks.agent_throughput import CARTPOLE_ENVS, agent_setups
-from benchmarks.common import (RESULTS, compiled_chunk, enable_compilation_cache, stacked_runners, steps_per_second,
-                               write_result)
+from benchmarks.common import (RESULTS, Headline, compiled_chunk, enable_compilation_cache, ratio, stacked_runners,
+                               steps_per_second, write_result)
 from rlhf_jax.envs import EnvConfig, make
 
 ENV_ID = "gymnax/CartPole-v1"
@@ -234,8 +234,30 @@ def main() -> None:
         "xla_flags": os.environ.get("XLA_FLAGS", ""), "seconds": round(time.perf_counter() - start, 1),
         **summary, "seeds_sweep": by_seeds, "envs_sweep": by_envs,
     }
-    path = write_result("scaling", result)
+    path = write_result("scaling", result, headline=headline)
     plot_result(json.loads(path.read_text()))
+
+
+def headline(result: dict) -> list[Headline]:
+    """The report's rows: every point of both sweeps, beside each agent's first point of the sweep."""
+    rows = []
+    for sweep, axis, unit in (("seeds_sweep", "seeds", "seed"), ("envs_sweep", "num_envs", "env")):
+        for agent, points in result[sweep].items():
+            base = points[0]
+            for point in points:
+                if sweep == "seeds_sweep":
+                    what = f"{point['seeds']} seed{'' if point['seeds'] == 1 else 's'} x {point['num_envs']} envs"
+                else:
+                    what = f"1 seed x {point['num_envs']} env{'' if point['num_envs'] == 1 else 's'}"
+                what = f"{agent.upper()} CartPole env steps/s, {what}"
+                if point is base:
+                    rows.append(Headline(what, point["steps_per_s"]))
+                    continue
+                plural = "" if base[axis] == 1 else "s"
+                rows.append(Headline(f"{what} (peer: {base[axis]} {unit}{plural}; ratio = speed-up)",
+                                     point["steps_per_s"], base["steps_per_s"],
+                                     ratio(point["steps_per_s"], base["steps_per_s"])))
+    return rows
 
 
 def plot_result(result: dict) -> None:

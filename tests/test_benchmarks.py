@@ -1,4 +1,5 @@
 """Helpers of the benchmark scripts, checked on values worked out by hand."""
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,7 +22,7 @@ def test_chunk_curves_average_the_episodes_that_ended_in_each_chunk():
 
 def test_merge_keeps_cells_another_run_wrote_meanwhile():
     # Another process wrote Breakout's 250 cell after this (CartPole) run started.
-    latest = {"benchmark": "labels_vs_return", "machine": {"written": "old"}, "seeds": 3,
+    latest = {"benchmark": "labels_vs_return", "machine": {"written": "old"}, "headline": [], "seeds": 3,
               "tasks": {"breakout": {"true_reward": {"mean": 6.6}, "labels": {"125": 4.9, "250": 4.0}},
                         "cartpole": {"true_reward": {"mean": 500}, "labels": {"125": 100, "500": 400}}},
               "ablations": {"target": 58, "no ensemble": 499}}
@@ -32,6 +33,7 @@ def test_merge_keeps_cells_another_run_wrote_meanwhile():
     assert merged["tasks"]["cartpole"] == {"true_reward": {"mean": 499}, "labels": {"125": 200, "500": 400}}
     assert merged["ablations"] == {"target": 60, "no ensemble": 499}
     assert "machine" not in merged and "benchmark" not in merged  # write_result adds fresh ones
+    assert "headline" not in merged  # ... and the rows made from the merged result
 
 
 def test_table_puts_both_references_beside_the_budgets():
@@ -66,3 +68,92 @@ def test_report_dates_an_undated_result_by_its_commit_not_its_file_time(tmp_path
     assert last_commit_time(result).isoformat() == stamp
     result.write_text('{"changed": 1}')
     assert last_commit_time(result) is None
+
+    # Storing a result's headline rows later (--backfill-headlines) does not re-date it; a new result does.
+    def commit(text, when):
+        result.write_text(text)
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "r",
+            GIT_COMMITTER_DATE=when, GIT_AUTHOR_DATE=when)
+    commit('{"headline": []}', "2021-01-01T00:00:00+00:00")
+    assert last_commit_time(result).isoformat() == stamp
+    later = "2022-01-01T00:00:00+00:00"
+    commit('{"changed": 1, "headline": []}', later)
+    assert last_commit_time(result).isoformat() == later
+
+
+def _source(name: str, data: dict):
+    from benchmarks.run import BY_NAME, Source
+
+    return Source(BY_NAME[name], Path(f"{name}.json"), data, this_run=False)
+
+
+def test_report_renders_the_headline_rows_each_json_stores():
+    """The table is the stored rows as they are, with each row's target met, not met or not measured."""
+    from benchmarks.run import table
+
+    replay = {"headline": [{"what": "Replay, GiB", "ours": 6.582, "peer": 52.582, "ratio": 0.1252,
+                            "target": {"key": "replay_gib", "comparison": "<=", "threshold": 8, "value": 6.582}}]}
+    overhead = {"quick": True, "headline": [
+        {"what": "RLHF loop env steps/s", "ours": 59735.2, "peer": 812042.0, "ratio": 0.0736,
+         "target": {"key": "rlhf_over_true_reward", "comparison": ">=", "threshold": 0.8, "value": 0.0736}},
+        {"what": "No fitting", "ours": 279401.0, "peer": None, "ratio": None, "target": None}]}
+    fit = {"quick": False, "headline": [
+        {"what": "Ensemble fit vs imitation", "ours": 7386.0, "peer": None, "ratio": None,
+         "target": {"key": "ensemble_fit_over_imitation", "comparison": ">=", "threshold": 10.0, "value": None}}]}
+    older = {"quick": True, "minatar": "a result written before benchmarks stored their rows"}
+    sources = {name: _source(name, data) for name, data in
+               (("replay_memory", replay), ("rlhf_overhead", overhead), ("reward_fit", fit), ("minatar_curves", older))}
+    lines = table(sources)
+    assert "| Replay memory | Replay, GiB | 6.58 | 52.6 | 0.125 | <= 8 | yes | `replay_memory.json` (n/a) |" in lines
+    assert ("| RLHF overhead | RLHF loop env steps/s | 59,735 | 812,042 | 0.0736 | >= 0.8 | **no** "
+            "| `rlhf_overhead.json` (quick) |") in lines
+    assert "| RLHF overhead | No fitting | 279,401 | – | – |  |  | `rlhf_overhead.json` (quick) |" in lines
+    assert ("| Reward fitting vs imitation | Ensemble fit vs imitation | 7,386 | – | – | >= 10 | not measured "
+            "| `reward_fit.json` (full) |") in lines
+    assert ("| Learning: MinAtar | `minatar_curves.json` has no headline rows: "
+            "`python -m benchmarks.run --backfill-headlines` | | | | | | |") in lines
+    assert "| Environments | no results yet: `python -m benchmarks.env_throughput` | | | | | | |" in lines
+    # Rows in the order of benchmarks.run.BENCHMARKS, each benchmark's in its own order.
+    sections = [line.split(" | ")[0] for line in lines[2:] if line.startswith("| ")]
+    assert sections.index("| Reward fitting vs imitation") < sections.index("| RLHF overhead")
+    assert lines[-1] == "Targets met: 1 of 2 measured (3 targets in the rows above, each stated by its benchmark)."
+
+
+def test_headline_rows_of_a_benchmark_come_from_its_result():
+    from benchmarks import env_throughput, replay_memory
+    from benchmarks.common import Headline, Target
+
+    result = {"atari_replay_1m_gib": 6.0, "atari_replay_1m_target_gib": 8, "stacked_obs_and_next_gib": 48.0}
+    (row,) = replay_memory.headline(result)
+    assert (row.ours, row.peer, row.ratio) == (6.0, 48.0, 0.125)
+    assert row.target == Target("atari_replay_1m_gib", "<=", 8, 6.0) and row.target.met
+    assert not replay_memory.headline({**result, "atari_replay_1m_gib": 9.0})[0].target.met
+
+    result = {"atari_envs": 8, "gymnax_envs": 1024, "envpool_hopper_envs": 16, "mjx_hopper_envs": 64,
+              "envpool_pong_python_steps_per_s": 1000.0, "envpool_pong_xla_steps_per_s": 1100.0,
+              "envpool_pong_modified_steps_per_s": 1045.0, "envpool_xla_over_python": 1.1,
+              "atari_modified_over_plain": 0.95, "gymnax_cartpole_steps_per_s": 3e6,
+              "gymnax_cartpole_raw_steps_per_s": 2e6, "gymnax_ours_over_raw": 1.5, "envpool_hopper_steps_per_s": 5e3}
+    rows = env_throughput.headline(result)
+    assert [(r.ours, r.peer, r.ratio) for r in rows] == [(1100.0, 1000.0, 1.1), (1045.0, 1100.0, 0.95),
+                                                          (3e6, 2e6, 1.5), (5e3, None, None)]
+    assert [r.target and (r.target.key, r.target.comparison, r.target.threshold, r.target.met) for r in rows] == [
+        ("envpool_xla_over_python", ">=", 0.95, True), ("atari_modified_over_plain", ">=", 0.95, True), None, None]
+    assert rows[0].what.endswith("(8 envs)") and rows[2].what.endswith("(1024 envs)")
+    with_mjx = env_throughput.headline({**result, "mjx_hopper_steps_per_s": 300.0})  # --quick measures it only with --mjx
+    assert with_mjx[-1] == Headline("Hopper env steps/s, MJX (64 envs)", 300.0)
+    assert [Headline.from_json(r.to_json()) for r in with_mjx] == with_mjx  # what the JSON stores and the report reads
+
+
+def test_write_result_stores_the_rows_made_from_the_result_it_writes(tmp_path, monkeypatch):
+    import json
+
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    rows = lambda result: [common.Headline(f"{result['benchmark']} figure", result["figure"])]
+    path = common.write_result("made_up", {"figure": 2.5}, headline=rows)
+    stored = json.loads(path.read_text())
+    assert stored["figure"] == 2.5 and stored["headline"] == [
+        {"what": "made_up figure", "ours": 2.5, "peer": None, "ratio": None, "target": None}]
+    assert "headline" not in json.loads(common.write_result("no_rows", {"figure": 1}).read_text())
