@@ -273,8 +273,9 @@ def add():
 
 def check_rows(labels, segs, rows, index_1, index_2, mu):
     obs = np.asarray(segs.obs)
-    np.testing.assert_array_equal(labels.obs[rows, 0], obs[index_1])
-    np.testing.assert_array_equal(labels.obs[rows, 1], obs[index_2])
+    stored = np.asarray(labels.observations(np.asarray(rows)))
+    np.testing.assert_array_equal(stored[:, 0], obs[index_1])
+    np.testing.assert_array_equal(stored[:, 1], obs[index_2])
     np.testing.assert_array_equal(labels.mu[rows], mu)
     sums = np.asarray(segs.oracle_reward).sum(-1)
     np.testing.assert_allclose(labels.oracle_return[rows], np.stack([sums[index_1], sums[index_2]], 1))

@@ -48,8 +48,8 @@ def toy_labels(key, count, capacity=CAPACITY, holdout_prob=1 / math.e):
     labels = empty_labels(SPEC, capacity, LENGTH, CONFIG.ensemble_size)
     obs, action, returns = random_pairs(k_pairs, count)
     pad = ((0, capacity - count),)
-    return labels._replace(
-        obs=jnp.pad(obs, pad + ((0, 0),) * 3),
+    return labels.replace(
+        frames=jnp.pad(obs, pad + ((0, 0),) * 3),  # vectors: the observations themselves
         action=jnp.pad(action, pad + ((0, 0),) * 2),
         mu=jnp.pad((returns[:, 0] > returns[:, 1]).astype(jnp.float32), pad),
         oracle_return=jnp.pad(returns, pad + ((0, 0),)),
@@ -198,7 +198,7 @@ def test_validation_losses_and_adaptation(trained):
     expected = np.where(ratio > 1.5, 1.1e-3, np.where(ratio < 1.1, 1e-3 / 1.1, 1e-3))
     np.testing.assert_allclose(l2, expected, rtol=1e-5)
     # A member that holds nothing out reports NaN and keeps its l2.
-    no_holdout = labels._replace(holdout=labels.holdout.at[:, 1].set(False))
+    no_holdout = labels.replace(holdout=labels.holdout.at[:, 1].set(False))
     train, val = validation_losses(state, CONFIG, SPEC, no_holdout, jax.random.key(5), CAPACITY)
     val = np.asarray(val)
     assert np.isnan(val[1]) and np.isfinite(val[[0, 2]]).all()

@@ -9,17 +9,33 @@
   labels are kept (3,000 on Atari, appendix A.2), and each member of the ensemble holds
   out its own random 1/e of them for validation (section 2.2.3).
 
-Both are NamedTuples of arrays, so they travel through ``jit``, ``vmap`` and ``lax.scan``
-and are saved with the rest of a run's state.
+**Frames stored once.** An Atari observation is a stack of the 4 newest 84x84 frames,
+so a segment's ``k`` stacks hold only ``k + 3`` distinct frames. ``Labels`` keeps those
+(as :mod:`rlhf_jax.replay` does, and by the same rule, :func:`~rlhf_jax.replay.frame_stack`):
+a segment's first stack whole, then each later step's newest frame. Each step's stack
+either continues the one before (drops the oldest frame, appends one) or restarts: at
+an episode's first observation EnvPool fills the whole stack with that one frame. A
+restarted step is flagged (``add_labels`` compares neighbouring stacks), and
+:meth:`Labels.observations` rebuilds every stack from the frames (:func:`segment_stacks`,
+the replay's rule: walk back one frame per channel, stopping at the episode's first).
+Stacks that continue or restart this way come back bit for bit. Other observations
+(vectors, MinAtar's grids) are stored whole, ``frames`` being the observations themselves.
+
+Both are pytrees of arrays (``Labels`` also carries its static ``stack``), so they travel
+through ``jit``, ``vmap`` and ``lax.scan`` and are saved with the rest of a run's state.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import struct
 
 from rlhf_jax.envs.core import Box, EnvSpec
+from rlhf_jax.replay import frame_stack
 
 
 def action_shape_dtype(spec: EnvSpec) -> tuple[tuple[int, ...], jnp.dtype]:
@@ -45,18 +61,67 @@ class Segments(NamedTuple):
         return self.obs.shape[1]
 
 
-class Labels(NamedTuple):
-    obs: jax.Array  # [C, 2, k, *observation_shape]
+@struct.dataclass
+class Labels:
+    frames: jax.Array  # [C, 2, k + stack - 1, *frame_shape] each segment's frames, oldest first (stack 1: its k observations)
+    restart: jax.Array  # [C, 2, k] bool: step t's stack does not continue step t-1's (always False at t = 0)
     action: jax.Array  # [C, 2, k, *action_shape]
     mu: jax.Array  # [C] float32: probability that segment 0 is the preferred one
     oracle_return: jax.Array  # [C, 2] float32: oracle reward sums (the "target" ablation; metrics)
     holdout: jax.Array  # [C, M] bool: row is in member m's validation set
     count: jax.Array  # int32: valid rows (<= C)
     next: jax.Array  # int32: the row the next label is written to (ring)
+    stack: int = struct.field(pytree_node=False, default=1)  # frames per observation: replay.frame_stack(spec)
 
     @property
     def capacity(self) -> int:
-        return self.obs.shape[0]
+        return self.frames.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.action.shape[2]
+
+    def observations(self, rows: jax.Array) -> jax.Array:
+        """``[B, 2, k, *observation_shape]``: both segments' observations of label ``rows [B]``,
+        Atari stacks rebuilt from their frames (module docstring). The one way to read them."""
+        if self.stack == 1:
+            return self.frames[rows]
+        rebuild = jax.vmap(jax.vmap(functools.partial(segment_stacks, stack=self.stack)))
+        return rebuild(self.frames[rows], self.restart[rows])
+
+
+def pair_frames(obs: jax.Array, stack: int) -> tuple[jax.Array, jax.Array]:
+    """``(frames, restart)`` as ``Labels`` stores pairs of segments ``obs [P, 2, k, *observation_shape]``
+    (:func:`segment_frames` of each; with ``stack = 1`` the observations and no restarts).
+    :meth:`Labels.observations` is its inverse."""
+    if stack == 1:
+        return obs, jnp.zeros(obs.shape[:3], bool)
+    return jax.vmap(jax.vmap(functools.partial(segment_frames, stack=stack)))(obs)
+
+
+def segment_frames(obs: jax.Array, stack: int) -> tuple[jax.Array, jax.Array]:
+    """What ``Labels`` keeps of one segment's stacks ``obs [k, *frame_shape, stack]``: its
+    frames ``[k + stack - 1, *frame_shape]``, the first stack's then each later step's newest,
+    and ``restart [k]``, where a stack does not continue the one before (module docstring)."""
+    frame_axes = tuple(range(1, obs.ndim))
+    continues = jnp.all(obs[1:, ..., :-1] == obs[:-1, ..., 1:], axis=frame_axes)  # [k - 1]
+    restart = jnp.concatenate([jnp.zeros((1,), bool), ~continues])
+    frames = jnp.concatenate([jnp.moveaxis(obs[0], -1, 0), obs[1:, ..., -1]])
+    return frames, restart
+
+
+def segment_stacks(frames: jax.Array, restart: jax.Array, stack: int) -> jax.Array:
+    """One segment's stacks ``[k, *frame_shape, stack]`` from :func:`segment_frames`'s output:
+
+        stack(t)[..., c] = frames[max(t + c, floor(t))],   c = 0 .. stack - 1,
+
+    ``floor(t)`` the newest frame of the last restarted step at or before t, 0 if none.
+    Exact (bit for bit) when every stack continued the one before or restarted as EnvPool's
+    do, its newest frame repeated."""
+    steps = jnp.arange(restart.shape[0])
+    floor = jax.lax.cummax(jnp.where(restart, steps + stack - 1, 0))
+    index = jnp.maximum(steps[:, None] + jnp.arange(stack), floor[:, None])  # [k, stack]
+    return jnp.moveaxis(frames[index], 1, -1)
 
 
 def empty_segments(spec: EnvSpec, capacity: int, length: int) -> Segments:
@@ -71,13 +136,33 @@ def empty_segments(spec: EnvSpec, capacity: int, length: int) -> Segments:
 
 
 def empty_labels(spec: EnvSpec, capacity: int, length: int, ensemble_size: int) -> Labels:
+    """An empty database of ``capacity`` labels of ``length``-step segments; Atari frame
+    stacks (:func:`~rlhf_jax.replay.frame_stack`) are kept as frames, each once."""
     shape, dtype = action_shape_dtype(spec)
+    stack = frame_stack(spec)
+    frame_shape = tuple(spec.observation_shape[:-1]) if stack > 1 else tuple(spec.observation_shape)
     return Labels(
-        obs=jnp.zeros((capacity, 2, length, *spec.observation_shape), spec.observation_dtype),
+        frames=jnp.zeros((capacity, 2, length + stack - 1, *frame_shape), spec.observation_dtype),
+        restart=jnp.zeros((capacity, 2, length), bool),
         action=jnp.zeros((capacity, 2, length, *shape), dtype),
         mu=jnp.zeros((capacity,), jnp.float32),
         oracle_return=jnp.zeros((capacity, 2), jnp.float32),
         holdout=jnp.zeros((capacity, ensemble_size), bool),
         count=jnp.zeros((), jnp.int32),
         next=jnp.zeros((), jnp.int32),
+        stack=stack,
     )
+
+
+def labels_nbytes(spec: EnvSpec, capacity: int, length: int, ensemble_size: int) -> int:
+    """Device bytes of ``empty_labels(...)``, found with ``jax.eval_shape`` (nothing is allocated)."""
+    shapes = jax.eval_shape(lambda: empty_labels(spec, capacity, length, ensemble_size))
+    return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(shapes)))
+
+
+def observations_on_host(labels: Labels, chunk: int = 256) -> np.ndarray:
+    """``[count, 2, k, *observation_shape]``: every stored label's observations in NumPy
+    (e.g. for ``labels.npz``), rebuilt ``chunk`` rows at a time so that the device never
+    holds the whole database as stacks."""
+    read, rows = jax.jit(Labels.observations), np.arange(int(labels.count))
+    return np.concatenate([np.asarray(read(labels, rows[i : i + chunk])) for i in range(0, max(len(rows), 1), chunk)])

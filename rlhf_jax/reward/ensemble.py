@@ -392,7 +392,7 @@ def _train_step(config: RewardModelConfig, spec: EnvSpec, state: EnsembleState, 
 
     def member_step(params, batch_stats, opt_state, l2, rows, weights, key):
         # Both segments of every pair go through the network as one batch.
-        obs = _standardize(state, spec, labels.obs[rows])  # [B, 2, k, *obs_shape]
+        obs = _standardize(state, spec, labels.observations(rows))  # [B, 2, k, *obs_shape]
         action = labels.action[rows]
         flat_obs, flat_action, leading = _flatten_steps(spec, obs, action)
 
@@ -500,7 +500,7 @@ def validation_losses(
     valid = (jnp.arange(chunks * batch) < rows.shape[0]) & (padded < labels.count)
 
     def chunk_losses(chunk_rows):  # [batch] -> [M, batch]
-        obs, action, leading = _flatten_steps(spec, _standardize(state, spec, labels.obs[chunk_rows]),
+        obs, action, leading = _flatten_steps(spec, _standardize(state, spec, labels.observations(chunk_rows)),
                                               labels.action[chunk_rows])
 
         def member(params, batch_stats):

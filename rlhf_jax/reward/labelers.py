@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.reward.data import Labels, Segments
+from rlhf_jax.reward.data import Labels, Segments, pair_frames
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +126,8 @@ def add_labels(
     than the capacity be answered at once, only the newest ``capacity`` are kept, as if
     written one by one. Each new row is held out of member ``m``'s training set, for its
     validation, with probability ``validation_fraction`` independently ("a fraction of
-    1/e of the data is held out ... for each predictor", section 2.2.3).
+    1/e of the data is held out ... for each predictor", section 2.2.3). Atari stacks are
+    written as their frames, each once (:func:`~rlhf_jax.reward.data.pair_frames`).
     """
     chex.assert_shape([index_1, index_2, mu, answered], (index_1.shape[0],))
     capacity, members = labels.capacity, labels.holdout.shape[1]
@@ -142,9 +143,11 @@ def add_labels(
     def write(buffer, values):
         return buffer.at[rows].set(values.astype(buffer.dtype), mode="drop")
 
+    frames, restart = pair_frames(pair(segments.obs), labels.stack)
     holdout = jax.random.bernoulli(key, validation_fraction, (index_1.shape[0], members))
-    return Labels(
-        obs=write(labels.obs, pair(segments.obs)),
+    return labels.replace(
+        frames=write(labels.frames, frames),
+        restart=write(labels.restart, restart),
         action=write(labels.action, pair(segments.action)),
         mu=write(labels.mu, mu),
         oracle_return=write(labels.oracle_return, pair(segments.oracle_reward.sum(axis=-1))),
