@@ -1,28 +1,50 @@
-"""Device memory of a 1M-transition Atari replay, computed with ``jax.eval_shape`` (nothing is allocated).
+"""Device memory of a 1M-transition Atari replay and of 3,000 Atari preference labels, computed
+with ``jax.eval_shape`` (nothing is allocated).
 
     python -m benchmarks.replay_memory
 
 * ``atari_replay_1m_gib``: our memory, each 84x84 frame stored once (target <= 8);
 * ``stacked_obs_gib``: the same storing each 4-frame stack whole (next observation still shared);
-* ``stacked_obs_and_next_gib``: the naive layout storing both s and s' as whole stacks.
+* ``stacked_obs_and_next_gib``: the naive layout storing both s and s' as whole stacks;
+* ``atari_labels_3000_gib``: the label database D at the paper's Atari capacity (3,000 labels,
+  appendix A.2; 25-step segments, 3 ensemble members), each frame of a segment stored once:
+  k + 3 = 28 frames per segment (target <= 1);
+* ``atari_labels_3000_stacked_gib``: the same storing every step's 4-frame stack whole (as before).
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from benchmarks.common import Headline, Target, ratio, write_result
 from rlhf_jax import replay
+from rlhf_jax.envs.core import Discrete, EnvSpec
+from rlhf_jax.reward.data import empty_labels, labels_nbytes
 
 CAPACITY = 1_000_000
 NUM_ENVS = 16
 ATARI = (84, 84, 4)
 GIB = 2**30
+LABELS, SEGMENT, MEMBERS = 3_000, 25, 3
+PONG = EnvSpec(id="envpool/Pong-v5", backend="envpool-atari", num_envs=NUM_ENVS, observation_shape=ATARI,
+               observation_dtype="uint8", action_space=Discrete(6), fps=15.0, max_episode_steps=27_000)
+
+
+def label_bytes() -> tuple[int, int]:
+    """Bytes of the label database as it is (frames once) and as it was (every stack whole)."""
+    ours = labels_nbytes(PONG, LABELS, SEGMENT, MEMBERS)
+    shapes = jax.eval_shape(lambda: empty_labels(PONG, LABELS, SEGMENT, MEMBERS))
+    frames = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in (shapes.frames, shapes.restart))
+    stacks = LABELS * 2 * SEGMENT * int(np.prod(ATARI))  # uint8 [C, 2, k, 84, 84, 4]
+    return ours, ours - frames + stacks
 
 
 def main() -> None:
     ours = replay.nbytes(CAPACITY, NUM_ENVS, ATARI, jnp.uint8, stack=4)
     stacked = replay.nbytes(CAPACITY, NUM_ENVS, ATARI, jnp.uint8, stack=1)
     stack_bytes = CAPACITY * 84 * 84 * 4
+    labels, labels_stacked = label_bytes()
     write_result("replay_memory", {
         "capacity": CAPACITY,
         "num_envs": NUM_ENVS,
@@ -32,6 +54,11 @@ def main() -> None:
         "stacked_obs_gib": round(stacked / GIB, 3),
         "stacked_obs_and_next_gib": round((stacked + stack_bytes) / GIB, 3),
         "saving_over_stacked": round(stacked / ours, 2),
+        "atari_labels_3000_bytes": labels,
+        "atari_labels_3000_gib": round(labels / GIB, 3),
+        "atari_labels_3000_target_gib": 1,
+        "atari_labels_3000_stacked_gib": round(labels_stacked / GIB, 3),
+        "labels_saving_over_stacked": round(labels_stacked / labels, 2),
     }, headline=headline)
 
 

@@ -53,12 +53,13 @@ def random_labels(spec: EnvSpec, capacity: int, seed: int = 0) -> Labels:
     """A full buffer of random pairs, labels and 1/e holdout columns (throughput only)."""
     rng = np.random.default_rng(seed)
     labels = empty_labels(spec, capacity, SEGMENT, CONFIG.ensemble_size)
+    # Atari: random frames, each stored once; the fit step rebuilds the stacks from them.
     if spec.observation_dtype == "uint8":
-        obs = rng.integers(0, 256, labels.obs.shape, dtype=np.uint8)
+        frames = rng.integers(0, 256, labels.frames.shape, dtype=np.uint8)
     else:
-        obs = rng.normal(size=labels.obs.shape).astype(np.float32)
-    return labels._replace(
-        obs=jnp.asarray(obs),
+        frames = rng.normal(size=labels.frames.shape).astype(np.float32)
+    return labels.replace(
+        frames=jnp.asarray(frames),
         action=jnp.asarray(rng.integers(0, spec.action_space.n, labels.action.shape), jnp.int32),
         mu=jnp.asarray(rng.integers(0, 2, (capacity,)), jnp.float32),
         holdout=jnp.asarray(rng.random((capacity, CONFIG.ensemble_size)) < CONFIG.validation_fraction),
