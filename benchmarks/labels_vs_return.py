@@ -3,7 +3,7 @@
     python -m benchmarks.labels_vs_return [--quick] [--tasks cartpole,acrobot] [--labels 125,500]
 
 Every cell is 3 seeds of the RLHF loop run as one compiled program (``jax.vmap`` over
-``RLHFTraining.make_train().from_state``), scored by the mean true return of 32 whole, unmodified
+``Loop.make_train().from_state``), scored by the mean true return of 32 whole, unmodified
 episodes per seed, with its curves kept beside (``chunk_curves``). Two references run the same
 way with the same agent and budget: RL on the true reward with visible episode ends, and, where
 the task hides its ends from the agent, RL on the oracle's own reward with the ends hidden
@@ -29,7 +29,7 @@ from rlhf_jax.agents.base import env_reward
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
 from rlhf_jax.envs import make
 from rlhf_jax.evaluation import evaluate
-from rlhf_jax.pipeline import RLHFTraining
+from rlhf_jax.trainer import make_training
 from rlhf_jax.trainer import AgentRun
 
 # Each task: overrides of the built-in default (A2C on CartPole from preferences).
@@ -94,9 +94,9 @@ def chunk_curves(training, metrics, learned) -> dict:
 
 
 def rlhf_cell(overrides: list[str], seed: int = 0) -> dict:
-    training = RLHFTraining(experiment(overrides))
+    training = make_training(experiment(overrides))
     start = time.perf_counter()
-    state, metrics, learned = jax.device_get(jax.jit(jax.vmap(training.make_train().from_state))(
+    state, metrics, learned = jax.device_get(jax.jit(jax.vmap(training.rlhf.make_train().from_state))(
         stacked_runners(training.init_runner, SEEDS, seed)))
     returns = evaluate_seeds(training, state.runner.params, seed)
     return {"returns": returns, "mean": float(np.mean(returns)), "labels": int(learned["labels"][0, -1]),

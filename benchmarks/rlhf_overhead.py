@@ -54,20 +54,21 @@ def xla_flops(function, *args) -> float:
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
-def flops_per_env_step(loop, agent) -> dict[str, float]:
+def flops_per_env_step(training, agent) -> dict[str, float]:
     """Arithmetic per env step: the agent's iteration on the true reward (``agent``, a
-    ``Training``); the loop's (``loop``, an ``RLHFTraining``) iteration on r̂ with its recording,
+    ``Training``); the loop's (``training``, a ``LearnedRewardTraining``) iteration on r̂ with its recording,
     its share of the fitting steps, and of the per-chunk queries, l2 adaptation and scoring.
     Loop bodies are counted once, so each piece is one iteration or step. Only shapes are
     needed: nothing is run."""
     runner = jax.eval_shape(agent.init_runner, jax.random.PRNGKey(0))
-    state = jax.eval_shape(loop.init_runner, jax.random.PRNGKey(0))
+    loop = training.rlhf
+    state = jax.eval_shape(loop.init, jax.random.PRNGKey(0))
     chunk_steps = loop.chunk_iterations * loop.steps_per_iteration
-    fitting = xla_flops(loop._fit_one_fn, state) * loop.fit_steps / chunk_steps
+    fitting = xla_flops(loop.fit_one, state) * loop.fit_steps / chunk_steps
     # The metrics are returned too: XLA drops what a program does not return, and the
     # scoring would then count for nothing.
-    rest = xla_flops(lambda s: loop._after_fit_and_score_fn(loop._ask_fn(s, jnp.int32(1))), state) / chunk_steps
-    playing = xla_flops(lambda s: loop._collect_fn(s)[0], state) / loop.steps_per_iteration
+    rest = xla_flops(lambda s: loop.refresh(loop.ask(s, jnp.int32(1), loop.max_queries)), state) / chunk_steps
+    playing = xla_flops(lambda s: loop.collect(s)[0], state) / loop.steps_per_iteration
     return {"agent_on_true_reward": xla_flops(lambda r: agent.iteration(r)[0], runner) / agent.steps_per_iteration,
             "rlhf_loop": playing + fitting + rest, "rlhf_fitting": fitting}
 

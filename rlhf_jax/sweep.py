@@ -158,7 +158,7 @@ class GroupProgram:
 
     def init_state(self):
         """Each process initialises the members on its own devices, one at a time (vmapped
-        orthogonal initialisers can hang on a CPU; see ``RLHFTraining.make_train``)."""
+        orthogonal initialisers can hang on a CPU; see ``rlhf_jax.loop.Loop.make_train``)."""
         local = sorted({i for index in self.sharding.addressable_devices_indices_map(
             (self.padded,)).values() for i in range(*index[0].indices(self.padded))})
         states = {}
@@ -299,7 +299,7 @@ class Sweep:
                            * training.steps_per_iteration / seconds}
                     rows.append(row)
                     try:
-                        check_finite(row, chunk)
+                        check_finite(row, chunk, training.unmeasured(row))
                     except RunError as error:  # one diverging learning rate need not stop the others
                         if member.index not in warned:
                             warned.add(member.index)

@@ -28,15 +28,18 @@ import yaml
 from rlhf_jax.agents import get_agent
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.checkpoints import Checkpoints, stop_on_write_failure
-from rlhf_jax.config import ExperimentConfig, build, read_yaml, to_dict
+from rlhf_jax.config import ExperimentConfig, build, to_dict
+from rlhf_jax.config_base import CONFIG_FILE, read_run_config
 from rlhf_jax.envs import ATARI_NAMES, EnvConfig, make
 from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.evaluation import evaluate
+from rlhf_jax.loop import Loop, LoopState
+from rlhf_jax.reward.ibt_learner import IBTLearner
+from rlhf_jax.reward.learner import Queries, RewardLearner
+from rlhf_jax.reward.people import HostLabels, Query, wait_for_answers
+from rlhf_jax.reward.preference_learner import PreferenceLearner
 from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.metrics_log import MetricsLog, plot_learning_curve
-
-CONFIG_FILE = "config.yaml"
-
 
 def new_run_dir(config: ExperimentConfig) -> Path:
     if config.run.dir:
@@ -51,12 +54,7 @@ def new_run_dir(config: ExperimentConfig) -> Path:
 
 
 def load_run_config(run_dir: str | Path) -> ExperimentConfig:
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ConfigError(f"run directory {str(run_dir)!r} does not exist")
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise ConfigError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
-    return build(ExperimentConfig, read_yaml(run_dir / CONFIG_FILE))
+    return build(ExperimentConfig, read_run_config(run_dir))
 
 
 def summarize(metrics: dict) -> dict:
@@ -110,7 +108,8 @@ def compile_chunk(step, loop: str):
 
 class AgentRun:
     """An agent on an environment, its run cut into chunks of iterations: what the training
-    command needs of any run, whatever the reward (true here, learned in the pipeline)."""
+    command needs of any run, whatever the reward (true in :class:`Training`, learned in
+    :class:`LearnedRewardTraining`)."""
 
     def __init__(self, config: ExperimentConfig, env_config: EnvConfig, members: int = 1):
         """``members``: the runs of a sweep that will share this one's environment (``envs.make``)."""
@@ -130,7 +129,7 @@ class AgentRun:
 
     def chunk_inputs(self, chunk: int) -> tuple[int, int]:
         """What :meth:`sweep_chunk` needs to know of chunk ``chunk``: its length in iterations
-        and the labels the synthetic labeler answers at its end (none here)."""
+        and the answers the synthetic labeler gives at its end (none here)."""
         return self.chunk_length(chunk), 0
 
     def reset_env(self, runner, key):
@@ -146,10 +145,14 @@ class AgentRun:
         return runner
 
     def checkpoint_saved(self, chunk: int) -> None:
-        """Called once the state after ``chunk`` is safely on disk: the answers people gave
-        up to then (``host``, the learned-reward loops' :class:`HostLabels`) are in it."""
-        if getattr(self, "host", None) is not None:
-            self.host.checkpoint_saved(chunk)
+        """Called once the state after ``chunk`` is safely on disk: nothing to tell here."""
+
+    def unmeasured(self, row: dict) -> set[str]:
+        """The losses in a chunk's ``row`` that a NaN leaves unmeasured rather than diverged: none here."""
+        return set()
+
+    def save_outputs(self, state, run_dir: Path) -> None:
+        """What a finished run writes besides its checkpoints and metrics: nothing here."""
 
 
 class Training(AgentRun):
@@ -172,6 +175,170 @@ class Training(AgentRun):
         return runner.params
 
 
+def make_learner(config: ExperimentConfig, spec) -> RewardLearner:
+    """The reward learner ``config.reward`` names, for an environment of ``spec``."""
+    if config.reward == "preferences":
+        return PreferenceLearner(config.preferences, config.reward_model, spec)
+    return IBTLearner(config.ibt, spec)
+
+
+class LearnedRewardTraining(AgentRun):
+    """The RLHF loop (:mod:`rlhf_jax.loop`) driven from the host: its chunks compiled, and,
+    with people, the one seam where queries leave the device and answers come back.
+
+    Its "runner" is the whole :class:`~rlhf_jax.loop.LoopState`, answers and buffers included.
+    On a CPU, a CNN's fitting runs one compiled step per dispatch (``run.loop``, see
+    :func:`resolve_loop`); the steps, keys and answers are the same as in a compiled loop.
+    """
+
+    def __init__(self, config: ExperimentConfig, members: int = 1):
+        # The agent learns from the learned reward only: no life-loss episodes or other true-reward helpers.
+        super().__init__(config, config.env, members)
+        self.learner = make_learner(config, self.env.spec)
+        self.rlhf = Loop(self.agent, self.agent_config, self.env, self.learner, self.total_iterations,
+                         self.chunk_iterations)
+        self.people: PeopleSeam | None = None
+        self.fit_from_python = self.loop == "python"
+        loop = self.rlhf
+        self._collect = compile_chunk(loop.collect, self.loop)
+        self._start = jax.jit(loop.start)
+        self._init = jax.jit(loop.init)
+        self._ask = jax.jit(loop.ask, static_argnums=2, donate_argnums=0)
+        self._learn = jax.jit(loop.learn, donate_argnums=0)
+        self._fit_one = jax.jit(loop.fit_one, donate_argnums=0)
+        self._fit_and_refresh = jax.jit(loop.fit_and_refresh, static_argnums=1, donate_argnums=0)
+        self._refresh = jax.jit(loop.refresh, donate_argnums=0)
+
+    def attach_people(self, labeler) -> None:
+        """People (any :class:`~rlhf_jax.reward.people.AsyncLabeler`) answer every query,
+        the initial ones too, in place of the synthetic labeler."""
+        self.people = PeopleSeam(self.rlhf, HostLabels(labeler))
+
+    def init_runner(self, key) -> LoopState:
+        """A fresh run: the untrained policy's clips and, with the synthetic labeler, the
+        initial answers and pretraining (with people, :meth:`prepare` asks them)."""
+        if self.people is not None:
+            return self._start(key)
+        if not self.fit_from_python:
+            return self._init(key)
+        state = self._start(key)
+        initial = self.learner.budget.initial
+        if not initial:
+            return self._refresh(state)[0]
+        state = self._ask(state, jnp.int32(initial), initial)
+        return self._fit_and_refresh_from_python(state, self.learner.pretrain_steps)[0]
+
+    def _fit_and_refresh_from_python(self, state: LoopState, steps: int):
+        losses = []
+        for _ in range(steps):
+            state, loss = self._fit_one(state)
+            losses.append(loss)
+        state, metrics = self._refresh(state)
+        return state, {**metrics, "reward_fit_loss": jnp.mean(jnp.stack(losses)) if losses else jnp.nan}
+
+    def fit_and_refresh(self, state: LoopState, steps: int):
+        if self.fit_from_python:
+            return self._fit_and_refresh_from_python(state, steps)
+        return self._fit_and_refresh(state, steps)
+
+    def prepare(self, state: LoopState, first_chunk: int) -> LoopState:
+        """Before the first chunk a run (fresh or resumed) drives: with people, take back the
+        queries the label store still holds; before RL, put the initial queries to them,
+        wait for their answers (``people.wait_for_initial_labels``) and pretrain on them."""
+        if self.people is None:
+            return state
+        state = self.people.restore(state)
+        if first_chunk > 0:
+            return state
+        state = self.people.exchange(state, max(0, self.learner.budget.initial - int(state.asked)), -1)
+        if self.config.people.wait_for_initial_labels:
+            state = self.people.wait_for_answers(state)
+        return self.fit_and_refresh(state, self.learner.pretrain_steps)[0]
+
+    def run_chunk(self, state: LoopState, chunk: int):
+        length = self.chunk_length(chunk)
+        state, metrics = self._collect(state, length)
+        wanted = max(0, self.rlhf.due_after(chunk) - int(state.asked))
+        if self.people is not None:
+            state = self.people.exchange(state, wanted, chunk)
+            state, learned = self.fit_and_refresh(state, self.rlhf.fit_steps)
+        elif self.fit_from_python:
+            state = self._ask(state, jnp.int32(wanted), self.rlhf.max_queries)
+            state, learned = self.fit_and_refresh(state, self.rlhf.fit_steps)
+        else:
+            state, learned = self._learn(state, jnp.int32(wanted))
+        learned["labels_waiting"] = len(self.people.host.pending) if self.people else 0
+        metrics.update({k: np.full(length, v) for k, v in jax.device_get(learned).items()})
+        return state, metrics
+
+    def chunk_inputs(self, chunk: int) -> tuple[int, int]:
+        return self.chunk_length(chunk), int(self.rlhf.wanted[chunk])
+
+    def sweep_chunk(self, state: LoopState, length: int, wanted):
+        """:meth:`Loop.chunk` with the chunk's learning metrics repeated per iteration, as ``run_chunk``'s."""
+        state, metrics, learned = self.rlhf.chunk(state, length, wanted)
+        return state, {**metrics, **{k: jnp.full(length, v) for k, v in learned.items()}}
+
+    def checkpoint_saved(self, chunk: int) -> None:
+        """The answers people gave up to ``chunk`` are in the checkpoint just saved."""
+        if self.people is not None:
+            self.people.host.checkpoint_saved(chunk)
+
+    def unmeasured(self, row: dict) -> set[str]:
+        return self.learner.unmeasured(row)
+
+    def reset_env(self, state: LoopState, key) -> LoopState:
+        return state._replace(runner=super().reset_env(state.runner, key))
+
+    def policy_params(self, state: LoopState):
+        return state.runner.params
+
+    def save_outputs(self, state: LoopState, run_dir: Path) -> None:
+        """The answers the run learned from, with their clips: ``labels.npz``."""
+        self.learner.save(state.learner, run_dir / "labels.npz")
+
+
+class PeopleSeam:
+    """Where people meet the loop: proposed queries leave the device as
+    :class:`~rlhf_jax.reward.people.Query`, and their answers come back as the learner's typed
+    answers, stored by the same :meth:`Loop.store` the synthetic labeler's go through."""
+
+    def __init__(self, loop: Loop, host: HostLabels):
+        self.loop, self.host, self.learner = loop, host, loop.learner
+        self.size = loop.max_queries
+        self._propose = jax.jit(loop.propose, static_argnums=1, donate_argnums=0)
+        self._store = jax.jit(loop.store, donate_argnums=0)
+
+    def restore(self, state: LoopState) -> LoopState:
+        """After a restart: the queries the labeler still holds count as asked."""
+        return state._replace(asked=jnp.int32(self.host.restore(int(state.asked))))
+
+    def exchange(self, state: LoopState, wanted: int, chunk: int) -> LoopState:
+        """Ask people ``wanted`` more queries and store whatever answers arrived
+        (during ``chunk``; -1: before RL)."""
+        while wanted > 0:  # at most `size` queries per proposal
+            state, queries = self._propose(state, self.size)
+            queries = jax.device_get(queries)
+            first_id = int(state.asked)
+            asked = [Query(first_id + i, self.learner.kind, *(x[i] for x in queries))
+                     for i in range(min(wanted, self.size))]
+            self.host.ask(asked)
+            state = state._replace(asked=state.asked + len(asked))
+            wanted -= len(asked)
+        arrived = self.host.arrived(chunk)
+        for start in range(0, len(arrived), self.size):
+            batch, answers = zip(*arrived[start:start + self.size])
+            padding = self.size - len(batch)
+            stack = lambda xs: np.concatenate([np.stack(xs), np.zeros((padding, *xs[0].shape), xs[0].dtype)])
+            queries = Queries(*(stack(field) for field in zip(*((q.obs, q.action, q.oracle_reward) for q in batch))))
+            state = self._store(state, queries, self.learner.answers_from_people(answers, self.size))
+        return state
+
+    def wait_for_answers(self, state: LoopState) -> LoopState:
+        """The paper's start: RL begins once every initial query has its answer."""
+        return wait_for_answers(self.host, state, lambda s: self.exchange(s, 0, -1))
+
+
 def restore_latest(training, run_dir: Path):
     """The newest checkpoint of ``run_dir``: (its chunk, the runner ``training`` runs)."""
     like = jax.eval_shape(training.init_runner, jax.random.PRNGKey(0))
@@ -180,46 +347,34 @@ def restore_latest(training, run_dir: Path):
 
 def make_training(config: ExperimentConfig, members: int = 1):
     """What drives a run: the agent on the true reward, or the RLHF loop (``members``: see AgentRun)."""
-    if config.reward == "preferences":
-        from rlhf_jax.pipeline import RLHFTraining
-
-        return RLHFTraining(config, members=members)
-    if config.reward == "ibt":
-        from rlhf_jax.ibt_pipeline import IBTTraining
-
-        return IBTTraining(config, members=members)
-    return Training(config, members)
+    if config.reward == "env":
+        return Training(config, members)
+    return LearnedRewardTraining(config, members)
 
 
-def connect_people(training, config: ExperimentConfig, run_dir: Path) -> None:
+def connect_people(training: LearnedRewardTraining, run_dir: Path) -> None:
     """``labeler: people``: the run's queries go to the label store in ``run_dir``."""
     from functools import partial
 
     from rlhf_jax.feedback.clips import check_renderable, render_clip
     from rlhf_jax.feedback.labeler import PeopleLabeler
-    from rlhf_jax.reward.people import HostLabels
 
     spec = training.env.spec
     check_renderable(spec.id)  # before any training, not at the first clip
-    labeler = PeopleLabeler(run_dir, partial(render_clip, spec), fps=spec.fps)
-    training.host = HostLabels(labeler)
+    training.attach_people(PeopleLabeler(run_dir, partial(render_clip, spec), fps=spec.fps))
     print(f"queries go to people: label them with  rlhf-jax label {run_dir}", flush=True)
 
 
-# A NaN in these means "nothing to measure yet", not a diverged model.
-NAN_MEANS_NO_DATA = {"reward_val_loss"}  # no member has a held-out label yet
-NAN_MEANS_NO_LABELS = {"reward_train_loss", "ibt_loss"}  # before the first label
-
-
-def check_finite(row: dict, chunk: int) -> None:
+def check_finite(row: dict, chunk: int, unmeasured: set[str] = frozenset()) -> None:
     """Raise a :class:`RunError` when a loss in ``row`` (a chunk's metrics, as from
     :func:`summarize`) is NaN or infinite: the state after that chunk is worth nothing, and
     saving it would push a good checkpoint out. A row holds means over the chunk, so one
-    bad iteration is enough to show."""
+    bad iteration is enough to show. A NaN in ``unmeasured`` (the learner says which:
+    nothing to measure yet) is no divergence."""
     for name, value in row.items():
         if "loss" not in name or math.isfinite(value):
             continue
-        if math.isnan(value) and (name in NAN_MEANS_NO_DATA or (name in NAN_MEANS_NO_LABELS and not row.get("labels"))):
+        if math.isnan(value) and name in unmeasured:
             continue
         raise RunError(f"training diverged: {name} is {value} in chunk {chunk} (env steps up to {row['env_steps']:.0f})")
 
@@ -255,7 +410,7 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
         resume = None
         print(f"{run_dir} has no checkpoint yet: starting it from the beginning", flush=True)
     if config.labeler == "people":
-        connect_people(training, config, run_dir)
+        connect_people(training, run_dir)
     first_chunk = 0
     if resume is not None:
         saved_chunk, runner = checkpoints.restore(jax.eval_shape(training.init_runner, jax.random.PRNGKey(config.seed)))
@@ -288,7 +443,7 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
                 row["steps_per_second"] = (row["env_steps"] - bar.n) / (time.perf_counter() - start)
                 log.append(row)
                 try:
-                    check_finite(row, chunk)
+                    check_finite(row, chunk, training.unmeasured(row))
                 except RunError as error:
                     raise RunError(f"{error}, so its state was not saved. {stopped_diverging(checkpoints)}") from None
                 state_chunk = chunk
@@ -316,8 +471,7 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
             checkpoints.close()
         title = f"{config.agent} on {config.env.id}" + {"preferences": " from preferences", "ibt": " from IBT marks"}.get(config.reward, "")
         plot_learning_curve(log.rows(), run_dir / "learning_curve.png", title)
-        if hasattr(training, "save_labels"):
-            training.save_labels(runner, run_dir / "labels.npz")
+        training.save_outputs(runner, run_dir)
     return run_dir
 
 

@@ -27,11 +27,11 @@ def fake_render(obs, path):
 def pair_query(i, k=5):
     obs = np.random.default_rng(i).normal(size=(2, k, 4)).astype(np.float32)
     reward = np.ones((2, k), np.float32)
-    return Query(i, obs, np.zeros((2, k), np.int32), reward)
+    return Query(i, "compare", obs, np.zeros((2, k), np.int32), reward)
 
 
 def episode_query(i, k=8):
-    return Query(i, np.zeros((1, k, 4), np.float32), np.zeros((1, k), np.int32), np.zeros((1, k), np.float32))
+    return Query(i, "annotate", np.zeros((1, k, 4), np.float32), np.zeros((1, k), np.int32), np.zeros((1, k), np.float32))
 
 
 @pytest.fixture

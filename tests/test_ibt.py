@@ -112,18 +112,22 @@ SPEC = EnvSpec(id="test", backend="gymnax", observation_shape=(3,), observation_
                action_space=Discrete(2), num_envs=2, max_episode_steps=10, fps=50)
 
 
-def test_equation_2_reward_is_the_utility_rise_and_zero_across_a_restart():
+def test_equation_2_reward_is_the_rise_to_the_final_observation_and_zero_on_a_reset_step():
     config = ibt.IBTConfig(normalized_std=0.5)
     state = ibt.init_ibt(jax.random.PRNGKey(0), config, SPEC)._replace(reward_std=jnp.float32(2.0))
-    obs = jnp.array([[0.1, 0.2, 0.3], [1.0, -1.0, 0.5]])
-    next_obs = jnp.array([[0.3, 0.1, 0.0], [0.0, 0.0, 0.0]])
-    timestep = TimeStep(next_obs, jnp.zeros(2), jnp.array([False, True]), {"true_done": jnp.array([False, True])})
-    reward = ibt.make_reward_fn(config, SPEC)(state, obs, jnp.zeros(2, jnp.int32), timestep)
+    # Row 0 steps on; row 1 ends and restarts (obs is the new episode's first, final_obs the
+    # state it reached); row 2 is EnvPool's reset step (its action ignored).
+    obs = jnp.array([[0.1, 0.2, 0.3], [1.0, -1.0, 0.5], [0.4, 0.4, 0.4]])
+    final_obs = jnp.array([[0.3, 0.1, 0.0], [2.0, -2.0, 1.0], [-0.5, 0.9, 0.2]])
+    next_obs = final_obs.at[1].set(0.0)
+    no = jnp.zeros(3, bool)
+    timestep = TimeStep(next_obs, jnp.zeros(3), no.at[1].set(True), no, final_obs, no.at[2].set(True),
+                        {"true_done": no.at[1].set(True)})
+    reward = ibt.make_reward_fn(config, SPEC)(state, obs, jnp.zeros(3, jnp.int32), timestep)
     u = lambda x: ibt.utilities(state, config, SPEC, x[:, None])[:, 0]
-    np.testing.assert_allclose(reward[0], 0.5 * (u(next_obs) - u(obs))[0] / 2.0, rtol=1e-5)
-    assert float(reward[1]) == 0.0
-    with pytest.raises(ValueError, match="next observation"):
-        ibt.make_reward_fn(config, SPEC)(state, obs, jnp.zeros(2, jnp.int32), None)
+    np.testing.assert_allclose(reward[:2], 0.5 * (u(final_obs) - u(obs))[:2] / 2.0, rtol=1e-5)
+    assert abs(float(reward[1]) - float(0.5 * (u(next_obs) - u(obs))[1] / 2.0)) > 1e-3  # not the new episode's
+    assert float(reward[2]) == 0.0
     with pytest.raises(ConfigError, match="utility=mlp"):
         ibt.make_reward_fn(ibt.IBTConfig(utility="lstm"), SPEC)
 
@@ -187,24 +191,26 @@ def test_a2c_learns_cartpole_from_ibt_marks(ibt_run):
 def test_people_mark_episodes_at_their_own_pace():
     """A host annotator (the web page's interface) in place of the device's: marks arrive late,
     training goes on meanwhile, and an episode returned without marks is never stored."""
-    from rlhf_jax.ibt_pipeline import IBTTraining
     from rlhf_jax.reward.people import SimulatedPerson
+    from rlhf_jax.trainer import make_training
 
     config = build(ExperimentConfig, apply_overrides(yaml.safe_load(CONFIG.read_text()), [
         "a2c.total_env_steps=20480", "run.chunk_env_steps=4096", "ibt.episodes=40", "ibt.episode_capacity=64",
         "ibt.batch_episodes=8", "ibt.annotator.signal=reward"]))
     person = SimulatedPerson(delay=0.05, cant_tell=5)
-    training = IBTTraining(config, labeler=person)
+    training = make_training(config)
+    training.attach_people(person)
     state = training.init_runner(jax.random.PRNGKey(0))
-    assert int(state.annotated.count) == 0  # people mark the initial episodes too
+    annotated = lambda state: state.learner.annotated
+    assert int(annotated(state).count) == 0  # people mark the initial episodes too
     state = training.prepare(state, 0)  # sends 25% of the budget before RL, waits for the marks
-    assert int(state.episodes_asked) == 10 and int(state.annotated.count) == 10 - 2  # 5th, 10th: unmarked
+    assert int(state.asked) == 10 and int(annotated(state).count) == 10 - 2  # 5th, 10th: unmarked
     for chunk in range(training.num_chunks):
         state, metrics = training.run_chunk(state, chunk)
     time.sleep(0.3)
-    state = training._exchange_with_labeler(state, 0, training.num_chunks)
-    assert int(state.episodes_asked) == 40 and not training.host.pending
-    assert int(state.annotated.count) == 40 - 40 // 5  # every 5th came back unmarked
-    marks = np.asarray(state.annotated.marks[:int(state.annotated.count)])
+    state = training.people.exchange(state, 0, training.num_chunks)
+    assert int(state.asked) == 40 and not training.people.host.pending
+    assert int(annotated(state).count) == 40 - 40 // 5  # every 5th came back unmarked
+    marks = np.asarray(annotated(state).marks[:int(annotated(state).count)])
     # CartPole's reward is +1 on every step of a clip: each frame after the first is marked progress.
     assert (marks[:, 0] == 0).all() and (marks[:, 1:] == 1).all()

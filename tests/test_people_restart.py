@@ -145,7 +145,7 @@ def test_a_checkpoint_marks_only_the_answers_that_arrived_before_it():
     recorder = Recorder()
     host = HostLabels(recorder)
     empty = np.zeros((2, 3, 1), np.float32)
-    host.ask([Query(i, empty, empty, empty) for i in range(4)])
+    host.ask([Query(i, "compare", empty, empty, empty) for i in range(4)])
     recorder.ready = [Answer(0, 1.0), Answer(1, 0.0), Answer(9, 1.0)]  # 9 was never asked: ignored
     assert [q.id for q, _ in host.arrived(chunk=3)] == [0, 1]
     recorder.ready = [Answer(2, 0.5)]
@@ -160,7 +160,7 @@ def test_a_checkpoint_marks_only_the_answers_that_arrived_before_it():
 def test_a_restored_run_numbers_queries_after_every_query_the_store_holds(asked, next_id, expected):
     class Durable:
         def restore(self):
-            return [Query(7, None, None, None)], next_id
+            return [Query(7, "compare", None, None, None)], next_id
 
     host = HostLabels(Durable())
     assert host.restore(asked) == expected and set(host.pending) == {7}

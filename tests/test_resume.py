@@ -23,6 +23,7 @@ from rlhf_jax.checkpoints import TMP_SUFFIX, Checkpoints, config_changes, os_err
 from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError, RunError
+from rlhf_jax.reward.preference_learner import PreferenceLearner
 from rlhf_jax.trainer import Training, check_finite, load_run_config, make_training, restore_latest, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -260,12 +261,15 @@ def test_a_diverged_loss_stops_before_its_state_is_saved(tmp_path, monkeypatch, 
 def test_check_finite_tells_divergence_from_nothing_to_measure():
     good = {"env_steps": 512.0, "episode_return": math.nan, "loss": 0.5, "labels": 0.0,
             "reward_train_loss": math.nan, "reward_val_loss": math.nan}
-    check_finite(good, 0)  # no episode ended, no label yet, none held out: nothing diverged
-    check_finite({**good, "labels": 12.0, "reward_train_loss": 0.6}, 1)
+    unmeasured = PreferenceLearner.unmeasured  # which NaNs the preference learner calls "nothing to measure"
+    check_finite(good, 0, unmeasured(good))  # no episode ended, no label yet, none held out: nothing diverged
+    row = {**good, "labels": 12.0, "reward_train_loss": 0.6}
+    check_finite(row, 1, unmeasured(row))
     for name, value, labels in [("loss", math.nan, 0.0), ("value_loss", -math.inf, 0.0),
                                 ("reward_train_loss", math.nan, 12.0), ("reward_val_loss", math.inf, 12.0)]:
         with pytest.raises(RunError, match=f"{name} is {value} in chunk 4"):
-            check_finite({**good, "labels": labels, "reward_train_loss": 0.6, name: value}, 4)
+            row = {**good, "labels": labels, "reward_train_loss": 0.6, name: value}
+            check_finite(row, 4, unmeasured(row))
 
 
 def test_a_config_changed_before_resume_is_named_and_nothing_is_overwritten(tmp_path, capsys):

@@ -1,5 +1,7 @@
-"""The RLHF loop (rlhf_jax.pipeline): the built-in default learns CartPole from 500 synthetic
-preferences, through the command line, and every ablation is one switch."""
+"""The RLHF loop (rlhf_jax.loop): the built-in default learns CartPole from 500 synthetic
+preferences, through the command line, and every ablation is one switch. The loop's
+equivalences (whole run = host-driven chunks, Python fitting = compiled fitting, resumed =
+uninterrupted) hold for both reward learners: preferences and IBT."""
 import csv
 import json
 
@@ -11,10 +13,33 @@ from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.config import resolve
+from rlhf_jax.trainer import LearnedRewardTraining, make_training
 
 
 def experiment(overrides=()):
     return load_config(ExperimentConfig, None, list(overrides), default=DEFAULT_EXPERIMENT)
+
+
+# Small runs of each learner for the equivalence tests: the same agent (A2C on CartPole),
+# the same budget of 40 answers, 64 recent clips.
+SMALL = {
+    "preferences": ["preferences.labels=40", "preferences.segment_capacity=64", "preferences.fit_pairs_per_env_step=0.01"],
+    "ibt": ["reward=ibt", "ibt.episodes=40", "ibt.episode_capacity=64", "ibt.batch_episodes=8",
+            "ibt.fit_episodes_per_env_step=0.002", "ibt.annotator.signal=reward"],
+}
+
+
+def adam_steps(opt_state) -> int:
+    """The step count Adam keeps in an optimiser state (every member's, for an ensemble)."""
+    counts = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state)
+              if "count" in jax.tree_util.keystr(path)]
+    return int(np.max(counts[0]))
+
+
+def answers(state):
+    """What a learner's answers are: the preference labels' mu, or IBT's marks."""
+    held = state.learner
+    return held.labels.mu if hasattr(held, "labels") else held.annotated.marks
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +83,13 @@ def test_the_run_keeps_its_labels_and_reward_metrics(default_run):
 @pytest.mark.parametrize("overrides, check", [
     (["preferences.selection=random"], lambda t: t.prefs.selection == "random"),
     (["reward_model.ensemble_size=1"], lambda t: t.prefs.selection == "random"),
-    (["preferences.online=false"], lambda t: t.settings.initial_labels == 500 and t.labels_due(10**6) == 500),
-    (["reward_model.adapt_l2=false"], lambda t: not t.model_config.adapt_l2),
+    (["preferences.online=false"], lambda t: t.settings.initial_labels == 500 and t.budget.due(10**6, 10**7) == 500),
+    (["reward_model.adapt_l2=false"], lambda t: not t.model.adapt_l2),
     (["preferences.segment_length=1"], lambda t: t.settings.segment_length == 1),
-    (["reward_model.loss=target"], lambda t: t.model_config.loss == "target"),
+    (["reward_model.loss=target"], lambda t: t.model.loss == "target"),
 ])
 def test_each_ablation_is_one_switch(overrides, check):
-    from rlhf_jax.pipeline import RLHFTraining
-
-    assert check(RLHFTraining(experiment(overrides)))
+    assert check(make_training(experiment(overrides)).learner)
 
 
 def test_paper_defaults_resolve_by_domain():
@@ -93,106 +116,105 @@ def test_bad_preference_settings_are_refused():
 def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
     import time
 
-    from rlhf_jax.pipeline import RLHFTraining
     from rlhf_jax.reward.people import SimulatedPerson
 
-    config = experiment(["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", "preferences.labels=40",
-                         "preferences.segment_capacity=64", "preferences.fit_pairs_per_env_step=0.01"])
+    config = experiment(["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", *SMALL["preferences"]])
     person = SimulatedPerson(delay=0.2, cant_tell=3)
-    training = RLHFTraining(config, labeler=person)
+    training = make_training(config)
+    training.attach_people(person)
     state = training.init_runner(jax.random.PRNGKey(0))
-    assert int(state.labels.count) == 0  # people answer the initial queries too
+    assert int(state.learner.labels.count) == 0  # people answer the initial queries too
     state = training.prepare(state, 0)  # asks the untrained policy's 25%, waits for the answers
-    assert int(state.labels_asked) == 10 and int(state.labels.count) == 10 - 3  # answers 3, 6, 9: can't tell
-    initial = int(state.labels.count)
+    assert int(state.asked) == 10 and int(state.learner.labels.count) == 10 - 3  # answers 3, 6, 9: can't tell
+    initial = int(state.learner.labels.count)
     state, metrics = training.run_chunk(state, 0)
-    assert int(state.labels_asked) > 10 and int(state.labels.count) == initial  # none answered yet: training went on
+    assert int(state.asked) > 10 and int(state.learner.labels.count) == initial  # none answered yet: training went on
     time.sleep(1.0)
     for chunk in range(1, training.num_chunks):
         state, metrics = training.run_chunk(state, chunk)
     time.sleep(1.0)
-    state = training._exchange_with_labeler(state, 0, training.num_chunks)
-    assert int(state.labels_asked) == 40 and not training.host.pending  # the whole budget, all answered
-    stored = int(state.labels.count)
+    state = training.people.exchange(state, 0, training.num_chunks)
+    assert int(state.asked) == 40 and not training.people.host.pending  # the whole budget, all answered
+    stored = int(state.learner.labels.count)
     assert stored == 40 - 40 // 3  # every third answer was "can't tell"
-    labels = jax.device_get(state.labels)
+    labels = jax.device_get(state.learner.labels)
     first, second = labels.oracle_return[:stored].T
     np.testing.assert_array_equal(labels.mu[:stored],
                                   np.where(first > second, 1.0, np.where(first < second, 0.0, 0.5)))
 
 
-def test_the_whole_run_as_one_function_equals_the_host_driven_chunks():
+@pytest.mark.parametrize("learner", sorted(SMALL))
+def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner):
     """``make_train`` (what vmapped sweeps and benchmarks run) computes what ``rlhf-jax train`` does,
-    including a last, shorter chunk (5 chunks of 1024 steps, then 512)."""
-    from rlhf_jax.pipeline import RLHFTraining
-
-    config = experiment(["a2c.total_env_steps=5632", "run.chunk_env_steps=1024", "preferences.labels=40",
-                         "preferences.segment_capacity=64", "preferences.fit_pairs_per_env_step=0.01"])
-    training = RLHFTraining(config)
-    assert training.num_chunks == 6 and training.chunk_length(5) == 2
+    including a last, shorter chunk (5 chunks of 1024 steps, then 512), for either learner."""
+    config = experiment(["a2c.total_env_steps=5632", "run.chunk_env_steps=1024", *SMALL[learner]])
+    training = make_training(config)
+    loop = training.rlhf
+    assert training.num_chunks == loop.num_chunks == 6 and training.chunk_length(5) == 2
     key = jax.random.PRNGKey(3)
-    whole, metrics, learned = jax.jit(training.make_train())(key)
+    whole, metrics, learned = jax.jit(loop.make_train())(key)
     state = training.init_runner(key)
     for chunk in range(training.num_chunks):
         state, _ = training.run_chunk(state, chunk)
-    assert int(whole.labels_asked) == int(state.labels_asked) == 40
-    np.testing.assert_array_equal(learned["labels"], np.cumsum([10, *training.labels_wanted_per_chunk()])[1:])
+    assert int(whole.asked) == int(state.asked) == 40
+    np.testing.assert_array_equal(learned["labels"], np.cumsum([10, *loop.wanted])[1:])
     assert metrics["episodes"].shape == (training.total_iterations,)
     for a, b in zip(jax.tree.leaves(whole.runner.params), jax.tree.leaves(state.runner.params)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(whole.labels.mu, state.labels.mu)
+    np.testing.assert_array_equal(answers(whole), answers(state))
 
 
-def test_fitting_from_python_equals_the_compiled_loop():
+@pytest.mark.parametrize("learner", sorted(SMALL))
+def test_fitting_from_python_equals_the_compiled_loop(learner):
     """``run.loop=python`` (CNNs on a CPU) dispatches each fitting step, pretraining included, on its own."""
-    from rlhf_jax.pipeline import RLHFTraining
-
-    small = ["a2c.total_env_steps=2048", "run.chunk_env_steps=1024", "preferences.labels=20",
-             "preferences.segment_capacity=64", "preferences.pretrain_epochs=30"]
+    small = ["a2c.total_env_steps=2048", "run.chunk_env_steps=1024", *SMALL[learner],
+             "preferences.labels=20", "preferences.pretrain_epochs=30", "preferences.fit_pairs_per_env_step=0.1",
+             "ibt.episodes=20", "ibt.pretrain_epochs=30", "ibt.batch_episodes=64", "ibt.fit_episodes_per_env_step=0.125"]
     ends = []
     for loop in ("scan", "python"):
-        training = RLHFTraining(experiment([*small, f"run.loop={loop}"]))
-        assert training.fit_from_python == (loop == "python") and training.pretrain_steps == 3
+        training = make_training(experiment([*small, f"run.loop={loop}"]))
+        assert training.fit_from_python == (loop == "python") and training.learner.pretrain_steps == 3
         state = training.init_runner(jax.random.PRNGKey(5))
         for chunk in range(training.num_chunks):
             state, metrics = training.run_chunk(state, chunk)
         ends.append(state)
     scan, python = ends
-    assert int(python.labels.count) == int(scan.labels.count) == 20
-    assert int(python.ensemble.step) == int(scan.ensemble.step) == 3 + 2 * 2  # pretraining, then 2 per chunk
+    assert int(training.learner.answers_held(python.learner)) == int(training.learner.answers_held(scan.learner)) == 20
+    model = lambda state: training.learner.reward_params(state.learner)
+    assert training.rlhf.fit_steps == 2
+    assert adam_steps(model(python).opt_state) == adam_steps(model(scan).opt_state) == 3 + 2 * 2  # pretraining, then 2 per chunk
     # Compiled differently, the two differ by rounding, which Adam magnifies where it divides a
     # near-zero gradient by its own size: never by one whole step (lr 3e-4).
-    for a, b in zip(jax.tree.leaves(scan.ensemble.params), jax.tree.leaves(python.ensemble.params)):
+    for a, b in zip(jax.tree.leaves(model(scan).params), jax.tree.leaves(model(python).params)):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4)
 
 
-def test_an_interrupted_and_resumed_run_ends_with_the_same_state(tmp_path, monkeypatch):
-    """Stopped after its second chunk (Ctrl-C saves that state) and resumed, a preference run
-    ends with the uninterrupted run's agent, reward ensemble and labels."""
-    from rlhf_jax.pipeline import RLHFTraining
+@pytest.mark.parametrize("learner", sorted(SMALL))
+def test_an_interrupted_and_resumed_run_ends_with_the_same_state(learner, tmp_path, monkeypatch):
+    """Stopped after its second chunk (Ctrl-C saves that state) and resumed, a learned-reward
+    run ends with the uninterrupted run's agent, reward model and answers."""
     from rlhf_jax.trainer import load_run_config, train
 
-    small = ["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", "preferences.labels=40",
-             "preferences.segment_capacity=64", "preferences.fit_pairs_per_env_step=0.01",
+    small = ["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", *SMALL[learner],
              "run.tensorboard=false", "run.checkpoint_every_updates=1000"]
     whole = train(experiment([*small, f"run.dir={tmp_path / 'whole'}"]), progress=False)
 
-    run_chunk = RLHFTraining.run_chunk
+    run_chunk = LearnedRewardTraining.run_chunk
 
     def stop_after_two(self, state, chunk):
         if chunk == 2:
             raise KeyboardInterrupt
         return run_chunk(self, state, chunk)
 
-    monkeypatch.setattr(RLHFTraining, "run_chunk", stop_after_two)
+    monkeypatch.setattr(LearnedRewardTraining, "run_chunk", stop_after_two)
     with pytest.raises(KeyboardInterrupt):
         train(experiment([*small, f"run.dir={tmp_path / 'stopped'}"]), progress=False)
-    monkeypatch.setattr(RLHFTraining, "run_chunk", run_chunk)
+    monkeypatch.setattr(LearnedRewardTraining, "run_chunk", run_chunk)
     stopped = train(resume=tmp_path / "stopped", progress=False)
 
-    final = lambda run_dir: RLHFTraining(load_run_config(run_dir)).restore_latest(run_dir)
+    final = lambda run_dir: make_training(load_run_config(run_dir)).restore_latest(run_dir)
     (chunk_a, a), (chunk_b, b) = final(whole), final(stopped)
-    assert chunk_a == chunk_b == 3 and int(a.labels.count) == int(b.labels.count) > 10
-    for x, y in zip(jax.tree.leaves((a.runner.params, a.ensemble, a.labels)),
-                    jax.tree.leaves((b.runner.params, b.ensemble, b.labels))):
+    held = make_training(load_run_config(whole)).learner.answers_held
+    assert chunk_a == chunk_b == 3 and int(held(a.learner)) == int(held(b.learner)) > 10
+    for x, y in zip(jax.tree.leaves((a.runner.params, a.learner)), jax.tree.leaves((b.runner.params, b.learner))):
         np.testing.assert_array_equal(x, y)

@@ -11,24 +11,7 @@ from __future__ import annotations
 
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, EnvState, TimeStep, check_action
-from rlhf_jax.envs.options import EnvConfig
-
-GYMNAX_NAMES = (
-    "CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", "MountainCarContinuous-v0",
-    "Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar",
-)
-ATARI_NAMES = ("BeamRider-v5", "Breakout-v5", "Enduro-v5", "Pong-v5", "Qbert-v5", "Seaquest-v5", "SpaceInvaders-v5")
-MUJOCO_NAMES = (
-    "Hopper-v5", "Walker2d-v5", "Swimmer-v5", "HalfCheetah-v5",
-    "Ant-v5", "Reacher-v5", "InvertedPendulum-v5", "InvertedDoublePendulum-v5",
-)
-
-ENV_IDS = (
-    tuple(f"gymnax/{n}" for n in GYMNAX_NAMES)
-    + tuple(f"envpool/{n}" for n in ATARI_NAMES + MUJOCO_NAMES)
-    + tuple(f"mjx/{n}" for n in MUJOCO_NAMES)
-)
-
+from rlhf_jax.envs.options import ATARI_NAMES, ENV_IDS, GYMNAX_NAMES, MUJOCO_NAMES, EnvConfig
 
 def check_shareable(config: EnvConfig) -> None:
     """Refuse an environment that a sweep's runs cannot share: EnvPool's MuJoCo, stepped

@@ -7,6 +7,24 @@ from typing import Literal
 from rlhf_jax.errors import ConfigError
 
 
+# The environments every back end offers, by the names their libraries give them.
+GYMNAX_NAMES = (
+    "CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", "MountainCarContinuous-v0",
+    "Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar",
+)
+ATARI_NAMES = ("BeamRider-v5", "Breakout-v5", "Enduro-v5", "Pong-v5", "Qbert-v5", "Seaquest-v5", "SpaceInvaders-v5")
+MUJOCO_NAMES = (
+    "Hopper-v5", "Walker2d-v5", "Swimmer-v5", "HalfCheetah-v5",
+    "Ant-v5", "Reacher-v5", "InvertedPendulum-v5", "InvertedDoublePendulum-v5",
+)
+
+ENV_IDS = (
+    tuple(f"gymnax/{n}" for n in GYMNAX_NAMES)
+    + tuple(f"envpool/{n}" for n in ATARI_NAMES + MUJOCO_NAMES)
+    + tuple(f"mjx/{n}" for n in MUJOCO_NAMES)
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
     # "<backend>/<name>", e.g. gymnax/CartPole-v1, envpool/Pong-v5, mjx/Hopper-v5; `rlhf-jax envs` lists them.
@@ -37,8 +55,6 @@ class EnvConfig:
     max_episode_steps: int = 0
 
     def __post_init__(self):
-        from rlhf_jax.envs import ENV_IDS  # here, not at import: the package imports this module
-
         if self.id not in ENV_IDS:
             known = "\n  ".join(ENV_IDS)
             raise ConfigError(f"unknown environment id {self.id!r}; known ids:\n  {known}")

@@ -89,6 +89,9 @@ class PeopleLabeler:
         any, will be delivered again), and the next free query id."""
         return [self._load(row) for row in self.store.queries_not_in_checkpoint()], self.store.last_query_id() + 1
 
+    def where(self) -> str:
+        return f"label them with: rlhf-jax label {self.run_dir}"
+
     def wait_for_renders(self) -> None:
         """Block until every asked query is in the store (tests, and the end of a run)."""
         self._to_render.join()
@@ -106,7 +109,7 @@ class PeopleLabeler:
                 self._to_render.task_done()
 
     def _publish(self, query: Query, priority: int) -> None:
-        kind = "annotate" if len(query.obs) == 1 else "compare"
+        kind = query.kind
         arrays = f"q{query.id}.npz"
         save_arrays(self.run_dir / QUERIES_DIR / arrays, obs=query.obs, action=query.action,
                     oracle_reward=query.oracle_reward)
@@ -120,7 +123,7 @@ class PeopleLabeler:
 
     def _load(self, row: QueryRow) -> Query:
         with np.load(self.run_dir / QUERIES_DIR / row.segments) as arrays:
-            return Query(row.id, arrays["obs"], arrays["action"], arrays["oracle_reward"])
+            return Query(row.id, row.kind, arrays["obs"], arrays["action"], arrays["oracle_reward"])
 
     def _raise_render_error(self) -> None:
         if self._error is not None:

@@ -16,13 +16,13 @@ target                 ``reward_model.loss=target``: regress summed true reward
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Literal
 
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.reward.labelers import TeacherConfig
+from rlhf_jax.reward.schedule import initial_labels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +75,7 @@ def resolve(config: PreferenceConfig, spec: EnvSpec) -> ResolvedPreferences:
     elif config.initial_labels >= 0:
         initial = config.initial_labels
     else:
-        initial = min(config.labels, 500) if atari else math.ceil(0.25 * config.labels)
+        initial = initial_labels(config.labels, atari)
     length = config.segment_length or (25 if atari else max(1, round(1.5 * spec.fps)))
     return ResolvedPreferences(
         labels=config.labels,

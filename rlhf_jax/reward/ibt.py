@@ -267,7 +267,7 @@ def annotation_nll(logits: jax.Array, marks: jax.Array, valid: jax.Array) -> jax
 
 @dataclasses.dataclass(frozen=True)
 class IBTConfig:
-    """The IBT reward model and its loop (:mod:`rlhf_jax.ibt_pipeline`); defaults from the paper
+    """The IBT reward model and its loop (:mod:`rlhf_jax.reward.ibt_learner`); defaults from the paper
     where it gives them (Adam with beta_1 = 0, beta_2 = 0.999, learning rate 1e-4, batches of 96)."""
 
     utility: Literal["mlp", "lstm"] = "mlp"
@@ -300,10 +300,6 @@ class IBTConfig:
             raise ConfigError(f"ibt.initial_episodes ({self.initial_episodes}) exceeds the budget ({self.episodes})")
         if self.no_mark_weight < 0 or self.pair_samples < 0 or self.fit_episodes_per_env_step < 0:
             raise ConfigError("ibt: no_mark_weight, pair_samples and fit_episodes_per_env_step must be >= 0")
-
-    @property
-    def resolved_initial_episodes(self) -> int:
-        return self.episodes // 4 if self.initial_episodes < 0 else self.initial_episodes
 
 
 class IBTState(NamedTuple):
@@ -381,9 +377,9 @@ def make_reward_fn(config: IBTConfig, spec: EnvSpec):
 
         reward_fn(state: IBTState, obs, action, timestep) = s (U(x_{t+1}) - U(x_t)) / std,
 
-    with ``x_{t+1} = timestep.obs``. Where the environment restarts a copy (an episode
-    end, seen or hidden, or an EnvPool reset step) the next observation belongs to a new
-    episode, and the step's reward is 0 instead.
+    with ``x_{t+1} = timestep.final_obs``: the observation the step reached, also where the
+    copy then restarted (an episode end, seen or hidden). On EnvPool's reset step
+    (``timestep.action_ignored``) the step joins two episodes, and its reward is 0.
     """
     if config.utility != "mlp":
         raise ConfigError("the agents' reward needs ibt.utility=mlp: an LSTM's utility depends on the whole "
@@ -391,12 +387,8 @@ def make_reward_fn(config: IBTConfig, spec: EnvSpec):
 
     def reward_fn(state: IBTState, obs, action, timestep) -> jax.Array:
         del action
-        if timestep is None:
-            raise ValueError("IBT's reward needs the next observation (timestep.obs); this caller gives none "
-                             "(ACER's replayed updates recompute rewards without it)")
-        pair = jnp.stack([obs, timestep.obs.astype(obs.dtype)], axis=1)  # [N, 2, *obs_shape]
+        pair = jnp.stack([obs, timestep.final_obs.astype(obs.dtype)], axis=1)  # [N, 2, *obs_shape]
         rise = utility_rises(state, config, spec, pair)[:, 0]
-        restarted = timestep.done | timestep.info.get("true_done", False) | timestep.info.get("reset_step", False)
-        return jnp.where(restarted, 0.0, config.normalized_std * rise / state.reward_std)
+        return jnp.where(timestep.action_ignored, 0.0, config.normalized_std * rise / state.reward_std)
 
     return reward_fn

@@ -19,9 +19,10 @@ import numpy as np
 
 
 class Query(NamedTuple):
-    """Two segments to compare, or (IBT) one episode to mark: ``obs [2 or 1, k, *obs_shape]``."""
+    """Two segments to compare, or (IBT) one clip to mark: ``obs [2 or 1, k, *obs_shape]``."""
 
     id: int
+    kind: str  # "compare" (a pair) or "annotate" (one clip): rlhf_jax.reward.learner.Kind
     obs: np.ndarray  # [2, k, *observation_shape]: the two segments ([1, k, ...]: the episode)
     action: np.ndarray  # [2, k, *action_shape]
     oracle_reward: np.ndarray  # [2, k]: for simulated people and metrics, never shown to a person
@@ -34,15 +35,24 @@ class Answer(NamedTuple):
 
 
 class AsyncLabeler(Protocol):
-    """What a loop needs of a host-side labeler. One that keeps its answers on disk may also
-    offer ``checkpoint_saved(ids)`` and ``restore() -> (queries, next id)`` so that a
-    restarted run loses none of them (:class:`rlhf_jax.feedback.labeler.PeopleLabeler`)."""
+    """What a loop needs of a host-side labeler."""
 
     def ask(self, queries: list[Query]) -> None:
         """Hand queries over; must return at once."""
 
     def answers(self) -> list[Answer]:
         """The answers that arrived since the last call (possibly none); must return at once."""
+
+    def checkpoint_saved(self, query_ids: list[int]) -> None:
+        """The answers to ``query_ids`` are in a saved checkpoint: a labeler that keeps answers
+        on disk (:class:`rlhf_jax.feedback.labeler.PeopleLabeler`) need not deliver them again."""
+
+    def restore(self) -> tuple[list[Query], int]:
+        """After a restart: the queries still waiting for an answer, and the next query id
+        (``([], 0)`` for a labeler that keeps nothing)."""
+
+    def where(self) -> str:
+        """Where a person answers, for the messages a waiting run prints."""
 
 
 class HostLabels:
@@ -70,15 +80,11 @@ class HostLabels:
     def checkpoint_saved(self, chunk: int) -> None:
         """The state after ``chunk`` is saved: the answers that arrived up to then are in it."""
         saved = [c for c in self._arrived_in_chunk if c <= chunk]
-        ids = [i for c in saved for i in self._arrived_in_chunk.pop(c)]
-        if hasattr(self.labeler, "checkpoint_saved"):
-            self.labeler.checkpoint_saved(ids)
+        self.labeler.checkpoint_saved([i for c in saved for i in self._arrived_in_chunk.pop(c)])
 
     def restore(self, asked: int) -> int:
         """After a restart: take back the queries the labeler still holds; returns how many
         queries have been asked in all (at least ``asked``, the restored checkpoint's count)."""
-        if not hasattr(self.labeler, "restore"):
-            return asked
         queries, next_id = self.labeler.restore()
         self.pending.update((q.id, q) for q in queries)
         return max(asked, next_id)
@@ -88,13 +94,12 @@ def wait_for_answers(host: HostLabels, state, exchange, poll_s: float = 1.0, say
     """``exchange(state) -> state`` again and again until every query put to ``host`` has
     its answer: the paper's start, where RL begins once the initial labels are in."""
     total = len(host.pending)
-    run_dir = getattr(host.labeler, "run_dir", "RUN_DIR")
     last_said = None
     while host.pending:
         waiting = len(host.pending)
         if waiting != last_said:
             say(f"waiting for people: {total - waiting} of {total} initial queries answered "
-                f"(label them with: rlhf-jax label {run_dir})", flush=True)
+                f"({host.labeler.where()})", flush=True)
             last_said = waiting
         time.sleep(poll_s)
         state = exchange(state)
@@ -118,6 +123,15 @@ class SimulatedPerson:
         for query in queries:
             self._asked.put((time.monotonic() + self.delay, query))
 
+    def checkpoint_saved(self, query_ids: list[int]) -> None:
+        """Nothing kept on disk: nothing to forget."""
+
+    def restore(self) -> tuple[list[Query], int]:
+        return [], 0
+
+    def where(self) -> str:
+        return "a simulated person answers"
+
     def answers(self) -> list[Answer]:
         arrived = []
         while not self._answered.empty():
@@ -132,7 +146,7 @@ class SimulatedPerson:
             if self.cant_tell and self._count % self.cant_tell == 0:
                 self._answered.put(Answer(query.id, None))
                 continue
-            if len(query.obs) == 1:  # an episode to mark: +1 / -1 on the frame after a reward above / below 0
+            if query.kind == "annotate":  # a clip to mark: +1 / -1 on the frame after a reward above / below 0
                 reward = query.oracle_reward[0, :-1]
                 marks = np.concatenate([[0], np.sign(reward)]).astype(np.int32)
                 self._answered.put(Answer(query.id, None, marks))

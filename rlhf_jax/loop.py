@@ -1,0 +1,214 @@
+"""The RLHF loop of Christiano et al. 2017 (section 2.2), for any reward learner, as pure functions.
+
+The paper runs three asynchronous processes: the policy learns from the predicted reward
+r̂, clips of its play go to a labeler, and the predictor is fitted to the answers. Here
+they take turns inside compiled chunks, and nothing but queries and answers ever needs to
+cross to the host. The same loop serves preferences between segments and IBT's marks
+inside clips: everything that differs is the :class:`~rlhf_jax.reward.learner.RewardLearner`.
+
+1. :meth:`Loop.start`: the untrained policy plays (its parameters put back after every
+   iteration) and its clips initialise the learner (input statistics);
+2. :meth:`Loop.collect`: one agent iteration on the learned reward, its steps recorded and
+   cut into clips;
+3. :meth:`Loop.ask`: the answers the schedule wants by now are proposed and given by the
+   synthetic labeler on the device (people answer from the host instead: :meth:`propose`
+   and :meth:`store` are that seam);
+4. :meth:`Loop.fit` and :meth:`Loop.refresh`: the learner's fitting steps (its share of the
+   chunk's env steps), then its normalisation and scores.
+
+:meth:`Loop.chunk` is 2 scanned over a chunk's iterations, then 3 and 4 (:meth:`learn`);
+:meth:`Loop.make_train` is the whole run as one function of a key, for ``jit`` and ``vmap``.
+The host driver (:mod:`rlhf_jax.trainer`) calls these same functions between chunks.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhf_jax.reward.data import Segments, empty_segments
+from rlhf_jax.reward.learner import Queries, RewardLearner
+from rlhf_jax.reward.segments import Recent, cut_segments, empty_recent, record
+
+
+class LoopState(NamedTuple):
+    runner: Any  # the agent's whole state
+    learner: Any  # the learner's: its model and the answers it holds
+    recent: Recent  # the last steps of every environment, to cut clips from
+    clips: Segments  # recent clips: where queries come from
+    key: jax.Array
+    asked: jax.Array  # int32: queries put to the labeler so far
+
+    @property
+    def env_steps(self):
+        return self.runner.env_steps
+
+
+class Loop:
+    """One agent, one environment and one reward learner: the loop's pure functions and sizes."""
+
+    def __init__(self, agent, agent_config, env, learner: RewardLearner, total_iterations: int, chunk_iterations: int):
+        self.agent, self.agent_config, self.env, self.learner = agent, agent_config, env, learner
+        self.iteration = agent.make_iteration(agent_config, env, learner.reward_fn)
+        self.total_iterations, self.chunk_iterations = total_iterations, chunk_iterations
+        self.num_chunks = math.ceil(total_iterations / chunk_iterations)
+        self.steps_per_iteration = agent.env_steps_per_iteration(agent_config, env)
+        self.total_env_steps = total_iterations * self.steps_per_iteration
+        k = learner.clip_length
+        steps_per_env = self.steps_per_iteration // env.num_envs
+        self.window = k + steps_per_env
+        # Enough clips to cover each iteration's steps about once.
+        self.clips_per_iteration = max(1, round(self.steps_per_iteration / k))
+        # Before RL: enough play to fill the clip buffer.
+        self.warm_iterations = math.ceil(learner.clip_capacity / self.clips_per_iteration) + math.ceil(k / steps_per_env)
+        self.fit_steps = learner.fit_steps(chunk_iterations * self.steps_per_iteration)
+        self.wanted = self._wanted_per_chunk()
+        # The most answers any chunk asks for: every chunk's share of the schedule fits.
+        self.max_queries = max(1, int(self.wanted.max()))
+
+    # -------------------------------------------------------------- the schedule
+    def chunk_length(self, chunk: int) -> int:
+        return min(self.chunk_iterations, self.total_iterations - chunk * self.chunk_iterations)
+
+    def due_after(self, chunk: int) -> int:
+        """Answers the schedule wants by the end of ``chunk`` (-1: before RL)."""
+        if chunk < 0:
+            return self.learner.budget.initial
+        end = (chunk * self.chunk_iterations + self.chunk_length(chunk)) * self.steps_per_iteration
+        return self.learner.budget.due(end, self.total_env_steps)
+
+    def _wanted_per_chunk(self) -> np.ndarray:
+        """New answers each chunk asks for (a synthetic labeler answers all it is asked)."""
+        due = [self.due_after(chunk) for chunk in range(-1, self.num_chunks)]
+        return np.diff(due).astype(np.int32)
+
+    # ------------------------------------------------------------ pure functions
+    def _record_and_cut(self, recent: Recent, clips: Segments, key, transitions) -> tuple[Recent, Segments]:
+        recent = record(recent, transitions.obs, transitions.action, transitions.oracle_reward, transitions.done)
+        return recent, cut_segments(recent, clips, key, self.clips_per_iteration)
+
+    def start(self, key) -> LoopState:
+        """A fresh run before any answer: the agent, and the learner initialised on the untrained
+        policy's clips (it plays ``warm_iterations`` iterations, its parameters put back after each)."""
+        spec = self.env.spec
+        agent_key, learner_key, warm_key, key = jax.random.split(key, 4)
+        runner = self.agent.init_runner(agent_key, self.agent_config, self.env)
+        recent = empty_recent(spec, self.env.num_envs, self.window)
+        clips = empty_segments(spec, self.learner.clip_capacity, self.learner.clip_length)
+        # The untrained policy's reward does not matter: its parameters are put back unchanged.
+        untrained_reward = self.learner.reward_params(self.learner.init(learner_key, clips))
+
+        def play(carry, key):
+            playing, recent, clips = carry
+            playing, _, transitions = self.iteration(playing, untrained_reward)
+            playing = playing._replace(params=runner.params, opt_state=runner.opt_state)
+            recent, clips = self._record_and_cut(recent, clips, key, transitions)
+            return (playing, recent, clips), None
+
+        (_, _, clips), _ = jax.lax.scan(play, (runner, recent, clips), jax.random.split(warm_key, self.warm_iterations))
+        # `recent` starts afresh with RL.
+        return LoopState(runner, self.learner.init(learner_key, clips), recent, clips, key, jnp.zeros((), jnp.int32))
+
+    def collect(self, state: LoopState) -> tuple[LoopState, dict]:
+        """One agent iteration on the learned reward, its steps recorded and cut into clips."""
+        key, cut_key = jax.random.split(state.key)
+        runner, metrics, transitions = self.iteration(state.runner, self.learner.reward_params(state.learner))
+        recent, clips = self._record_and_cut(state.recent, state.clips, cut_key, transitions)
+        return state._replace(runner=runner, recent=recent, clips=clips, key=key), metrics
+
+    def propose(self, state: LoopState, num: int) -> tuple[LoopState, Queries]:
+        """``num`` queries from the recent clips, best first (``num`` static)."""
+        key, propose_key = jax.random.split(state.key)
+        return state._replace(key=key), self.learner.propose(state.learner, state.clips, propose_key, num)
+
+    def store(self, state: LoopState, queries: Queries, answers) -> LoopState:
+        """Store answers to ``queries`` (rows the answers do not count are dropped)."""
+        key, store_key = jax.random.split(state.key)
+        return state._replace(learner=self.learner.store(state.learner, queries, answers, store_key), key=key)
+
+    def ask(self, state: LoopState, wanted, num: int) -> LoopState:
+        """``num`` queries proposed, the first ``wanted`` of them answered by the synthetic labeler and stored."""
+        state, queries = self.propose(state, num)
+        key, oracle_key = jax.random.split(state.key)
+        answers = self.learner.oracle(oracle_key, queries)
+        asked = jnp.arange(num) < wanted
+        answers = answers._replace(answered=answers.answered & asked)
+        state = self.store(state._replace(key=key), queries, answers)
+        return state._replace(asked=state.asked + jnp.minimum(wanted, num))
+
+    def fit_one(self, state: LoopState) -> tuple[LoopState, jax.Array]:
+        key, fit_key = jax.random.split(state.key)
+        learner, loss = self.learner.fit_step(state.learner, fit_key)
+        return state._replace(learner=learner, key=key), loss
+
+    def fit(self, state: LoopState, steps: int) -> tuple[LoopState, jax.Array]:
+        """``steps`` (static) fitting steps as one compiled loop; their mean loss."""
+        state, losses = jax.lax.scan(lambda s, _: self.fit_one(s), state, None, steps)
+        return state, losses.mean()
+
+    def refresh(self, state: LoopState) -> tuple[LoopState, dict]:
+        key, refresh_key = jax.random.split(state.key)
+        learner, metrics = self.learner.refresh(state.learner, state.clips, refresh_key)
+        return state._replace(learner=learner, key=key), metrics
+
+    def fit_and_refresh(self, state: LoopState, steps: int) -> tuple[LoopState, dict]:
+        state, loss = self.fit(state, steps)
+        state, metrics = self.refresh(state)
+        return state, {**metrics, "reward_fit_loss": loss}
+
+    def learn(self, state: LoopState, wanted) -> tuple[LoopState, dict]:
+        """The end of a chunk: ``wanted`` answers from the synthetic labeler, fitting, refresh."""
+        return self.fit_and_refresh(self.ask(state, wanted, self.max_queries), self.fit_steps)
+
+    def chunk(self, state: LoopState, length: int, wanted) -> tuple[LoopState, dict, dict]:
+        """``length`` (static) iterations on the learned reward, then :meth:`learn`:
+        ``(state, metrics of every iteration, metrics of the chunk's learning)``."""
+        state, metrics = jax.lax.scan(lambda s, _: self.collect(s), state, None, length)
+        state, learned = self.learn(state, wanted)
+        return state, metrics, learned
+
+    def pretrain(self, state: LoopState) -> tuple[LoopState, dict]:
+        """Before RL: the initial answers from the synthetic labeler, and fitting on them."""
+        initial = self.learner.budget.initial
+        if initial:
+            state = self.ask(state, initial, initial)
+            return self.fit_and_refresh(state, self.learner.pretrain_steps)
+        return self.refresh(state)
+
+    def init(self, key) -> LoopState:
+        """A fresh run with the synthetic labeler: :meth:`start`, then :meth:`pretrain`."""
+        return self.pretrain(self.start(key))[0]
+
+    def make_train(self):
+        """The whole run with the synthetic labeler as one pure function, for ``jit`` and ``vmap``:
+
+            train(key) -> (LoopState, metrics of every iteration, metrics of every chunk)
+
+        Chunk for chunk the computation ``rlhf-jax train`` drives from the host, so
+        ``jax.vmap(train)`` runs several seeds as one program. ``train.from_state(state)``
+        is the run after :meth:`init`: on a CPU with few cores, initialise seeds one at a
+        time and vmap only this, because vmapped orthogonal initialisers run batched LAPACK
+        QR kernels that can wait on each other for good (seen on 2 cores with jax 0.10.2).
+        """
+        full = self.total_iterations // self.chunk_iterations  # whole chunks; then a shorter one, if any
+        rest = self.total_iterations - full * self.chunk_iterations
+
+        def train_from(state):
+            state, (metrics, learned) = jax.lax.scan(
+                lambda s, w: (lambda s, m, l: (s, (m, l)))(*self.chunk(s, self.chunk_iterations, w)),
+                state, jnp.asarray(self.wanted[:full]))
+            metrics = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), metrics)
+            if rest:
+                state, last, last_learned = self.chunk(state, rest, jnp.int32(self.wanted[-1]))
+                metrics = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), metrics, last)
+                learned = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), learned, last_learned)
+            return state, metrics, learned
+
+        def train(key):
+            return train_from(self.init(key))
+
+        train.from_state = train_from
+        return train

@@ -1,0 +1,142 @@
+"""Progress and regress marks inside clips as a :class:`~rlhf_jax.reward.learner.RewardLearner`
+(the IBT paper, DeepMind Interactive Agents Team 2022, sections 4-5).
+
+* **propose**: clips of ``ibt.episode_length`` steps drawn at random from the recent ones;
+* **oracle**: the synthetic annotator marks a frame +1 / -1 where its progress signal
+  rises / falls (:mod:`rlhf_jax.reward.annotators`);
+* **store**: annotated clips go to the dataset D of Algorithm 1 (a clip with no marks from
+  a person, "skipped", is not stored);
+* **fit_step**: one Adam step on Algorithm 1's loss over a batch of annotated clips;
+* **refresh**: rescale equation 2's reward ``U(x_{t+1}) - U(x_t)`` to ``ibt.normalized_std``
+  on recent clips, and score U's rise against the annotator's progress signal.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhf_jax.envs.core import EnvSpec
+from rlhf_jax.reward import ibt
+from rlhf_jax.reward.annotators import progress_increments, synthetic_marks
+from rlhf_jax.reward.data import Segments
+from rlhf_jax.reward.learner import Budget, Queries, fit_steps, pearson, take_clips
+from rlhf_jax.reward.schedule import initial_labels
+
+SCORE_CLIPS = 64  # recent clips the reward is scored (and scaled) on at each refresh
+
+
+class Annotated(NamedTuple):
+    """Annotated clips: the dataset D of Algorithm 1 (filled in order; the budget is its size)."""
+
+    obs: jax.Array  # [C, T, *obs_shape]
+    marks: jax.Array  # [C, T] int32 in {-1, 0, +1}
+    count: jax.Array  # () int32
+
+
+class IBTLearnerState(NamedTuple):
+    model: ibt.IBTState  # what the agent's reward_fn takes
+    annotated: Annotated
+
+
+class Marks(NamedTuple):
+    """Answers to ``Q`` clips: one mark per frame; rows not ``answered`` are never stored."""
+
+    marks: jax.Array  # [Q, T] int32 in {-1, 0, +1}
+    answered: jax.Array  # [Q] bool
+
+
+class IBTLearner:
+    kind = "annotate"
+
+    def __init__(self, config: ibt.IBTConfig, spec: EnvSpec):
+        self.config, self.spec = config, spec
+        self.clip_length = config.episode_length
+        self.clip_capacity = config.episode_capacity
+        initial = initial_labels(config.episodes, atari=False) if config.initial_episodes < 0 else config.initial_episodes
+        self.budget = Budget(config.episodes, initial, config.annotation_decay_steps)
+        self.pretrain_steps = max(1, fit_steps(config.pretrain_epochs, initial, config.batch_episodes))
+        self.reward_fn = ibt.make_reward_fn(config, spec)
+
+    def fit_steps(self, env_steps: int) -> int:
+        return fit_steps(self.config.fit_episodes_per_env_step, env_steps, self.config.batch_episodes)
+
+    # ------------------------------------------------------------ pure functions
+    def init(self, key, clips: Segments) -> IBTLearnerState:
+        """An untrained utility whose inputs are standardised by the untrained policy's clips."""
+        spec, length, budget = self.spec, self.clip_length, self.config.episodes
+        model = ibt.set_input_statistics(ibt.init_ibt(key, self.config, spec), spec, clips.obs)
+        annotated = Annotated(jnp.zeros((budget, length, *spec.observation_shape), spec.observation_dtype),
+                              jnp.zeros((budget, length), jnp.int32), jnp.zeros((), jnp.int32))
+        return IBTLearnerState(model, annotated)
+
+    def reward_params(self, state: IBTLearnerState):
+        return state.model
+
+    def answers_held(self, state: IBTLearnerState) -> jax.Array:
+        return state.annotated.count
+
+    def propose(self, state: IBTLearnerState, clips: Segments, key, num: int) -> Queries:
+        return take_clips(clips, jax.random.randint(key, (num,), 0, jnp.maximum(clips.count, 1)))
+
+    def oracle(self, key, queries: Queries) -> Marks:
+        increments = progress_increments(self.config.annotator, self.spec.id, queries.obs[:, 0],
+                                         queries.oracle_reward[:, 0])
+        marks = synthetic_marks(key, self.config.annotator, increments)
+        return Marks(marks, jnp.ones(marks.shape[:1], bool))
+
+    def store(self, state: IBTLearnerState, queries: Queries, answers: Marks, key) -> IBTLearnerState:
+        """Append the answered clips in order; beyond the budget's room they are dropped."""
+        del key
+        stored, keep = state.annotated, answers.answered
+        capacity = stored.marks.shape[0]
+        rows = jnp.where(keep, stored.count + jnp.cumsum(keep) - 1, capacity)  # capacity: dropped
+        annotated = Annotated(stored.obs.at[rows].set(queries.obs[:, 0].astype(stored.obs.dtype), mode="drop"),
+                              stored.marks.at[rows].set(answers.marks.astype(jnp.int32), mode="drop"),
+                              jnp.minimum(stored.count + keep.sum(), capacity).astype(jnp.int32))
+        return state._replace(annotated=annotated)
+
+    def fit_step(self, state: IBTLearnerState, key) -> tuple[IBTLearnerState, jax.Array]:
+        """One Adam step on a batch of annotated clips drawn with replacement."""
+        pick_key, loss_key = jax.random.split(key)
+        annotated = state.annotated
+        index = jax.random.randint(pick_key, (self.config.batch_episodes,), 0, jnp.maximum(annotated.count, 1))
+        marks = annotated.marks[index]
+        valid = jnp.broadcast_to(annotated.count > 0, marks.shape)
+        model, loss = ibt.fit_step(state.model, self.config, self.spec, annotated.obs[index], marks, valid, loss_key)
+        # Before the first annotation there is nothing to fit: NaN, as the preferences' loss.
+        return state._replace(model=model), jnp.where(annotated.count > 0, loss, jnp.nan)
+
+    def refresh(self, state: IBTLearnerState, clips: Segments, key) -> tuple[IBTLearnerState, dict]:
+        index = jax.random.randint(key, (SCORE_CLIPS,), 0, jnp.maximum(clips.count, 1))
+        obs = clips.obs[index]
+        model = ibt.update_reward_scale(state.model, self.config, self.spec, obs)
+        rise = ibt.utility_rises(model, self.config, self.spec, obs)
+        signal = progress_increments(self.config.annotator, self.spec.id, obs, clips.oracle_reward[index])
+        metrics = {"labels": state.annotated.count, "reward_correlation": pearson(rise, signal),
+                   "marks": jnp.abs(state.annotated.marks).sum()}
+        return state._replace(model=model), metrics
+
+    # ------------------------------------------------------------------ host side
+    @staticmethod
+    def unmeasured(row: dict) -> set[str]:
+        """Before the first annotated clip the fitting loss measures nothing."""
+        return set() if row.get("labels") else {"reward_fit_loss"}
+
+    def answers_from_people(self, answers: Sequence, size: int) -> Marks:
+        """People's marks (:class:`rlhf_jax.reward.people.Answer`), padded to ``size`` rows; a
+        clip skipped without marks (``marks is None``) and padding are not answers."""
+        marks = np.zeros((size, self.clip_length), np.int32)
+        answered = np.zeros(size, bool)
+        for i, answer in enumerate(answers):
+            if answer.marks is not None:
+                marks[i], answered[i] = answer.marks, True
+        return Marks(marks, answered)
+
+    def save(self, state: IBTLearnerState, path) -> None:
+        """The annotated clips and their marks, as a NumPy archive."""
+        annotated = jax.device_get(state.annotated)
+        n = int(annotated.count)
+        np.savez_compressed(path, obs=annotated.obs[:n], marks=annotated.marks[:n])

@@ -1,0 +1,111 @@
+"""What the RLHF loop needs of a reward learner: the contract both feedback types implement.
+
+Christiano et al. (2017) learn a reward from preferences between pairs of segments; the
+IBT paper (DeepMind 2022) learns a utility from progress and regress marks inside
+episodes. Around the model, the loop is the same (:mod:`rlhf_jax.loop`): the agent plays
+on the learned reward, clips are cut from its play, some become queries, a labeler answers
+them, the answers are stored and the model is fitted to them. A :class:`RewardLearner` is
+everything that differs, as pure functions over its own state (a pytree: the model and
+the answers it holds)::
+
+    state = learner.init(key, clips)                     # from the untrained policy's clips
+    reward_fn(learner.reward_params(state), obs, action, timestep)  # what the agent calls
+    queries = learner.propose(state, clips, key, num)    # the clips to ask about, best first
+    answers = learner.oracle(key, queries)               # the synthetic labeler, on the device
+    state = learner.store(state, queries, answers, key)  # answers that say nothing are dropped
+    state, loss = learner.fit_step(state, key)           # one step of fitting
+    state, metrics = learner.refresh(state, clips, key)  # after fitting: normalise, score
+
+People answer the same :class:`Queries` from the host (:mod:`rlhf_jax.reward.people`):
+``learner.answers_from_people`` turns what they said into the same typed answers the
+oracle gives, so one ``store`` serves both.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.reward.data import Segments
+from rlhf_jax.reward.schedule import labels_due
+
+Kind = Literal["compare", "annotate"]  # what a person is shown: a pair to compare, or one clip to mark
+
+
+class Queries(NamedTuple):
+    """``Q`` queries of ``c`` clips each (``c = 2``: a pair to compare; ``c = 1``: a clip to mark)."""
+
+    obs: jax.Array  # [Q, c, k, *observation_shape]
+    action: jax.Array  # [Q, c, k, *action_shape]
+    oracle_reward: jax.Array  # [Q, c, k]: for synthetic labelers and metrics, never shown to a person
+
+
+def take_clips(clips: Segments, *index: jax.Array) -> Queries:
+    """The clips at rows ``index[0][q], index[1][q], ...`` of ``clips`` as queries of ``len(index)`` clips."""
+    pick = lambda x: jnp.stack([x[i] for i in index], axis=1)
+    return Queries(pick(clips.obs), pick(clips.action), pick(clips.oracle_reward))
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How many answers a run asks for and when: ``initial`` before RL from the untrained
+    policy, the rest at the rate of :func:`rlhf_jax.reward.schedule.labels_due`."""
+
+    total: int
+    initial: int
+    decay_steps: float
+
+    def due(self, env_steps: float, total_env_steps: float) -> int:
+        return labels_due(env_steps, total_env_steps, self.total, self.initial, self.decay_steps)
+
+
+class RewardLearner(Protocol):
+    """A reward model with the answers it learns from (module docstring). Every method is a
+    pure function of arrays (``num`` and sizes static) except ``answers_from_people`` and
+    ``save``, which run on the host."""
+
+    kind: Kind
+    clip_length: int  # steps per clip cut from the agent's play
+    clip_capacity: int  # recent clips kept to propose queries from
+    budget: Budget
+    pretrain_steps: int  # fitting steps over the initial answers before RL (at least one)
+    reward_fn: Callable  # reward_fn(reward_params, obs, action, timestep) -> [N]
+
+    def init(self, key: jax.Array, clips: Segments) -> Any: ...
+
+    def reward_params(self, state) -> Any: ...
+
+    def answers_held(self, state) -> jax.Array: ...
+
+    def propose(self, state, clips: Segments, key: jax.Array, num: int) -> Queries: ...
+
+    def oracle(self, key: jax.Array, queries: Queries) -> Any: ...
+
+    def store(self, state, queries: Queries, answers, key: jax.Array) -> Any: ...
+
+    def fit_steps(self, env_steps: int) -> int: ...
+
+    def fit_step(self, state, key: jax.Array) -> tuple[Any, jax.Array]: ...
+
+    def refresh(self, state, clips: Segments, key: jax.Array) -> tuple[Any, dict]: ...
+
+    def unmeasured(self, row: dict) -> set[str]: ...
+
+    def answers_from_people(self, answers: Sequence, size: int) -> Any: ...
+
+    def save(self, state, path) -> None: ...
+
+
+def fit_steps(examples_per_env_step: float, env_steps: int, batch_size: int) -> int:
+    """Fitting steps that process ``examples_per_env_step`` examples per env step in batches of ``batch_size``."""
+    return math.ceil(examples_per_env_step * env_steps / batch_size)
+
+
+def pearson(x: jax.Array, y: jax.Array) -> jax.Array:
+    """The correlation of two arrays, flattened: ``sum(x' y') / sqrt(sum(x'^2) sum(y'^2))`` with
+    ``x' = x - mean(x)``; 0 where either is constant."""
+    x, y = x.ravel() - x.mean(), y.ravel() - y.mean()
+    return (x * y).sum() / jnp.sqrt((x * x).sum() * (y * y).sum() + 1e-12)

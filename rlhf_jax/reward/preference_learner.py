@@ -1,0 +1,172 @@
+"""Preferences between pairs of segments as a :class:`~rlhf_jax.reward.learner.RewardLearner`
+(Christiano et al. 2017, section 2.2).
+
+* **propose**: disagreement selection (the ensemble's variance of P[1 > 2]) over
+  ``candidates_factor`` times as many random pairs of recent segments (section 2.2.4);
+* **oracle**: the synthetic overseer prefers the segment of larger oracle return (section 3.1);
+* **store**: answered pairs go to the label ring D, each member holding out its own 1/e;
+* **fit_step**: one Adam step of every member on the Bradley-Terry cross-entropy (equation 1);
+* **refresh**: adapt each member's l2 to its validation loss, renormalise r̂ on recent
+  steps, and score r̂ against the oracle on fresh pairs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhf_jax.envs.core import EnvSpec
+from rlhf_jax.reward import ensemble as reward_model
+from rlhf_jax.reward.config import PreferenceConfig, resolve
+from rlhf_jax.reward.data import Labels, Segments, empty_labels, observations_on_host
+from rlhf_jax.reward.labelers import add_labels, oracle_answers
+from rlhf_jax.reward.learner import Budget, Queries, fit_steps, pearson, take_clips
+from rlhf_jax.reward.queries import candidate_pairs, select_queries
+
+# Fresh pairs drawn at each refresh to score the reward model against the oracle.
+SCORE_PAIRS = 256
+# Steps of recent segments the normalisation statistics are taken over.
+NORMALIZATION_STEPS = 4_096
+
+
+class PreferenceState(NamedTuple):
+    ensemble: reward_model.EnsembleState  # what the agent's reward_fn takes
+    labels: Labels  # the database D
+
+
+class Preferences(NamedTuple):
+    """Answers to ``Q`` pairs: ``mu`` = P[first preferred] (1, 0 or 0.5); unanswered rows are never stored."""
+
+    mu: jax.Array  # [Q] float32
+    answered: jax.Array  # [Q] bool
+
+
+class PreferenceLearner:
+    kind = "compare"
+
+    def __init__(self, prefs: PreferenceConfig, model: reward_model.RewardModelConfig, spec: EnvSpec):
+        self.spec, self.model = spec, model
+        if model.ensemble_size == 1 and prefs.selection == "disagreement":
+            # One predictor cannot disagree with itself: the paper's "no ensemble" queries at random.
+            prefs = dataclasses.replace(prefs, selection="random")
+        self.prefs = prefs
+        self.settings = resolve(prefs, spec)
+        self.clip_length = self.settings.segment_length
+        self.clip_capacity = prefs.segment_capacity
+        # (Offline, every label is initial, so the schedule has nothing left to spread.)
+        self.budget = Budget(self.settings.labels, self.settings.initial_labels, self.settings.label_decay_steps)
+        epochs_steps = self.settings.pretrain_epochs * self.settings.initial_labels / model.batch_size
+        self.pretrain_steps = max(1, math.ceil(epochs_steps))
+        self.reward_fn = reward_model.make_reward_fn(model, spec)
+
+    def fit_steps(self, env_steps: int) -> int:
+        return fit_steps(self.prefs.fit_pairs_per_env_step, env_steps, self.model.batch_size)
+
+    # ------------------------------------------------------------ pure functions
+    def init(self, key, clips: Segments) -> PreferenceState:
+        """An untrained ensemble whose inputs are standardised by the untrained policy's
+        steps, once, so that later fits never see their inputs move; no labels."""
+        ensemble = reward_model.init_ensemble(key, self.model, self.spec)
+        obs = clips.obs.reshape(-1, *self.spec.observation_shape)
+        ensemble = reward_model.set_input_statistics(ensemble, self.model, self.spec, obs)
+        labels = empty_labels(self.spec, self.settings.label_capacity, self.clip_length, self.model.ensemble_size)
+        return PreferenceState(ensemble, labels)
+
+    def reward_params(self, state: PreferenceState):
+        return state.ensemble
+
+    def answers_held(self, state: PreferenceState) -> jax.Array:
+        return state.labels.count
+
+    def _member_returns(self, ensemble):
+        """Each member's summed predicted reward per segment: ``[P, k, ...] -> [M, P]``."""
+        return lambda obs, action: reward_model.member_returns(ensemble, self.model, self.spec, obs, action).sum(-1)
+
+    def propose(self, state: PreferenceState, clips: Segments, key, num: int) -> Queries:
+        first, second = select_queries(
+            key, clips, self._member_returns(state.ensemble), num,
+            candidates_factor=self.prefs.candidates_factor, method=self.prefs.selection,
+            random_answer_prob=self.model.random_answer_prob,
+        )
+        return take_clips(clips, first, second)
+
+    def oracle(self, key, queries: Queries) -> Preferences:
+        return Preferences(*oracle_answers(key, queries.oracle_reward[:, 0], queries.oracle_reward[:, 1],
+                                           self.prefs.teacher))
+
+    def store(self, state: PreferenceState, queries: Queries, answers: Preferences, key) -> PreferenceState:
+        num = answers.mu.shape[0]
+        # The pairs side by side as one buffer of 2Q segments: pair q is rows q and Q + q.
+        both = Segments(*(jnp.concatenate([x[:, 0], x[:, 1]]) for x in queries),
+                        count=jnp.int32(2 * num), next=jnp.int32(0))
+        labels = add_labels(state.labels, both, jnp.arange(num), num + jnp.arange(num), answers.mu,
+                            answers.answered, key, self.model.validation_fraction)
+        return state._replace(labels=labels)
+
+    def fit_step(self, state: PreferenceState, key) -> tuple[PreferenceState, jax.Array]:
+        """One step of fitting every member (:func:`rlhf_jax.reward.ensemble.fit`)."""
+        ensemble, metrics = reward_model.fit(state.ensemble, self.model, self.spec, state.labels, key, 1)
+        return state._replace(ensemble=ensemble), metrics["loss"].mean()
+
+    def refresh(self, state: PreferenceState, clips: Segments, key) -> tuple[PreferenceState, dict]:
+        """Adapt each member's l2 to its validation loss, renormalise on recent steps, score."""
+        loss_key, norm_key, score_key = jax.random.split(key, 3)
+        ensemble = state.ensemble
+        train_loss, val_loss = reward_model.validation_losses(ensemble, self.model, self.spec, state.labels,
+                                                              loss_key, self.settings.label_capacity)
+        ensemble = ensemble._replace(l2=reward_model.adapt_l2(ensemble.l2, train_loss, val_loss, self.model))
+        obs, action = self._recent_steps(clips, norm_key)
+        ensemble = reward_model.update_normalization(ensemble, self.model, self.spec, obs, action)
+        metrics = {"labels": state.labels.count, "reward_train_loss": jnp.nanmean(train_loss),
+                   "reward_val_loss": jnp.nanmean(val_loss), "reward_l2": ensemble.l2.mean(),
+                   **self._score(ensemble, clips, score_key)}
+        return state._replace(ensemble=ensemble), metrics
+
+    def _recent_steps(self, clips: Segments, key):
+        """A sample of the (obs, action) steps in the recent segments."""
+        rows = min(clips.capacity, max(1, NORMALIZATION_STEPS // clips.length))
+        index = jax.random.randint(key, (rows,), 0, jnp.maximum(clips.count, 1))
+        obs, action = clips.obs[index], clips.action[index]
+        return obs.reshape(-1, *obs.shape[2:]), action.reshape(-1, *action.shape[2:])
+
+    def _score(self, ensemble, clips: Segments, key) -> dict:
+        """r̂ against the oracle on fresh pairs: the share of untied pairs ranked right, and
+        the correlation of r̂ with the oracle's reward over their steps."""
+        pairs = take_clips(clips, *candidate_pairs(key, clips, SCORE_PAIRS))
+        predicted = reward_model.normalized_reward(ensemble, self.model, self.spec, pairs.obs, pairs.action)
+        true_diff = pairs.oracle_reward[:, 0].sum(-1) - pairs.oracle_reward[:, 1].sum(-1)
+        decided = true_diff != 0
+        agree = jnp.sign(predicted[:, 0].sum(-1) - predicted[:, 1].sum(-1)) == jnp.sign(true_diff)
+        # NaN when every fresh pair ties (e.g. a policy that never fails): nothing to score.
+        accuracy = jnp.where(decided.any(), jnp.where(decided, agree, False).sum() / jnp.maximum(decided.sum(), 1),
+                             jnp.nan)
+        return {"reward_accuracy": accuracy, "reward_correlation": pearson(predicted, pairs.oracle_reward)}
+
+    # ------------------------------------------------------------------ host side
+    @staticmethod
+    def unmeasured(row: dict) -> set[str]:
+        """The losses a NaN in ``row`` leaves unmeasured rather than diverged: the validation
+        loss until some member holds a label out, the training loss before the first label."""
+        return {"reward_val_loss"} | ({"reward_train_loss"} if not row.get("labels") else set())
+
+    def answers_from_people(self, answers: Sequence, size: int) -> Preferences:
+        """People's answers (:class:`rlhf_jax.reward.people.Answer`), padded to ``size`` rows;
+        "can't tell" (``mu is None``) and padding are not answers."""
+        mu = np.zeros(size, np.float32)
+        answered = np.zeros(size, bool)
+        for i, answer in enumerate(answers):
+            answered[i] = answer.mu is not None
+            mu[i] = answer.mu if answer.mu is not None else 0.0
+        return Preferences(mu, answered)
+
+    def save(self, state: PreferenceState, path) -> None:
+        """The labels themselves, with the segments they compare, as a NumPy archive."""
+        obs = observations_on_host(state.labels)
+        labels = jax.device_get(state.labels)
+        n = int(labels.count)
+        np.savez_compressed(path, obs=obs[:n], action=labels.action[:n], mu=labels.mu[:n],
+                            oracle_return=labels.oracle_return[:n], holdout=labels.holdout[:n])
