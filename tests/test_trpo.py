@@ -11,7 +11,7 @@ from rlhf_jax import ops
 from rlhf_jax.agents import trpo
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.envs import EnvConfig, make
-from rlhf_jax.envs.core import Box, Discrete, EnvSpec
+from rlhf_jax.envs.core import Box, Discrete, EnvSpec, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.evaluation import evaluate
 
@@ -204,9 +204,9 @@ def test_categorical_kl():
 # --- returns at episode ends ----------------------------------------------------------------
 
 
-def numpy_returns(rewards, dones, next_values, gamma, lam, cut):
+def numpy_returns(rewards, dones, next_values, gamma, lam, cut, final_values):
     """TD(lambda) returns, G_t = r_t + gamma [(1 - lam) V(s_{t+1}) + lam G_{t+1}] with G_T = V(s_T):
-    a true end (``dones`` without ``cut``) gives r_t, a ``cut`` end r_t + gamma V(s_{t+1})."""
+    a true end (``dones`` without ``cut``) gives r_t, a ``cut`` end r_t + gamma V(final_obs_t)."""
     T, N = rewards.shape
     out = np.zeros((T, N))
     for n in range(N):
@@ -215,11 +215,19 @@ def numpy_returns(rewards, dones, next_values, gamma, lam, cut):
             if dones[t, n] and not cut[t, n]:  # a true end
                 ret = rewards[t, n]
             elif cut[t, n]:
-                ret = rewards[t, n] + gamma * next_values[t, n]
+                ret = rewards[t, n] + gamma * final_values[t, n]
             else:
                 ret = rewards[t, n] + gamma * ((1 - lam) * next_values[t, n] + lam * ret)
             out[t, n] = ret
     return out
+
+
+def ends(terminated, truncated, action_ignored=None):
+    """A stacked [T, N] TimeStep holding only episode ends (what the returns read)."""
+    terminated, truncated = np.asarray(terminated, bool), np.asarray(truncated, bool)
+    ignored = np.zeros_like(terminated) if action_ignored is None else np.asarray(action_ignored, bool)
+    zeros = jnp.zeros(terminated.shape)
+    return TimeStep(zeros, zeros, jnp.asarray(terminated), jnp.asarray(truncated), zeros, jnp.asarray(ignored), {})
 
 
 def test_returns_treat_true_ends_as_terminal_and_bootstrap_through_time_limits():
@@ -227,31 +235,67 @@ def test_returns_treat_true_ends_as_terminal_and_bootstrap_through_time_limits()
     rng = np.random.default_rng(8)
     T, N = 6, 2
     rewards, values, bootstrap = rng.normal(size=(T, N)), rng.normal(size=(T, N)), rng.normal(size=N)
+    final_values = rng.normal(size=(T, N))
     dones = np.zeros((T, N), bool)
     truncated = np.zeros((T, N), bool)
     dones[1, 0] = True  # a true end
     dones[3, 0] = truncated[3, 0] = True  # a time-limit end
     dones[4, 1] = truncated[4, 1] = True
     f32 = lambda x: jnp.asarray(x, jnp.float32)
-
-    # Reset within the step (gymnax): the time-limit step stands in V(s_t) for V(s_{t+1}).
-    returns, mask = trpo.returns_and_mask(config, f32(rewards), jnp.asarray(dones), {"truncated": jnp.asarray(truncated)},
-                                          f32(values), f32(bootstrap))
     next_values = np.concatenate([values[1:], bootstrap[None]])
-    next_values = np.where(truncated, values, next_values)
-    expected = numpy_returns(rewards, dones, next_values, 0.9, 0.8, truncated)
+
+    # Reset within the step (gymnax, MJX): the time-limit step bootstraps from V(final_obs).
+    returns, mask = trpo.returns_and_mask(config, f32(rewards), ends(dones & ~truncated, truncated), f32(values),
+                                          f32(final_values), f32(bootstrap))
+    expected = numpy_returns(rewards, dones, next_values, 0.9, 0.8, truncated, final_values)
     np.testing.assert_allclose(returns, expected, rtol=1e-5, atol=1e-5)
     assert np.all(np.asarray(mask) == 1.0)
 
-    # EnvPool: the observation after a time-limit end is real; the reset step after any end is masked.
+    # EnvPool: final_obs is the next observation (real); the reset step after any end is masked.
     reset_step = np.zeros((T, N), bool)
     reset_step[2, 0] = reset_step[4, 0] = reset_step[5, 1] = True
-    info = {"truncated": jnp.asarray(truncated), "reset_step": jnp.asarray(reset_step)}
-    returns, mask = trpo.returns_and_mask(config, f32(rewards), jnp.asarray(dones), info, f32(values), f32(bootstrap))
-    next_values = np.concatenate([values[1:], bootstrap[None]])
-    expected = numpy_returns(rewards, dones, next_values, 0.9, 0.8, truncated)
+    returns, mask = trpo.returns_and_mask(config, f32(rewards), ends(dones & ~truncated, truncated, reset_step),
+                                          f32(values), f32(next_values), f32(bootstrap))
+    expected = numpy_returns(rewards, dones, next_values, 0.9, 0.8, truncated, next_values)
     np.testing.assert_allclose(np.asarray(returns)[~reset_step], expected[~reset_step], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(mask, 1.0 - reset_step)
+
+
+def test_returns_and_advantages_of_a_tiny_episode_by_hand():
+    """gamma = lambda = 0.5, two copies, three steps.
+
+    Reset within the step: copy 0 is cut by its time limit at t = 1 with V(final_obs_1) = 8,
+    copy 1 terminates at t = 0. V(s_t) = [[10, 20], [30, 40], [50, 60]], V(s_T) = [70, 80].
+
+      copy 0: G_2 = 5 + 0.5 * 70 = 40;  G_1 = 3 + 0.5 * 8 = 7 (nothing of G_2 flows back);
+              G_0 = 1 + 0.5 * (0.5 * 30 + 0.5 * 7) = 10.25
+      copy 1: G_2 = 6 + 0.5 * 80 = 46;  G_1 = 4 + 0.5 * (0.5 * 60 + 0.5 * 46) = 30.5;  G_0 = 2
+    """
+    config = trpo.TRPOConfig(gamma=0.5, gae_lambda=0.5)
+    rewards = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    values = jnp.array([[10.0, 20.0], [30.0, 40.0], [50.0, 60.0]])
+    bootstrap = jnp.array([70.0, 80.0])
+    final_values = jnp.array([[-1.0, -2.0], [8.0, -3.0], [-4.0, -5.0]])  # read only where truncated
+    timesteps = ends(terminated=[[0, 1], [0, 0], [0, 0]], truncated=[[0, 0], [1, 0], [0, 0]])
+    returns, mask = trpo.returns_and_mask(config, rewards, timesteps, values, final_values, bootstrap)
+    expected = np.array([[10.25, 2.0], [7.0, 30.5], [40.0, 46.0]])
+    np.testing.assert_allclose(returns, expected, rtol=1e-6)
+    np.testing.assert_allclose(returns - values, expected - np.asarray(values), rtol=1e-6)  # GAE
+    np.testing.assert_array_equal(mask, np.ones((3, 2)))
+
+    # EnvPool's layout: copy 0 is cut at t = 0 and EnvPool resets at t = 1 (action ignored,
+    # reward 0); copy 1 terminates at t = 1 and resets at t = 2. final_obs is the next
+    # observation, so V(final_obs_t) = V(s_{t+1}).
+    #   copy 0: G_2 = 5 + 0.5 * 70 = 40;  G_0 = 1 + 0.5 * 30 = 16
+    #   copy 1: G_1 = 4;  G_0 = 2 + 0.5 * (0.5 * 40 + 0.5 * 4) = 13
+    rewards = jnp.array([[1.0, 2.0], [0.0, 4.0], [5.0, 0.0]])
+    timesteps = ends(terminated=[[0, 0], [0, 1], [0, 0]], truncated=[[1, 0], [0, 0], [0, 0]],
+                     action_ignored=[[0, 0], [1, 0], [0, 1]])
+    next_values = jnp.concatenate([values[1:], bootstrap[None]])
+    returns, mask = trpo.returns_and_mask(config, rewards, timesteps, values, next_values, bootstrap)
+    np.testing.assert_array_equal(mask, [[1.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
+    counted = np.asarray(mask) > 0
+    np.testing.assert_allclose(np.asarray(returns)[counted], np.array([[16.0, 13.0], [0.0, 4.0], [40.0, 0.0]])[counted])
 
 
 # --- the agent ------------------------------------------------------------------------------

@@ -4,6 +4,9 @@
 Algorithm S3 train a shared torso with a softmax policy (or a Gaussian one for
 continuous actions) and a linear value, with one RMSProp optimiser (what the
 shared statistics of A3C become when the workers are synchronous).
+
+**Episode ends** follow the one rule of :mod:`rlhf_jax.ops.episode_ends` (see
+:func:`n_step_targets`).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from rlhf_jax import ops
 from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
                                   rollout_rewards)
 from rlhf_jax.config_base import in_state
-from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
+from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, torso_for
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.ops.schedules import learning_rate_in_state
@@ -129,6 +132,19 @@ def make_policy(config: A2CConfig, spec: EnvSpec):
     return act
 
 
+def n_step_targets(config: A2CConfig, rewards, timesteps: TimeStep, final_values, bootstrap):
+    """Algorithm S3's n-step returns ``R_t`` ``[T, N]`` and the mask of the steps that carry a loss.
+
+    ``R_t = r_t + gamma R_{t+1}`` back from ``R_T = V(s_T)``, with the episode ends of
+    :func:`rlhf_jax.ops.fold_time_limits`: a terminal step's return is ``r_t``, a
+    truncated one's ``r_t + gamma V(final_obs_t)`` (``final_values``), and nothing flows
+    across either. EnvPool's reset steps (``action_ignored``) are masked out.
+    """
+    rewards, discounts = ops.fold_time_limits(rewards, timesteps.terminated, timesteps.truncated, final_values,
+                                              config.gamma)
+    return ops.n_step_returns(rewards, discounts, bootstrap), ops.loss_mask(timesteps.action_ignored)
+
+
 def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
     network = ActorCritic(env.spec, config)
     optimizer = make_optimizer(config, env)
@@ -142,7 +158,7 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
         env_state, timestep, env_action = env_step(env, env_state, action)
         return (params, env_state, timestep.obs, key), (obs, env_action, action, timestep)
 
-    def loss_fn(params, obs, actions, returns):
+    def loss_fn(params, obs, actions, returns, mask):
         out = network.apply(params, obs)
         if continuous:
             mean, log_std, values = out
@@ -153,7 +169,8 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
             log_pi_a = ops.categorical_log_prob(logits, actions)
             entropy = ops.entropy(logits)
         return ops.actor_critic_loss(
-            log_pi_a, entropy, values, returns, entropy_coef=config.entropy_coef, value_coef=config.value_coef
+            log_pi_a, entropy, values, returns, entropy_coef=config.entropy_coef, value_coef=config.value_coef,
+            mask=mask,
         )
 
     def iteration(runner: Runner, reward_params=None):
@@ -163,18 +180,16 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
         )
         rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps,
                                   config.reward_scale, config.reward_clip)
-        oracle_rewards, dones, info = timesteps.reward, timesteps.done, timesteps.info
-        bootstrap = network.apply(runner.params, obs)[-1]  # both heads return the value last
-        # A time-limit end is treated as terminal: the environment has already reset the
-        # copy, so the observation to bootstrap from is gone.
-        discounts = config.gamma * (1.0 - dones.astype(jnp.float32))
-        returns = ops.n_step_returns(rewards, discounts, bootstrap)
-        (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(runner.params, observations, actions, returns)
+        value_of = lambda o: network.apply(runner.params, o)[-1]  # both heads return the value last
+        returns, mask = n_step_targets(config, rewards, timesteps, value_of(timesteps.final_obs), value_of(obs))
+        (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            runner.params, observations, actions, returns, mask
+        )
         updates, opt_state = optimizer.update(grads, runner.opt_state, runner.params)
         params = optax.apply_updates(runner.params, updates)
         env_steps = runner.env_steps + env_steps_per_iteration(config, env)
-        metrics = {"loss": loss, **parts, "env_steps": env_steps, **episode_metrics(info)}
-        transitions = Transitions(observations, env_actions, oracle_rewards, dones)
+        metrics = {"loss": loss, **parts, "env_steps": env_steps, **episode_metrics(timesteps.info)}
+        transitions = Transitions(observations, env_actions, timesteps.reward, timesteps.done)
         return Runner(params, opt_state, env_state, obs, key, env_steps), metrics, transitions
 
     return iteration

@@ -25,14 +25,8 @@ defaults (mean KL 0.01, 10 CG iterations, CG damping 0.1, 10 halvings in the lin
 search, 5,000 env steps per iteration) are the usual TRPO settings of Schulman's
 and Ho & Ermon's (2016) MuJoCo experiments, not numbers stated in the paper.
 
-**Episode ends.** A true end is terminal. A time-limit end (``info["truncated"]``) is
-not: its return should bootstrap from the value of the last state. EnvPool resets on
-the step after an end (``info["reset_step"]``), so that state is real: the
-time-limit step bootstraps from it, and the reset step (whose action is ignored) is
-left out of both losses. A back end that resets within the step (gymnax, MJX) has
-replaced the last state by the next episode's first, so we bootstrap from the
-value of the state before it, ``V(s_T) ~ V(s_{T-1})``; treating a time-limit end as
-terminal would instead make the value depend on the clock, which it cannot see.
+**Episode ends** follow the one rule of :mod:`rlhf_jax.ops.episode_ends` (see
+:func:`returns_and_mask`).
 """
 from __future__ import annotations
 
@@ -50,7 +44,7 @@ from rlhf_jax import ops
 from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
                                   rollout_rewards)
 from rlhf_jax.config_base import in_state
-from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
+from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
@@ -221,36 +215,22 @@ def make_policy(config: TRPOConfig, spec: EnvSpec):
     return act
 
 
-def _masked_mean(x, mask):
-    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
-def returns_and_mask(config: TRPOConfig, rewards, dones, info, values, bootstrap):
+def returns_and_mask(config: TRPOConfig, rewards, timesteps: TimeStep, values, final_values, bootstrap):
     """Lambda-returns ``G_t`` ``[T, N]`` and the mask of the steps that enter the losses.
 
     The returns are TD(lambda) returns (:func:`rlhf_jax.ops.lambda_returns`), so that
-    ``G_t - V(s_t)`` is GAE(gamma, lambda). Episode ends (module docstring):
+    ``G_t - V(s_t)`` is GAE(gamma, lambda):
 
-    * a true end: ``G_t = r_t``;
-    * a time-limit end, EnvPool: ``G_t = r_t + gamma V(s_{t+1})`` with the real last
-      state ``s_{t+1}``; the reset step after it is masked out;
-    * a time-limit end, reset within the step: ``G_t = r_t + gamma V(s_t)``, the value
-      of the last state we saw standing in for that of the state we did not.
+        G_t = r_t + gamma [(1 - lambda) V(s_{t+1}) + lambda G_{t+1}],   G_T = V(s_T),
 
-    ``lambda`` is 0 on every end step, so nothing of the next episode leaks into a return.
+    with the episode ends of :func:`rlhf_jax.ops.fold_time_limits`: a terminal step's
+    return is ``r_t``, a truncated one's ``r_t + gamma V(final_obs_t)`` (``final_values``),
+    and nothing flows across either. EnvPool's reset steps (``action_ignored``) are masked out.
     """
-    dones = dones.astype(jnp.float32)
-    truncated = info["truncated"].astype(jnp.float32)
-    if "reset_step" in info:  # EnvPool: the observation after a time-limit end is real
-        reset_step = info["reset_step"].astype(jnp.float32)
-        discounts = config.gamma * (1.0 - dones * (1.0 - truncated)) * (1.0 - reset_step)
-        mask = 1.0 - reset_step
-    else:
-        rewards = rewards + config.gamma * truncated * jax.lax.stop_gradient(values)
-        discounts = config.gamma * (1.0 - dones)
-        mask = jnp.ones_like(dones)
-    lambdas = config.gae_lambda * (1.0 - dones)
-    return ops.lambda_returns(rewards, discounts, values, bootstrap, lambdas), mask
+    rewards, discounts = ops.fold_time_limits(rewards, timesteps.terminated, timesteps.truncated, final_values,
+                                              config.gamma)
+    returns = ops.lambda_returns(rewards, discounts, values, bootstrap, config.gae_lambda)
+    return returns, ops.loss_mask(timesteps.action_ignored)
 
 
 def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
@@ -280,10 +260,10 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
             dist = policy.apply(unravel(flat), observations)
             ratio = jnp.exp(_log_prob(dist, actions, continuous) - old_log_prob)
             entropy = jnp.broadcast_to(_entropy(dist, continuous), mask.shape)
-            return _masked_mean(ratio * advantages, mask) + config.entropy_coef * _masked_mean(entropy, mask)
+            return ops.masked_mean(ratio * advantages, mask) + config.entropy_coef * ops.masked_mean(entropy, mask)
 
         def mean_kl(flat):
-            return _masked_mean(_kl(old_dist, policy.apply(unravel(flat), observations), continuous), mask)
+            return ops.masked_mean(_kl(old_dist, policy.apply(unravel(flat), observations), continuous), mask)
 
         gradient = jax.grad(surrogate)(flat_old)
         fvp = lambda v: fisher_vector_product(mean_kl, flat_old, v, config.cg_damping)
@@ -296,7 +276,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         surrogate_new, kl = evaluate(flat_new)
         metrics = {
             "surrogate_gain": surrogate_new - surrogate(flat_old), "kl": kl, "step_fraction": fraction,
-            "entropy": _masked_mean(jnp.broadcast_to(_entropy(old_dist, continuous), mask.shape), mask),
+            "entropy": ops.masked_mean(jnp.broadcast_to(_entropy(old_dist, continuous), mask.shape), mask),
         }
         return unravel(flat_new), metrics
 
@@ -307,7 +287,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         size = returns.shape[0] // config.value_minibatches
 
         def loss_fn(params, obs, target, weight):
-            return _masked_mean(0.5 * (value.apply(params, obs) - target) ** 2, weight)
+            return ops.masked_mean(0.5 * (value.apply(params, obs) - target) ** 2, weight)
 
         def minibatch_step(carry, index):
             params, opt_state = carry
@@ -331,19 +311,16 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
             rollout_step, carry, None, num_steps
         )
         rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps, config.reward_scale)
-        oracle_rewards, dones, info = timesteps.reward, timesteps.done, timesteps.info
         key, value_key = jax.random.split(key)
         params = runner.params
-        values = value.apply(params["value"], observations)
-        bootstrap = value.apply(params["value"], obs)
-        ends = {"truncated": timesteps.truncated}  # (until TRPO moves onto ops.episode_ends)
-        if env.spec.backend.startswith("envpool"):
-            ends["reset_step"] = timesteps.action_ignored
-        returns, mask = returns_and_mask(config, rewards, dones, ends, values, bootstrap)
+        value_of = lambda o: value.apply(params["value"], o)
+        values = value_of(observations)
+        returns, mask = returns_and_mask(config, rewards, timesteps, values, value_of(timesteps.final_obs),
+                                         value_of(obs))
         advantages = returns - values
         if config.normalize_advantages:
-            mean = _masked_mean(advantages, mask)
-            std = jnp.sqrt(_masked_mean((advantages - mean) ** 2, mask))
+            mean = ops.masked_mean(advantages, mask)
+            std = jnp.sqrt(ops.masked_mean((advantages - mean) ** 2, mask))
             advantages = (advantages - mean) / (std + 1e-8)
 
         policy_params, policy_metrics = update_policy(params["policy"], observations, actions, advantages, mask)
@@ -351,8 +328,9 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
             params["value"], runner.opt_state, observations, returns, mask, value_key
         )
         env_steps = runner.env_steps + env_steps_per_iteration(config, env)
-        metrics = {**policy_metrics, "value_loss": value_loss, "env_steps": env_steps, **episode_metrics(info)}
-        transitions = Transitions(observations, env_actions, oracle_rewards, dones)
+        metrics = {**policy_metrics, "value_loss": value_loss, "env_steps": env_steps,
+                   **episode_metrics(timesteps.info)}
+        transitions = Transitions(observations, env_actions, timesteps.reward, timesteps.done)
         params = {"policy": policy_params, "value": value_params}
         return Runner(params, opt_state, env_state, obs, key, env_steps), metrics, transitions
 
