@@ -6,6 +6,7 @@ import csv
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -162,6 +163,31 @@ def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner):
     for a, b in zip(jax.tree.leaves(whole.runner.params), jax.tree.leaves(state.runner.params)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(answers(whole), answers(state))
+
+
+@pytest.mark.parametrize("learner", sorted(SMALL))
+def test_seeds_vmapped_as_a_sweep_runs_them_equal_each_run_alone(learner):
+    """What ``rlhf-jax sweep`` compiles for a group (``sweep_chunk`` vmapped over stacked
+    states) computes each seed's run as ``rlhf-jax train`` drives it alone."""
+    training = make_training(experiment(["a2c.total_env_steps=3072", "run.chunk_env_steps=1024", *SMALL[learner]]))
+    keys = [jax.random.PRNGKey(seed) for seed in (0, 1)]
+    alone = []
+    for key in keys:
+        state = training.init_runner(key)
+        for chunk in range(training.num_chunks):
+            state, _ = training.run_chunk(state, chunk)
+        alone.append(state)
+    together = jax.tree.map(lambda *xs: jnp.stack(xs), *[training.init_runner(key) for key in keys])
+    for chunk in range(training.num_chunks):
+        length, wanted = training.chunk_inputs(chunk)
+        chunk_fn = jax.vmap(lambda s, w: training.sweep_chunk(s, length, w), in_axes=(0, None))
+        together, _ = jax.jit(chunk_fn)(together, jnp.int32(wanted))
+    for seed, state in enumerate(alone):
+        member = jax.tree.map(lambda x: x[seed], together)
+        assert int(member.asked) == int(state.asked)
+        np.testing.assert_array_equal(answers(member), answers(state))
+        for a, b in zip(jax.tree.leaves(member.runner.params), jax.tree.leaves(state.runner.params)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("learner", sorted(SMALL))
