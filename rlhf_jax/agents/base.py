@@ -6,10 +6,14 @@
 
 on transitions (``obs`` and ``action`` before the step, ``timestep`` after it; the leading
 axis is the batch, one vector step's environments or a whole rollout's steps).
-A learned reward model ignores ``timestep`` and returns r̂(o, a); the true reward is
+The preference model ignores ``timestep`` and returns r̂(o, a); the true reward is
 the function :func:`env_reward`, which returns ``timestep.reward``. (DESIGN.md's
 ``reward_fn(params, obs, action)`` gains ``timestep`` so the true reward fits the
-same signature.)
+same signature.) A reward that needs the next observation (IBT, equation 2) reads
+``timestep.final_obs``, the true successor even where the copy restarted, and returns
+0 where ``timestep.action_ignored``. Replayed transitions rebuild a ``TimeStep`` from
+what they stored (``info={}``), so a reward function reads only its typed fields
+(:mod:`rlhf_jax.envs.core`).
 
 **Training.** Each agent module provides
 
@@ -80,7 +84,7 @@ class Transitions(NamedTuple):
     obs: jax.Array  # o_t, the observation the action was chosen on
     action: jax.Array  # a_t, as the environment received it
     oracle_reward: jax.Array  # timestep.reward: what a synthetic oracle judges by (never the agent)
-    done: jax.Array  # the agent's episode ended right after this step
+    done: jax.Array  # the agent's episode ended right after this step: TimeStep.done
 
 
 def episode_metrics(info: dict) -> dict:

@@ -16,7 +16,8 @@ loop. Consequences that shape this module:
 * EnvPool resets a finished environment on the *next* step: the step after an
   episode end returns the new episode's first observation with reward 0 and ignores
   the action. We keep that behaviour (cheaper than a second pool call) and mark it
-  with ``info["reset_step"]``.
+  with ``TimeStep.action_ignored``. So a step never replaces the observation it
+  reached: ``final_obs`` is ``obs``, real also on a time-limit end.
 
 EnvPool's MuJoCo XLA call exchanges float64 buffers, which JAX refuses without the
 global ``jax_enable_x64`` switch; so the MuJoCo pool is stepped through an ordered
