@@ -120,3 +120,14 @@ def test_bad_config_values():
 
     with pytest.raises(ConfigError, match="gamma"):
         a2c.A2CConfig(gamma=1.5)
+
+
+def test_a_step_whose_action_was_ignored_earns_no_reward_whatever_the_reward_function_says():
+    from rlhf_jax.agents.base import rollout_rewards
+
+    obs = jnp.arange(6.0).reshape(3, 2, 1)  # [T=3, N=2, 1]
+    timestep = ends([[0, 0], [0, 0], [0, 0]], [[0, 0], [0, 0], [0, 0]], action_ignored=[[0, 1], [0, 0], [1, 0]])
+    learned = lambda params, obs, action, timestep: params * obs[:, 0]  # r̂ = params x obs, by hand
+    reward = rollout_rewards(learned, 2.0, obs, jnp.zeros((3, 2), jnp.int32), timestep, reward_scale=0.5,
+                             reward_clip=4.0)
+    np.testing.assert_allclose(reward, [[0.0, 0.0], [2.0, 3.0], [0.0, 4.0]])  # 0.5 x 2 x obs, clipped at 4

@@ -69,12 +69,14 @@ def rollout_rewards(reward_fn: RewardFn, reward_params, obs, env_action, timeste
 
     The rewards never steer the actions of the rollout they belong to, so an on-policy agent
     asks for them after its steps: a learned reward then runs as one batch of ``T x num_envs``
-    rows instead of ``T`` small ones inside the sequential loop.
+    rows instead of ``T`` small ones inside the sequential loop. A step whose action was
+    ignored (EnvPool's reset step) earns 0 whatever the reward function says, as the
+    environment's own reward is: r̂ of a step that joins two episodes means nothing.
     """
     leading = env_action.shape[:2]
     flat = lambda x: x.reshape(-1, *x.shape[2:])
     reward = reward_fn(reward_params, flat(obs), flat(env_action), jax.tree.map(flat, timestep))
-    reward = reward.reshape(leading) * reward_scale
+    reward = jnp.where(timestep.action_ignored, 0.0, reward.reshape(leading) * reward_scale)
     return jnp.clip(reward, -reward_clip, reward_clip) if reward_clip else reward
 
 
