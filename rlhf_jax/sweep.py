@@ -24,11 +24,11 @@ mean and std over seeds of the last chunk's true return), ``curves.png``, and
 ``group<g>/checkpoints/`` (orbax, the stacked state after each chunk): ``--resume`` skips
 finished groups and continues the current one from its newest checkpoint.
 
-Atari (EnvPool) is stepped outside JAX, by a pool of C++ environments, which cannot itself be
-vmapped. A group on Atari builds one pool holding every member's environments (members x
+EnvPool (Atari, MuJoCo) is stepped outside JAX, by a pool of C++ environments, which cannot
+itself be vmapped. A group on EnvPool builds one pool holding every member's environments (members x
 ``env.num_envs``): vmapped over the members, each vector step joins their actions into one call
 of the pool and splits its results among them (``envs.envpool_envs.shared_by_members``). That
-pool lives in one process and feeds one device, so an Atari sweep runs on the first device of
+pool lives in one process and feeds one device, so an EnvPool sweep runs on the first device of
 a single process; its members start from the pool's first reset after initialisation (and
 again after a resume: the pool died with the old process).
 """
@@ -52,7 +52,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
 from rlhf_jax.config_base import is_in_state
-from rlhf_jax.envs import check_shareable
 from rlhf_jax.errors import ConfigError, RunError
 
 SWEEP_FILE = "sweep.yaml"
@@ -117,9 +116,8 @@ def member_config(base: dict, member: Member) -> ExperimentConfig:
     config = build(ExperimentConfig, apply_overrides(base, member.overrides()))
     if config.labeler != "synthetic":
         raise ConfigError("a sweep's labels come from the synthetic labeler: people label one run (rlhf-jax train)")
-    check_shareable(config.env)
     if config.env.backend == "envpool" and jax.process_count() > 1:
-        raise ConfigError(f"{config.env.id}: an EnvPool pool lives in one process; sweep Atari without "
+        raise ConfigError(f"{config.env.id}: an EnvPool pool lives in one process; sweep it without "
                           "--num-processes (its runs share one pool and one device)")
     return config
 

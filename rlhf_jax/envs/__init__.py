@@ -9,23 +9,14 @@ Ids are ``<backend>/<name>``:
 """
 from __future__ import annotations
 
-from rlhf_jax.errors import ConfigError
 from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, EnvState, TimeStep, check_action
 from rlhf_jax.envs.options import ATARI_NAMES, ENV_IDS, GYMNAX_NAMES, MUJOCO_NAMES, EnvConfig
-
-def check_shareable(config: EnvConfig) -> None:
-    """Refuse an environment that a sweep's runs cannot share: EnvPool's MuJoCo, stepped
-    through a host callback rather than the XLA call that Atari's shared pool wraps."""
-    if config.backend == "envpool" and config.name not in ATARI_NAMES:
-        raise ConfigError(f"{config.id}: EnvPool's MuJoCo cannot be shared by a sweep's runs; "
-                          f"sweep mjx/{config.name} instead")
-
 
 def make(config: EnvConfig | str, members: int = 1) -> Environment:
     """Build the environment named by ``config.id`` (a bare id string takes default options).
 
     ``members``: how many runs of a sweep share it. JAX environments are vmapped over the
-    runs as they are; EnvPool Atari builds one pool for all of them
+    runs as they are; EnvPool (Atari and MuJoCo) builds one pool for all of them
     (:func:`rlhf_jax.envs.envpool_envs.shared_by_members`)."""
     if isinstance(config, str):
         config = EnvConfig(id=config)  # an unknown id fails here, listing the known ones
@@ -38,9 +29,7 @@ def make(config: EnvConfig | str, members: int = 1) -> Environment:
     if backend == "envpool":
         from rlhf_jax.envs.envpool_envs import AtariEnv, MujocoPoolEnv
 
-        if members > 1:
-            check_shareable(config)
-        return AtariEnv(name, config, members) if name in ATARI_NAMES else MujocoPoolEnv(name, config)
+        return AtariEnv(name, config, members) if name in ATARI_NAMES else MujocoPoolEnv(name, config, members)
     from rlhf_jax.envs.mjx_tasks import make_mjx
 
     return make_mjx(name, config)
@@ -48,5 +37,5 @@ def make(config: EnvConfig | str, members: int = 1) -> Environment:
 
 __all__ = [
     "Box", "Discrete", "ENV_IDS", "EnvConfig", "EnvSpec", "EnvState", "Environment", "TimeStep",
-    "check_action", "check_shareable", "make",
+    "check_action", "make",
 ]

@@ -7,7 +7,7 @@ loop. Consequences that shape this module:
 * The pool lives on the host. Its "state" is an opaque handle: threading an old
   handle through ``step`` does not rewind the pool, and a pool cannot be ``vmap``ped
   as such. A sweep's runs share one pool instead (``members``): one pool of
-  ``members x num_envs`` Atari environments, of which each run gets ``num_envs``; under
+  ``members x num_envs`` environments, of which each run gets ``num_envs``; under
   ``vmap`` over the runs, their actions join into one call of the pool and its results
   are split among them (:func:`shared_by_members`).
 * The pool is seeded when it is built (``EnvConfig.seed``); ``reset(key)`` ignores
@@ -21,11 +21,12 @@ loop. Consequences that shape this module:
 
 EnvPool's MuJoCo XLA call exchanges float64 buffers, which JAX refuses without the
 global ``jax_enable_x64`` switch; so the MuJoCo pool is stepped through an ordered
-``io_callback`` instead, still from inside ``jit`` and ``lax.scan``.
+``io_callback`` instead, still from inside ``jit`` and ``lax.scan`` (and shared by a sweep's
+runs the same way).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import envpool
 import jax
@@ -43,11 +44,6 @@ from rlhf_jax.errors import ConfigError
 NO_PENALTY_GAMES = ("Pong-v5",)
 ATARI_FPS = 60.0 / 4  # the emulator's 60 Hz with frame skip 4
 
-# Tasks whose episodes end when the body leaves a healthy range; EnvPool lets us
-# switch that off, and pays the healthy bonus only while healthy.
-TERMINATING_TASKS = ("Hopper-v5", "Walker2d-v5", "Ant-v5")
-# Tasks whose only "healthy" signal is the episode end, which EnvPool cannot switch off.
-ALWAYS_TERMINATING_TASKS = ("InvertedPendulum-v5", "InvertedDoublePendulum-v5")
 
 
 class PoolState(NamedTuple):
@@ -183,27 +179,79 @@ class AtariEnv(EnvPoolEnv):
         return PoolState(handle, lives, inner.failed), timestep
 
 
-class MujocoPoolEnv(EnvPoolEnv):
-    """EnvPool's C MuJoCo (Gymnasium v5 definitions): the CPU back end for machines without an accelerator."""
+def _survive_bonus_paid(obs, reward, info, task):
+    """Hopper, Walker2d, Ant: EnvPool (like Gymnasium v5) pays ``healthy_reward`` only while
+    healthy; Ant says what it paid (``reward_survive``), the others pay it beside the forward
+    term alone (the pool computes no control cost here)."""
+    bonus = info["reward_survive"] if "reward_survive" in info else reward - task.forward_reward_weight * info["x_velocity"]
+    return bonus > 0.5 * task.healthy_reward
 
-    def __init__(self, name: str, config: EnvConfig):
+
+def _pendulum_upright(obs, reward, info, task):
+    """InvertedPendulum-v5's health, ``all(isfinite(obs)) and abs(qpos[1]) <= 0.2`` (obs = qpos, qvel)."""
+    return np.all(np.isfinite(obs), axis=-1) & (np.abs(obs[:, 1]) <= 0.2)
+
+
+def _double_pendulum_tip_up(obs, reward, info, task):
+    """InvertedDoublePendulum-v5's health, the tip's height ``y > 1``: with the poles 0.6 long and
+    hinged about y, ``y = 0.6 cos(t1) + 0.6 cos(t1 + t2)``, read from the observation's
+    ``sin(qpos[1:])`` (obs[1:3]) and ``cos(qpos[1:])`` (obs[3:5])."""
+    s1, s2, c1, c2 = obs[:, 1], obs[:, 2], obs[:, 3], obs[:, 4]
+    return 0.6 * c1 + 0.6 * (c1 * c2 - s1 * s2) > 1.0
+
+
+class RunOn(NamedTuple):
+    """How a task that ends its episodes when unhealthy is kept running past that end
+    (``hide_episode_end``): EnvPool options, the host's reading of health from a step's
+    float64 results, and whether the pool then pays the healthy bonus on every step."""
+
+    options: dict
+    healthy: Callable  # (obs, reward, info, the task's EnvPool config) -> bool [n], in float64
+    bonus_always: bool
+
+
+# Appendix A: "we replaced these termination conditions by a penalty". EnvPool can switch
+# Hopper's, Walker2d's and Ant's off; the two pendulums' end is a healthy range of the
+# model's state, which set to the whole line never ends them (and pays the bonus always).
+RUN_ON = {
+    "Hopper-v5": RunOn(dict(terminate_when_unhealthy=False), _survive_bonus_paid, False),
+    "Walker2d-v5": RunOn(dict(terminate_when_unhealthy=False), _survive_bonus_paid, False),
+    "Ant-v5": RunOn(dict(terminate_when_unhealthy=False), _survive_bonus_paid, False),
+    "InvertedPendulum-v5": RunOn(dict(healthy_z_min=-np.inf, healthy_z_max=np.inf), _pendulum_upright, True),
+    "InvertedDoublePendulum-v5": RunOn(dict(healthy_z_max=-np.inf), _double_pendulum_tip_up, True),
+}
+
+
+class MujocoPoolEnv(EnvPoolEnv):
+    """EnvPool's C MuJoCo (Gymnasium v5 definitions): the CPU back end for machines without an accelerator.
+
+    Appendix A's modifications, as :mod:`rlhf_jax.envs.mjx_tasks` defines them:
+
+    * ``control_cost=False``: "the OpenAI Gym continuous control tasks penalize large
+      torques ... so we removed them". The pool never computes the control cost; it is
+      ``ctrl_cost_weight * sum(action**2)`` of the (clipped) action, computed here and paid
+      in the true reward, and in the oracle's unless the option removes it.
+    * ``hide_episode_end``: fixed-length episodes. The tasks that end when unhealthy run on
+      (:data:`RUN_ON`); every step in an unhealthy state costs the oracle
+      ``termination_penalty``, the healthy bonus is paid only while healthy, and the true
+      reward (Gymnasium's v5 reward) stops counting after the first unhealthy step, so the
+      true return is the unmodified episode's.
+
+    ``members`` runs of a sweep share one pool of ``members x num_envs`` copies
+    (:func:`shared_by_members`); the pool is stepped through an ordered ``io_callback``
+    (its XLA call exchanges float64, see the module docstring).
+    """
+
+    def __init__(self, name: str, config: EnvConfig, members: int = 1):
         reject_options(config, "EnvPool MuJoCo", hide_score=False, episodic_life=False, noop_max=30, hidden_end="continue")
-        if config.hide_episode_end and name in ALWAYS_TERMINATING_TASKS:
-            raise ConfigError(
-                f"EnvPool cannot keep {name} running past its end; use mjx/{name} for env.hide_episode_end"
-            )
         defaults = envpool.make_spec(name, num_envs=1).config
+        self._task = defaults
         self._ctrl_cost_weight = float(getattr(defaults, "ctrl_cost_weight", 0.0))
-        self._hide = config.hide_episode_end and name in TERMINATING_TASKS
-        options = {}
-        if self._hide:
-            # The pool runs on when unhealthy and pays the healthy bonus only while
-            # healthy; it computes no control cost, so the healthy flag can be read
-            # back from the reward (below) and the cost added by us.
-            options = dict(terminate_when_unhealthy=False, ctrl_cost_weight=0.0)
-            self._healthy_reward = float(defaults.healthy_reward)
-        elif not config.control_cost and self._ctrl_cost_weight:
-            options = dict(ctrl_cost_weight=0.0)
+        self._healthy_reward = float(getattr(defaults, "healthy_reward", 0.0))
+        self._run_on = RUN_ON.get(name) if config.hide_episode_end else None
+        options = dict(self._run_on.options) if self._run_on else {}
+        if self._ctrl_cost_weight:
+            options["ctrl_cost_weight"] = 0.0  # paid in _step, from the action
         if config.max_episode_steps:
             options["max_episode_steps"] = config.max_episode_steps
         pool = envpool.make_spec(name, num_envs=config.num_envs, **options)
@@ -215,53 +263,69 @@ class MujocoPoolEnv(EnvPoolEnv):
             fps=1.0 / (float(defaults.frame_skip) * _timestep(name)),
             max_episode_steps=int(pool.config.max_episode_steps),
         )
-        super().__init__(config, spec, **options)
-        n = config.num_envs
+        super().__init__(config, spec, members, **options)
+        n = config.num_envs * members
         f32, i32 = jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.int32)
         self._obs_shape = jax.ShapeDtypeStruct((n,) + spec.observation_shape, jnp.float32)
         flag = jax.ShapeDtypeStruct((n,), bool)
-        # obs, reward, terminated, truncated, elapsed_step, survive bonus (or x velocity)
-        self._step_result = (self._obs_shape, f32, flag, flag, i32, f32)
+        self._handle_shape = jax.ShapeDtypeStruct((), jnp.int32)
+        # obs, reward, terminated, truncated, elapsed_step, healthy
+        self._step_result = (self._obs_shape, f32, flag, flag, i32, flag)
+        self._step_call, self._reset_call = self._step_pool, self._reset_pool
+        if members > 1:
+            self._step_call = shared_by_members(self._step_pool, members)
+            self._reset_call = shared_by_members(self._reset_pool, members)
+
+    def _reset(self, key):
+        state, timestep = super()._reset(key)
+        no = jnp.zeros((self.num_envs,), bool)
+        return state, timestep._replace(info={**timestep.info, "unhealthy": no})  # a step's keys
 
     def _pool_reset(self, key):
+        handle, obs = self._reset_call(jnp.zeros((), jnp.int32), key)
+        return handle, obs, jnp.zeros((self.num_envs,), jnp.int32)
+
+    def _reset_pool(self, handle, key):
+        """Reset every copy of the pool: ``(handle, obs)``."""
         del key  # the pool was seeded when it was built
 
         def host_reset(handle):
             obs, _ = self.pool.reset()
             return handle, obs.astype(np.float32)
 
-        handle = jnp.zeros((), jnp.int32)
-        handle, obs = io_callback(host_reset, (jax.ShapeDtypeStruct((), jnp.int32), self._obs_shape), handle, ordered=True)
-        return handle, obs, jnp.zeros((self.num_envs,), jnp.int32)
+        return io_callback(host_reset, (self._handle_shape, self._obs_shape), handle, ordered=True)
 
-    def _host_step(self, action):
+    def _host_step(self, handle, action):
         obs, reward, terminated, truncated, info = self.pool.step(np.asarray(action, np.float64))
-        survive = info.get("reward_survive", reward - info.get("x_velocity", 0.0))
-        return (obs.astype(np.float32), reward.astype(np.float32), terminated, truncated,
-                info["elapsed_step"].astype(np.int32), np.asarray(survive, np.float32))
+        if self._run_on:
+            healthy = self._run_on.healthy(obs, reward, info, self._task)
+        else:
+            healthy = ~terminated
+        return (handle, (obs.astype(np.float32), reward.astype(np.float32), terminated, truncated,
+                         info["elapsed_step"].astype(np.int32), np.asarray(healthy, bool)))
+
+    def _step_pool(self, handle, action):
+        """One step of every copy of the pool: ``(handle, (obs, reward, terminated, truncated, elapsed, healthy))``."""
+        return io_callback(self._host_step, (self._handle_shape, self._step_result), handle, action, ordered=True)
 
     def _step(self, inner: PoolState, action):
-        obs, reward, terminated, truncated, elapsed, survive = io_callback(
-            self._host_step, self._step_result, action, ordered=True
-        )
-        ctrl_cost = self._ctrl_cost_weight * jnp.sum(jnp.square(action), axis=-1)
+        handle, (obs, reward, terminated, truncated, elapsed, healthy) = self._step_call(inner.handle, action)
+        reset_step = elapsed == 0  # EnvPool's reset step: the action was ignored, reward 0
         game_over = terminated | truncated
-        reset_step = elapsed == 0
+        if self._run_on and self._run_on.bonus_always:
+            reward = reward - self._healthy_reward * ~healthy  # v5 pays it only while healthy
+        ctrl_cost = self._ctrl_cost_weight * jnp.sum(jnp.square(action), axis=-1)
+        v5_reward = jnp.where(reset_step, 0.0, reward - ctrl_cost)
+        oracle = v5_reward if self._config.control_cost else jnp.where(reset_step, 0.0, reward)
         failed = inner.failed
-        if self._hide:
-            # reward = forward progress + healthy_reward * healthy (+ Ant's contact cost).
-            healthy = survive > 0.5 * self._healthy_reward
-            unmodified = reward - ctrl_cost  # Gymnasium v5 pays no bonus on the failing step either
-            true_reward = jnp.where(failed | reset_step, 0.0, unmodified)
+        true_reward = v5_reward
+        if self._run_on:
+            oracle = oracle - self._config.termination_penalty * (~healthy & ~reset_step)
+            true_reward = jnp.where(failed, 0.0, v5_reward)  # the unmodified episode has ended
             failed = (failed | ~healthy) & ~game_over & ~reset_step
-            oracle = reward - self._config.termination_penalty * ~healthy
-            oracle = oracle - ctrl_cost if self._config.control_cost else oracle
-            reward = jnp.where(reset_step, 0.0, oracle)
-        else:
-            true_reward = reward if self._config.control_cost or not self._ctrl_cost_weight else reward - ctrl_cost
-        info = {"true_reward": true_reward, "true_done": game_over}
-        timestep = TimeStep(obs, reward, terminated, truncated & ~terminated, obs, reset_step, info)
-        return PoolState(inner.handle, inner.lives, failed), timestep
+        info = {"true_reward": true_reward, "true_done": game_over, "unhealthy": ~healthy & ~reset_step}
+        timestep = TimeStep(obs, oracle, terminated, truncated & ~terminated, obs, reset_step, info)
+        return PoolState(handle, inner.lives, failed), timestep
 
 
 def _timestep(name: str) -> float:

@@ -1,0 +1,138 @@
+"""EnvPool's C MuJoCo, the CPU back end, against Gymnasium's own v5 environments, state for state.
+
+Each task: our environment (``envpool/<Task>-v5``, one copy), plain and with appendix A's
+modifications (``hide_episode_end``, ``control_cost=False``), steps a fixed sequence of
+random actions; Gymnasium's environment is put in the same first state (``set_state`` from the
+pool's float64 observation) and steps the same actions. Gymnasium's unwrapped environment
+simulates on after its episode ends, which is what the modification asks of ours:
+
+* plain: obs, reward and terminated are Gymnasium's, up to its first end (EnvPool then resets);
+* modified: obs are Gymnasium's at every step, the agent never sees an end, the oracle's
+  reward is Gymnasium's without the control cost, less ``termination_penalty`` on every step
+  Gymnasium calls terminated, and the true reward is Gymnasium's until its first end, then 0.
+"""
+import envpool
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+from rlhf_jax.envs import EnvConfig, make
+from rlhf_jax.envs.options import MUJOCO_NAMES
+
+SEED = 3
+PENALTY = 1.0
+
+
+def _planar(x_coordinates):
+    """qpos leaves out the first ``x_coordinates`` (the position, which no observation or
+    force depends on: we put 0), then qpos[k:], then qvel."""
+    def state(obs, nq, nv):
+        k = x_coordinates
+        return np.r_[np.zeros(k), obs[: nq - k]], obs[nq - k: nq - k + nv]
+    return state
+
+
+def _reacher(obs, nq, nv):  # cos(q[:2]), sin(q[:2]), target, qvel[:2], ...; the target does not move
+    return np.r_[np.arctan2(obs[2:4], obs[0:2]), obs[4:6]], np.r_[obs[6:8], 0.0, 0.0]
+
+
+def _double_pendulum(obs, nq, nv):  # cart, sin(q[1:]), cos(q[1:]), qvel, ...
+    return np.r_[obs[0], np.arctan2(obs[1:3], obs[3:5])], obs[5:8]
+
+
+# The first state, from the first observation (whose velocities are small enough not to be clipped).
+FIRST_STATE = {
+    "Hopper-v5": _planar(1), "Walker2d-v5": _planar(1), "HalfCheetah-v5": _planar(1),
+    "Swimmer-v5": _planar(2), "Ant-v5": _planar(2), "Reacher-v5": _reacher,
+    "InvertedPendulum-v5": _planar(0), "InvertedDoublePendulum-v5": _double_pendulum,
+}
+# Enough random steps to see each terminating task fail, few enough that chaos (HalfCheetah's
+# and Ant's contacts) has not yet amplified float32 rounding of the actions; Reacher stops at 50.
+STEPS = {"Walker2d-v5": 70, "Reacher-v5": 45}
+
+
+def rollout(env, actions):
+    """reset, then ``actions`` [T, 1, ...] in one jit(lax.scan): (first TimeStep, stacked TimeSteps) as NumPy."""
+    def run(actions):
+        state, first = env.reset(jax.random.PRNGKey(0))
+        _, timesteps = jax.lax.scan(env.step, state, actions)
+        return first, timesteps
+    return jax.tree.map(np.asarray, jax.jit(run)(actions))
+
+
+@pytest.fixture(scope="module", params=MUJOCO_NAMES)
+def reference(request):
+    """A task's actions and Gymnasium's answers to them from the pool's first state."""
+    name = request.param
+    first_obs, _ = envpool.make(name, env_type="gymnasium", num_envs=1, seed=SEED).reset()  # float64
+    gym = gymnasium.make(name).unwrapped
+    gym.reset(seed=0)
+    gym.set_state(*FIRST_STATE[name](first_obs[0], gym.model.nq, gym.model.nv))
+    np.testing.assert_allclose(gym._get_obs(), first_obs[0], atol=1e-12)
+    space = gym.action_space
+    steps = STEPS.get(name, 40)
+    actions = np.random.default_rng(0).uniform(space.low, space.high, (steps, 1, *space.shape)).astype(np.float32)
+    rows = [gym.step(a[0].astype(np.float64)) for a in actions]
+    obs, reward, terminated = (np.array([row[i] for row in rows]) for i in range(3))
+    ctrl_cost = np.array([-row[4].get("reward_ctrl", 0.0) for row in rows])
+    return name, first_obs, actions, obs, reward, terminated, ctrl_cost
+
+
+def test_the_pool_steps_as_gymnasium_does(reference):
+    name, first_obs, actions, obs, reward, terminated, ctrl_cost = reference
+    tolerance = dict(rtol=1e-4, atol=1e-4)
+    plain_first, plain = rollout(make(EnvConfig(id=f"envpool/{name}", num_envs=1, seed=SEED)), actions)
+    np.testing.assert_allclose(plain_first.obs[0], first_obs[0], rtol=1e-6)
+    # Plain: Gymnasium's episode, to its end.
+    ends = np.flatnonzero(terminated)
+    last = ends[0] + 1 if len(ends) else len(actions)
+    np.testing.assert_allclose(plain.obs[:last, 0], obs[:last], **tolerance)
+    np.testing.assert_allclose(plain.reward[:last, 0], reward[:last], **tolerance)
+    np.testing.assert_allclose(plain.info["true_reward"][:last, 0], reward[:last], **tolerance)
+    np.testing.assert_array_equal(plain.terminated[:last, 0], terminated[:last])
+    assert not plain.truncated.any()
+
+    modified_env = make(EnvConfig(id=f"envpool/{name}", num_envs=1, seed=SEED, hide_episode_end=True,
+                                  control_cost=False, termination_penalty=PENALTY))
+    _, modified = rollout(modified_env, actions)
+    # Modified: the same simulation on past the end, which the agent never sees.
+    np.testing.assert_allclose(modified.obs[:, 0], obs, **tolerance)
+    assert not (modified.terminated.any() or modified.truncated.any())
+    np.testing.assert_allclose(modified.reward[:, 0], reward + ctrl_cost - PENALTY * terminated, **tolerance)
+    counted = np.arange(len(actions)) < last  # the unmodified episode, its last step included
+    np.testing.assert_allclose(modified.info["true_reward"][:, 0], np.where(counted, reward, 0.0), **tolerance)
+    np.testing.assert_array_equal(modified.info["unhealthy"][:, 0], terminated)
+
+
+def test_terminating_tasks_fail_within_their_parity_test():
+    """Each task that can end does end inside its parity test, so the penalty is checked."""
+    for name in ("Hopper-v5", "Walker2d-v5", "Ant-v5", "InvertedPendulum-v5", "InvertedDoublePendulum-v5"):
+        gym = gymnasium.make(name).unwrapped
+        first_obs, _ = envpool.make(name, env_type="gymnasium", num_envs=1, seed=SEED).reset()
+        gym.reset(seed=0)
+        gym.set_state(*FIRST_STATE[name](first_obs[0], gym.model.nq, gym.model.nv))
+        space = gym.action_space
+        actions = np.random.default_rng(0).uniform(space.low, space.high, (STEPS.get(name, 40), *space.shape))
+        assert any(gym.step(a.astype(np.float32).astype(np.float64))[2] for a in actions), name
+
+
+def test_members_share_one_pool():
+    """Two runs of a sweep, vmapped through one pool of 2 x 2 copies, see what a plain pool of 4 sees."""
+    config = EnvConfig(id="envpool/Hopper-v5", num_envs=2, seed=1, hide_episode_end=True)
+    shared = make(config, members=2)
+    plain = make(EnvConfig(id="envpool/Hopper-v5", num_envs=4, seed=1, hide_episode_end=True))
+    actions = np.random.default_rng(1).uniform(-1, 1, (30, 4, 3)).astype(np.float32)
+
+    def run(key, actions):  # one member: actions [T, N, 3]
+        state, first = shared.reset(key)
+        return first, jax.lax.scan(shared.step, state, actions)[1]
+
+    members = jax.jit(jax.vmap(run, in_axes=(0, 1), out_axes=(0, 1)))
+    first, steps = jax.tree.map(np.asarray, members(jax.random.split(jax.random.PRNGKey(0), 2),
+                                                     actions.reshape(30, 2, 2, 3)))
+    plain_first, plain_steps = rollout(plain, actions)
+    np.testing.assert_array_equal(first.obs.reshape(4, -1), plain_first.obs)
+    np.testing.assert_array_equal(steps.obs.reshape(30, 4, -1), plain_steps.obs)
+    np.testing.assert_array_equal(steps.reward.reshape(30, 4), plain_steps.reward)
+    np.testing.assert_array_equal(steps.info["true_reward"].reshape(30, 4), plain_steps.info["true_reward"])
