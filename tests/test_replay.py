@@ -1,5 +1,5 @@
 """The device replay memory: frames stored once and rebuilt into EnvPool's stacks, ring wrap-around,
-episode boundaries, which transitions may be sampled, and the vector-observation path."""
+episode boundaries, which transitions may be sampled, final observations, and the vector-observation path."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +7,13 @@ import pytest
 
 from rlhf_jax import replay
 from rlhf_jax.envs import Discrete, EnvConfig, make
+from rlhf_jax.envs.core import TimeStep
+
+
+def step_result(reward, terminated, truncated, action_ignored, final_obs=None):
+    """The TimeStep ``add`` reads. It never reads ``timestep.obs`` (o_{t+1} is the next add's o_t),
+    nor ``final_obs`` unless the memory keeps it."""
+    return TimeStep(None, reward, terminated, truncated, final_obs, action_ignored, {})
 
 
 @jax.jit
@@ -14,7 +21,8 @@ def fill(memory, steps):
     """Add ``steps`` (a dict of arrays with leading axis T) one vector step at a time, in one scan."""
 
     def body(memory, s):
-        return replay.add(memory, s["obs"], s["action"], s["reward"], s["done"], s["next_first"], s["valid"]), None
+        timestep = step_result(s["reward"], s["terminated"], s["truncated"], s["action_ignored"], s.get("final_obs"))
+        return replay.add(memory, s["obs"], s["action"], timestep), None
 
     return jax.lax.scan(body, memory, steps)[0]
 
@@ -40,7 +48,7 @@ def check_all_transitions(memory, steps, stack):
     """Every transition the memory may sample equals the recorded one; the sampleable set equals the reference."""
     T, N = steps["action"].shape
     rows = memory.rows
-    expected = reference_mask(steps["first"], steps["valid"], stack, rows)
+    expected = reference_mask(steps["first"], ~steps["action_ignored"], stack, rows)
     mask = np.asarray(replay.valid_mask(memory))
     stored = np.arange(max(0, T - rows), T)
     np.testing.assert_array_equal(mask[stored % rows], expected[stored])
@@ -50,9 +58,20 @@ def check_all_transitions(memory, steps, stack):
     assert batch.mask.all()
     np.testing.assert_array_equal(batch.obs, steps["obs"][t, e])
     np.testing.assert_array_equal(batch.next_obs, steps["obs"][t + 1, e])
+    # EnvPool resets on the step after an end: the observation a step reached is the next one stored.
+    np.testing.assert_array_equal(batch.final_obs, steps["obs"][t + 1, e])
     np.testing.assert_array_equal(batch.action, steps["action"][t, e])
     np.testing.assert_array_equal(batch.reward, steps["reward"][t, e])
-    np.testing.assert_array_equal(batch.done, steps["done"][t, e])
+    np.testing.assert_array_equal(batch.terminated, steps["terminated"][t, e])
+    np.testing.assert_array_equal(batch.truncated, steps["truncated"][t, e])
+    assert not batch.action_ignored.any()
+    # The rebuilt TimeStep, for a reward function on replay.
+    timestep = batch.timestep
+    assert timestep.info == {}
+    for name in ("obs", "final_obs"):
+        np.testing.assert_array_equal(getattr(timestep, name), steps["obs"][t + 1, e])
+    for name in ("reward", "terminated", "truncated"):
+        np.testing.assert_array_equal(getattr(timestep, name), steps[name][t, e])
     return expected
 
 
@@ -62,18 +81,21 @@ def check_all_transitions(memory, steps, stack):
 def envpool_like_rollout(T=60, N=3, stack=4, seed=0):
     """Stacks built by EnvPool's rule from frames numbered uniquely (frame = its step number * N + env):
     a reset fills the stack with the first frame; a step drops the oldest frame and appends the new one.
-    Episodes end at random; the step after an end is the reset step (action ignored, not a transition)."""
+    Episodes end at random, by termination or time limit; the step after an end is the reset step
+    (action ignored, not a transition)."""
     rng = np.random.default_rng(seed)
     obs = np.zeros((T + 1, N, 1, 1, stack), np.int32)
     first = np.zeros((T + 1, N), bool)
     done = rng.random((T, N)) < 0.12
+    truncated = done & (rng.random((T, N)) < 0.5)
     for e in range(N):
         for t in range(T + 1):
             frame = t * N + e + 1
             first[t, e] = t == 0 or done[t - 1, e]
             obs[t, e] = frame if first[t, e] else np.append(obs[t - 1, e, ..., 1:], frame)
-    return {"obs": obs, "first": first[:-1], "next_first": first[1:], "valid": ~first[1:], "done": done,
-            "action": rng.integers(0, 6, (T, N)).astype(np.int32), "reward": rng.normal(size=(T, N)).astype(np.float32)}
+    return {"obs": obs, "first": first[:-1], "action_ignored": first[1:], "terminated": done & ~truncated,
+            "truncated": truncated, "action": rng.integers(0, 6, (T, N)).astype(np.int32),
+            "reward": rng.normal(size=(T, N)).astype(np.float32)}
 
 
 @pytest.mark.parametrize("rows", [100, 23])  # no wrap; wrapped more than twice
@@ -90,7 +112,7 @@ def test_no_frame_crosses_an_episode_boundary():
     N = steps["action"].shape[1]
     memory = fill(replay.init(30 * N, N, (1, 1, 4), jnp.int32, stack=4), {k: v[:80] for k, v in steps.items()})
     # Episode number of every frame id; every stack must hold frames of one episode only.
-    episode = np.cumsum(np.concatenate([steps["first"], steps["next_first"][-1:]]), axis=0)
+    episode = np.cumsum(np.concatenate([steps["first"], steps["action_ignored"][-1:]]), axis=0)
     episode_of_frame = {t * N + e + 1: episode[t, e] for t in range(81) for e in range(N)}
     rows, envs = np.nonzero(np.asarray(replay.valid_mask(memory)))
     batch = replay.gather(memory, jnp.asarray(rows), jnp.asarray(envs))
@@ -111,29 +133,32 @@ def envpool_rollout(game, num_envs, T, max_episode_steps=0, seed=0):
 
         def body(state, action):
             state, timestep = env.step(state, action)
-            return state, (timestep.obs, timestep.reward, timestep.done, timestep.info["true_done"])
+            return state, (timestep.obs, timestep.reward, timestep.terminated, timestep.truncated,
+                           timestep.action_ignored, timestep.info["true_done"])
 
         _, out = jax.lax.scan(body, state, actions)
         return first.obs, out
 
-    first_obs, (obs, reward, done, true_done) = jax.tree.map(np.asarray, jax.jit(run)(actions))
+    first_obs, (obs, reward, terminated, truncated, ignored, true_done) = jax.tree.map(np.asarray,
+                                                                                       jax.jit(run)(actions))
     # EnvPool resets on the step after a game ends: that step returns the new game's first observation,
-    # ignoring the action. (Derived here from ``true_done`` rather than read from info["reset_step"].)
+    # ignoring the action. (Derived here from ``true_done``, and checked against action_ignored.)
     reset = np.concatenate([np.zeros((1, num_envs), bool), true_done[:-1]])
+    np.testing.assert_array_equal(ignored, reset)
     obs = np.concatenate([first_obs[None], obs])
     first = np.concatenate([np.ones((1, num_envs), bool), reset])
     # The premise of storing frames once: EnvPool's stacks shift by one frame, and start as 4 copies.
     assert np.all(obs[1:][~reset][..., :3] == obs[:-1][~reset][..., 1:])
     assert np.all(obs[first] == obs[first][..., :1])
-    return {"obs": obs, "first": first[:-1], "next_first": reset, "valid": ~reset, "done": done,
-            "action": np.asarray(actions, np.int32), "reward": reward}
+    return {"obs": obs, "first": first[:-1], "action_ignored": reset, "terminated": terminated,
+            "truncated": truncated, "action": np.asarray(actions, np.int32), "reward": reward}
 
 
 @pytest.mark.parametrize("game, max_episode_steps, T", [("Pong-v5", 37, 150), ("Breakout-v5", 0, 400)])
 def test_envpool_stacks_rebuilt_exactly(game, max_episode_steps, T):
     N = 3
     steps = envpool_rollout(game, N, T, max_episode_steps)
-    assert steps["next_first"].sum() >= 3  # the rollout crosses episode ends
+    assert steps["action_ignored"].sum() >= 3  # the rollout crosses episode ends
     for rows in (T + 5, T // 3):  # without, then with wrap-around
         memory = fill(replay.init(rows * N, N, (84, 84, 4), jnp.uint8, stack=4),
                       {k: v[:T] for k, v in steps.items() if k != "first"})
@@ -157,9 +182,9 @@ def test_only_valid_indices_are_sampled():
     memory = replay.init(8 * N, N, (3,), jnp.float32)
     ones, no = jnp.ones((N,), bool), jnp.zeros((N,), bool)
 
-    def add(memory, i, valid=ones, next_first=no):
-        return replay.add(memory, jnp.full((N, 3), float(i)), jnp.zeros((N,), jnp.int32), jnp.zeros((N,)), no,
-                          next_first, valid)
+    def add(memory, i, valid=ones):
+        return replay.add(memory, jnp.full((N, 3), float(i)), jnp.zeros((N,), jnp.int32),
+                          step_result(jnp.zeros((N,)), no, no, ~valid))
 
     # Empty, or a single step without its next observation: nothing to sample.
     assert not replay.sample(memory, jax.random.PRNGKey(0), 16).mask.any()
@@ -189,8 +214,8 @@ def test_inside_jit_scan_and_vmap():
 
         def body(memory, key):
             obs = jax.random.randint(key, (N, 1, 1, 4), 0, 255).astype(jnp.uint8)
-            memory = replay.add(memory, obs, jnp.zeros((N,), jnp.int32), jnp.ones((N,)), jnp.zeros((N,), bool),
-                                jnp.zeros((N,), bool), jnp.ones((N,), bool))
+            no = jnp.zeros((N,), bool)
+            memory = replay.add(memory, obs, jnp.zeros((N,), jnp.int32), step_result(jnp.ones((N,)), no, no, no))
             return memory, replay.sample(memory, key, 4).obs
 
         return jax.lax.scan(body, memory, jax.random.split(key, 25))[1]
@@ -205,8 +230,12 @@ def test_inside_jit_scan_and_vmap():
 
 
 def test_vector_observations_against_numpy():
+    """gymnax restarts a copy within the step: o_{t+1} is the new episode's first observation, and
+    the memory keeps the observation the step reached beside it. Episodes end by failure and by a
+    time limit of 30 steps."""
     N, T, rows = 4, 150, 40
-    env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=N))
+    env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=N, max_episode_steps=30))
+    assert replay.keeps_final_obs(env.spec)
     actions = jax.random.randint(jax.random.PRNGKey(3), (T, N), 0, 2)
 
     def run(actions):
@@ -215,16 +244,17 @@ def test_vector_observations_against_numpy():
         def body(carry, action):
             state, obs = carry
             state, ts = env.step(state, action)
-            memory_input = {"obs": obs, "action": action, "reward": ts.reward, "done": ts.done,
-                            "next_first": ts.done, "valid": jnp.ones_like(ts.done)}
+            memory_input = {"obs": obs, "action": action, "reward": ts.reward, "terminated": ts.terminated,
+                            "truncated": ts.truncated, "action_ignored": ts.action_ignored,
+                            "final_obs": ts.final_obs}
             return (state, ts.obs), (memory_input, ts.obs)
 
         return jax.lax.scan(body, (state, first.obs), actions)[1]
 
     steps, next_obs = run(actions)
-    memory = fill(replay.init(rows * N, N, (4,), jnp.float32), steps)
+    memory = fill(replay.init(rows * N, N, (4,), jnp.float32, keep_final_obs=True), steps)
     steps, next_obs = jax.tree.map(np.asarray, (steps, next_obs))
-    assert steps["done"].sum() >= 10
+    assert steps["terminated"].sum() >= 10 and steps["truncated"].sum() >= 2
     mask = np.asarray(replay.valid_mask(memory))
     # Stored: the last `rows` steps; sampleable: all of them but the newest.
     t = np.arange(T - rows, T - 1)
@@ -232,9 +262,15 @@ def test_vector_observations_against_numpy():
     tt, ee = np.repeat(t, N), np.tile(np.arange(N), len(t))
     batch = jax.tree.map(np.asarray, replay.gather(memory, jnp.asarray(tt % rows), jnp.asarray(ee)))
     np.testing.assert_array_equal(batch.obs, steps["obs"][tt, ee])
-    # After a done the next observation is the new episode's first (the target must not bootstrap there).
+    # After an end the next observation is the new episode's first (the target must not bootstrap there),
+    # and the final one is what the step reached (a time-limit end bootstraps there).
     np.testing.assert_array_equal(batch.next_obs, next_obs[tt, ee])
-    np.testing.assert_array_equal(batch.done, steps["done"][tt, ee])
+    np.testing.assert_array_equal(batch.final_obs, steps["final_obs"][tt, ee])
+    ended = steps["terminated"][tt, ee] | steps["truncated"][tt, ee]
+    assert ended.sum() >= 2 and (batch.final_obs[ended] != batch.next_obs[ended]).any(-1).all()
+    np.testing.assert_array_equal(batch.final_obs[~ended], batch.next_obs[~ended])
+    np.testing.assert_array_equal(batch.terminated, steps["terminated"][tt, ee])
+    np.testing.assert_array_equal(batch.truncated, steps["truncated"][tt, ee])
     np.testing.assert_array_equal(batch.action, steps["action"][tt, ee])
     np.testing.assert_array_equal(batch.reward, steps["reward"][tt, ee])
 
@@ -248,9 +284,15 @@ def test_nbytes_without_allocating():
     atari = replay.nbytes(1_000_000, 16, (84, 84, 4), jnp.uint8, stack=4)
     assert 1_000_000 * 84 * 84 < atari <= 8e9  # one frame per transition, plus a few bytes of bookkeeping
     assert replay.nbytes(1_000_000, 16, (84, 84, 4), jnp.uint8) > 3.9 * atari  # stacks stored whole
+    # Where a step can restart a copy itself, one more whole observation per transition.
+    minatar = replay.nbytes(1_000_000, 16, (10, 10, 4), jnp.float32)
+    assert replay.nbytes(1_000_000, 16, (10, 10, 4), jnp.float32, keep_final_obs=True) == minatar + 1_000_000 * 1_600
 
 
 def test_frame_stack_for_spec():
     atari = make(EnvConfig(id="envpool/Pong-v5", num_envs=1)).spec
     assert replay.frame_stack(atari) == 4 and isinstance(atari.action_space, Discrete)
     assert replay.frame_stack(make(EnvConfig(id="gymnax/Breakout-MinAtar", num_envs=1)).spec) == 1
+    # EnvPool's next stored observation is a step's final one; gymnax's may be a new episode's first.
+    assert not replay.keeps_final_obs(atari)
+    assert replay.keeps_final_obs(make(EnvConfig(id="gymnax/Breakout-MinAtar", num_envs=1)).spec)

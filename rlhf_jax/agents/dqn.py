@@ -24,15 +24,16 @@ takes the smallest whole number of vector steps that this ratio allows,
 gcd(num_envs, update_period)`` updates. Only the target network period counts
 parameter updates, as the paper's table does (C = 10,000 parameter updates).
 
-**Episode ends.** A true end (``done`` and not ``info["truncated"]``) is terminal:
-its target is r alone. A time-limit end is not: the target should bootstrap from the
-last observation. EnvPool resets on the step after an end (``info["reset_step"]``),
-so that observation is real and the target bootstraps through it; the reset step
-itself (whose action is ignored) is never replayed. A back end that resets within
-the step (gymnax) has replaced the last observation with the next episode's first,
-so a time-limit transition is not replayed at all (treating it as terminal teaches
-that good states are worth one reward: on CartPole, once the agent reaches the
-limit, that error destabilises learning).
+**Episode ends** follow the one rule of :mod:`rlhf_jax.ops.episode_ends`
+(:func:`td_targets`): a terminal transition's target is r alone; a time-limit one
+bootstraps from the observation the step reached, r + gamma max_a' Q(final_obs, a'; theta^-),
+not from the next episode's first; EnvPool's reset steps (``action_ignored``) are never
+sampled, and a draw that cannot be sampled carries no loss.
+
+**Rewards never go stale.** The replay memory keeps the environment's reward, never a
+learned one: every minibatch's reward comes from the *current* reward parameters when
+it is sampled (:func:`replay_rewards`), the rule every off-policy agent follows
+(:mod:`rlhf_jax.agents.base`).
 """
 from __future__ import annotations
 
@@ -174,7 +175,7 @@ def init_runner(key, config: DQNConfig, env: Environment) -> Runner:
     spec = env.spec
     params = QNetwork(spec, config).init(net_key, timestep.obs[:1])
     memory = replay.init(config.replay_capacity, env.num_envs, spec.observation_shape,
-                         spec.observation_dtype, replay.frame_stack(spec))
+                         spec.observation_dtype, replay.frame_stack(spec), replay.keeps_final_obs(spec))
     zero = jnp.zeros((), jnp.int32)
     return Runner(params, params, make_optimizer(config).init(params), memory, env_state, timestep.obs, key, zero, zero)
 
@@ -190,54 +191,106 @@ def make_policy(config: DQNConfig, spec: EnvSpec):
     return act
 
 
+def replay_rewards(config: DQNConfig, reward_fn: RewardFn, reward_params, batch: replay.Batch) -> jax.Array:
+    """The rewards ``[B]`` of replayed transitions: ``reward_fn`` under the current ``reward_params``
+    on the stored observations and actions and the rebuilt ``TimeStep`` (:mod:`rlhf_jax.agents.base`),
+    clipped to ``[-reward_clip, reward_clip]`` (0: no clipping)."""
+    reward = reward_fn(reward_params, batch.obs, batch.action, batch.timestep)
+    return jnp.clip(reward, -config.reward_clip, config.reward_clip) if config.reward_clip else reward
+
+
+def _target(config: DQNConfig, reward, discount, q):
+    """``r + discount max_a' Q(s', a'; theta^-)``, or van Hasselt et al.'s with ``double_q``;
+    ``q = (Q(s', .; theta^-), Q(s', .; theta))``."""
+    target_q, online_q = q
+    if config.double_q:
+        return ops.double_q_learning_target(reward, discount, online_q, target_q)
+    return ops.q_learning_target(reward, discount, target_q)
+
+
+def td_targets(config: DQNConfig, reward, terminated, truncated, q_next, q_final) -> jax.Array:
+    """The targets ``y`` ``[B]`` of a minibatch, with the episode ends of :func:`rlhf_jax.ops.fold_time_limits`:
+
+        y = r + gamma max_a' Q(o_{t+1}, a'; theta^-)       the episode goes on,
+        y = r                                               terminated,
+        y = r + gamma max_a' Q(final_obs_t, a'; theta^-)   truncated (the time limit),
+
+    (with ``double_q``, ``Q(s, argmax_a' Q(s, a'; theta); theta^-)`` in place of each max).
+
+    Args:
+      reward, terminated, truncated: ``[B]``.
+      q_next, q_final: ``(Q(s, .; theta^-), Q(s, .; theta))``, each ``[B, A]``, at ``o_{t+1}`` and at
+        ``final_obs_t`` (the online values are read only with ``double_q``).
+    """
+    # V(final_obs): the target without reward or discount.
+    final_value = _target(config, jnp.zeros_like(reward), jnp.ones_like(reward), q_final)
+    reward, discount = ops.fold_time_limits(reward, terminated, truncated, final_value, config.gamma)
+    return _target(config, reward, discount, q_next)
+
+
+def make_targets(config: DQNConfig, spec: EnvSpec):
+    """``targets(params, target_params, batch, reward) -> y [B]``: :func:`td_targets` with the
+    network's values at ``o_{t+1}`` and at ``final_obs``. Where the memory keeps no final
+    observation (:func:`rlhf_jax.replay.keeps_final_obs`) it is ``o_{t+1}``, valued once."""
+    network = QNetwork(spec, config)
+    separate_final_obs = replay.keeps_final_obs(spec)
+
+    def targets(params, target_params, batch: replay.Batch, reward):
+        def values(obs):
+            return network.apply(target_params, obs), network.apply(params, obs) if config.double_q else None
+
+        q_next = values(batch.next_obs)
+        q_final = values(batch.final_obs) if separate_final_obs else q_next
+        return td_targets(config, reward, batch.terminated, batch.truncated, q_next, q_final)
+
+    return targets
+
+
+def make_loss(config: DQNConfig, spec: EnvSpec):
+    """``loss(params, target_params, batch, reward) -> (loss, mean Q)``: the DQN loss, Huber(y - Q(s, a; theta))
+    as :func:`rlhf_jax.ops.q_learning_loss` has it, averaged over the draws that could be sampled
+    (``batch.mask``), so nothing else (a reset step, say) ever carries loss."""
+    network = QNetwork(spec, config)
+    targets = make_targets(config, spec)
+
+    def loss(params, target_params, batch: replay.Batch, reward):
+        q = network.apply(params, batch.obs)
+        target = jax.lax.stop_gradient(targets(params, target_params, batch, reward))
+        q_taken = jnp.take_along_axis(q, batch.action[:, None], -1)[:, 0]
+        return ops.masked_mean(ops.huber_loss(target - q_taken, config.huber_delta), batch.mask), q.mean()
+
+    return loss
+
+
 def make_iteration(config: DQNConfig, env: Environment, reward_fn: RewardFn):
     """``iteration(runner, reward_params) -> (runner, metrics, transitions)``: a few vector steps into the
-    replay memory, then (once ``replay_start`` env steps are in) their share of updates.
+    replay memory, then (once ``replay_start`` env steps are in) their share of updates, each on a
+    minibatch whose rewards ``reward_params`` give (:func:`replay_rewards`).
 
     Jit it with ``donate_argnums=0`` so the replay memory is updated in place.
     """
     _check_env(config, env)
-    network = QNetwork(env.spec, config)
+    loss_fn = make_loss(config, env.spec)
     optimizer = make_optimizer(config)
     act = make_policy(config, env.spec)
     epsilon = ops.linear_schedule(config.epsilon_start, config.epsilon_end, config.exploration_steps)
     vector_steps, num_updates = iteration_shape(config, env.num_envs)
 
     def env_step(carry, _):
-        params, memory, env_state, obs, key, env_steps, reward_params = carry
+        params, memory, env_state, obs, key, env_steps = carry
         key, act_key = jax.random.split(key)
         action = act(params, obs, act_key, epsilon(env_steps))
         env_state, timestep = env.step(env_state, action)
-        reward = reward_fn(reward_params, obs, action, timestep)
-        if config.reward_clip:
-            reward = jnp.clip(reward, -config.reward_clip, config.reward_clip)
-        info = timestep.info
-        if "reset_step" in info:  # resets one step late: the last observation is real
-            next_first, valid = info["reset_step"], ~info["reset_step"]
-            terminal = timestep.done & ~info["truncated"]
-        else:  # reset within the step: the last observation is gone, so a time-limit end
-            # can neither bootstrap nor count as terminal; it is not replayed at all.
-            next_first, valid = timestep.done, ~info["truncated"]
-            terminal = timestep.done
-        memory = replay.add(memory, obs, action, reward, terminal, next_first, valid)
-        carry = (params, memory, env_state, timestep.obs, key, env_steps + env.num_envs, reward_params)
-        return carry, (info, Transitions(obs, action, timestep.reward, timestep.done))
+        memory = replay.add(memory, obs, action, timestep)
+        carry = (params, memory, env_state, timestep.obs, key, env_steps + env.num_envs)
+        return carry, (timestep.info, Transitions(obs, action, timestep.reward, timestep.done))
 
-    def loss_fn(params, target_params, batch: replay.Batch):
-        q = network.apply(params, batch.obs)
-        q_next = network.apply(target_params, batch.next_obs)
-        discount = config.gamma * (1.0 - batch.done.astype(jnp.float32))
-        if config.double_q:
-            target = ops.double_q_learning_target(batch.reward, discount, network.apply(params, batch.next_obs), q_next)
-        else:
-            target = ops.q_learning_target(batch.reward, discount, q_next)
-        return ops.q_learning_loss(q, batch.action, target, config.huber_delta), q.mean()
-
-    def make_update(memory):
+    def make_update(memory, reward_params):
         def update(carry, key):
             params, target_params, opt_state, updates = carry
             batch = replay.sample(memory, key, config.batch_size)
-            (loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, target_params, batch)
+            reward = replay_rewards(config, reward_fn, reward_params, batch)
+            (loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, target_params, batch, reward)
             step, opt_state = optimizer.update(grads, opt_state, params)
             params = optax.apply_updates(params, step)
             updates = updates + 1
@@ -248,14 +301,15 @@ def make_iteration(config: DQNConfig, env: Environment, reward_fn: RewardFn):
         return update
 
     def iteration(runner: Runner, reward_params=None):
-        carry = (runner.params, runner.memory, runner.env_state, runner.obs, runner.key, runner.env_steps, reward_params)
-        (_, memory, env_state, obs, key, env_steps, _), (info, transitions) = jax.lax.scan(
+        carry = (runner.params, runner.memory, runner.env_state, runner.obs, runner.key, runner.env_steps)
+        (_, memory, env_state, obs, key, env_steps), (info, transitions) = jax.lax.scan(
             env_step, carry, None, vector_steps)
         key, update_key = jax.random.split(key)
         learner = (runner.params, runner.target_params, runner.opt_state, runner.updates)
 
         def learn(learner):
-            learner, (loss, q_mean) = jax.lax.scan(make_update(memory), learner, jax.random.split(update_key, num_updates))
+            keys = jax.random.split(update_key, num_updates)
+            learner, (loss, q_mean) = jax.lax.scan(make_update(memory, reward_params), learner, keys)
             return learner, loss.mean(), q_mean.mean()
 
         def wait(learner):
