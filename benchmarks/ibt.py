@@ -31,28 +31,36 @@ CartPole-v1 and Acrobot-v1:
   other keys), each copy with its own chance ``eps ~ U(0, 1)`` of a uniformly random action
   and otherwise a simple heuristic (CartPole: push toward the side the pole falls to,
   ``theta + 0.5 theta_dot``; Acrobot: torque along the first joint's swing), so clips show both
-  progress and regress. Clips of 50 frames are cut every 25 frames where no auto-reset falls
-  inside (a clip never spans two episodes). Up to 1,024 training clips and 256 held-out clips.
-* *Annotator.* :func:`synthetic_marks` with ``signal="potential"`` (the built-in
-  :data:`POTENTIALS`), ``threshold`` 0, ``fraction`` 0.2 (a person marks one event in five),
-  ``noise`` 0.05 (sign flipped); the true progress of transition ``t -> t+1`` is
-  ``d_t = phi(x_{t+1}) - phi(x_t)``.
+  progress and regress. The steps are recorded and cut into 1,024 training clips and 256
+  held-out clips of 50 frames as the RLHF loop cuts them (:func:`record`, :func:`cut_segments`):
+  each from a uniformly random copy at a uniformly random start where no episode ends inside
+  (a clip never spans two episodes), so a clip can be drawn twice (about 5% of CartPole's,
+  whose mostly random copies have few 50-step stretches). Each step's ``d_t`` (below) is
+  recorded as the clips' oracle reward.
+* *Annotator.* :class:`IBTLearner`'s oracle (:func:`synthetic_marks`) with
+  ``signal="potential"`` (the built-in :data:`POTENTIALS`), ``threshold`` 0, ``fraction`` 0.2
+  (a person marks one event in five), ``noise`` 0.05 (sign flipped); the true progress of
+  transition ``t -> t+1`` is ``d_t = phi(x_{t+1}) - phi(x_t)``.
 * *Budget.* ``b`` annotated clips (20, 50, 100; ``--quick`` 50 only), the first ``b`` of a
   per-seed shuffle of the training clips. **The number of annotator decisions is the number
   of nonzero marks** on those ``b`` clips, ``L``; the preference model gets exactly ``L``
-  preference labels (per seed), each a pair of 25-step segments cut at random from the same
-  ``b`` clips (same footage), answered by the synthetic oracle
-  (:func:`oracle_answers`) on the summed ``d_t`` with ``mistake_prob`` = the annotator's noise.
+  preference labels (per seed), each a random pair of distinct 25-step windows of the same
+  ``b`` clips (same footage; :class:`PreferenceLearner`'s ``propose`` with random selection),
+  answered by its synthetic oracle (:func:`oracle_answers`) on the summed ``d_t`` with
+  ``mistake_prob`` = the annotator's noise.
 * *Models*, each fit for a fixed number of steps with its own key per seed, the 3 seeds as
   one ``jax.vmap`` (initialised one seed at a time: vmapped orthogonal initialisers can hang
-  XLA:CPU, see README). ``ibt``: :class:`UtilityMLP` (64, 64) via :func:`fit_step`, every pair,
-  C = 1; ``ar``: :class:`AnnotationLSTM` (64, LSTM 64) on teacher-forced NLL. Both: Adam at
-  1e-4 with b1 = 0 (:class:`IBTConfig`'s, the paper's), batches of 16 clips drawn with
-  replacement from the ``b``, inputs standardised by the training clips, 1,000 steps
-  (``--quick`` 200). ``preferences``: the 3-member ensemble of :mod:`rlhf_jax.reward.ensemble`
-  with its defaults (batches of 64 pairs, Adam 3e-4, 1/e of the labels held out per member,
-  adaptive l2 after every 100 steps), 600 steps (``--quick`` 200; 600 x 64 pairs drawn is
-  38 passes over 1,000 labels). No early stopping: with Adam at 1e-3 (batches of 32) IBT's
+  XLA:CPU, see README). ``ibt``: :class:`IBTLearner` holding the ``b`` annotated clips, its
+  ``fit_step`` (:class:`UtilityMLP` (64, 64), every pair, C = 1) in a ``lax.scan``; ``ar``
+  (the baseline, not a learner of the loop, so fitted here): :class:`AnnotationLSTM`
+  (64, LSTM 64) on teacher-forced NLL over the same clips. Both: Adam at 1e-4 with b1 = 0
+  (:class:`IBTConfig`'s, the paper's), batches of 16 clips drawn with replacement from the
+  ``b``, inputs standardised by the training clips, 1,000 steps (``--quick`` 200).
+  ``preferences``: :class:`PreferenceLearner` with the 3-member ensemble of
+  :mod:`rlhf_jax.reward.ensemble` at its defaults (batches of 64 pairs, Adam 3e-4, 1/e of the
+  labels held out per member), its ``fit_step`` in a ``lax.scan`` and its ``refresh``
+  (adaptive l2, normalisation) after every 100 steps, 600 steps (``--quick`` 200; 600 x 64
+  pairs drawn is 38 passes over 1,000 labels). No early stopping: with Adam at 1e-3 (batches of 32) IBT's
   score on CartPole with 100 clips fell from 0.58 after 300 steps to 0.43 after 1,000 and
   0.33 after 3,000, and AR's expected mark fell likewise (presumably the networks learn
   which training transitions happened to be marked); at 1e-4 and 1,000 steps IBT scored
@@ -63,10 +71,11 @@ CartPole-v1 and Acrobot-v1:
   ``ar_sampled``: the AR model's own sampled mark on frame ``t+1`` (``AnnotationLSTM.sample``,
   the reward of appendix A.5); ``ar_expected``: ``p(+1) - p(-1)`` of that frame given its own
   previous samples (the distribution the sample was drawn from); ``preferences``:
-  ``r̂(x_t, a_t)`` (:func:`normalized_reward`); ``annotator_marks``: the annotator's own
-  marks on the held-out clips, i.e. what a model that samples marks exactly as the annotator
-  does would score (marks are thinned by ``fraction`` and flipped by ``noise``, so well
-  below 1).
+  ``r̂(x_t, a_t)`` (:func:`normalized_reward`, normalised by the last ``refresh``);
+  ``annotator_marks``: the annotator's own marks on the held-out clips, i.e. what a model
+  that samples marks exactly as the annotator does would score (marks are thinned by
+  ``fraction`` and flipped by ``noise``, so well below 1). Correlations are
+  :func:`rlhf_jax.reward.learner.pearson`'s.
 
 JSON ``quality``: ``annotator``, ``fit`` (the settings above); ``tasks.<task>``: ``data``
 (clip counts, shares of frames marked +1/-1 and of transitions with ``d > 0``/``d < 0``),
@@ -96,11 +105,17 @@ import optax
 
 from benchmarks.common import RESULTS, Headline, enable_compilation_cache, ratio, write_result
 from rlhf_jax.envs import EnvConfig, make
-from rlhf_jax.reward import ensemble
-from rlhf_jax.reward import ibt
-from rlhf_jax.reward.annotators import AnnotatorConfig, progress_increments, synthetic_marks
-from rlhf_jax.reward.data import Segments, empty_labels
-from rlhf_jax.reward.labelers import TeacherConfig, add_labels, oracle_answers
+from rlhf_jax.reward import ensemble, ibt
+from rlhf_jax.reward.annotators import AnnotatorConfig, progress_increments
+from rlhf_jax.reward.config import PreferenceConfig
+from rlhf_jax.reward.data import Segments, empty_segments
+from rlhf_jax.reward.ensemble import RewardModelConfig
+from rlhf_jax.reward.ibt import IBTConfig
+from rlhf_jax.reward.ibt_learner import IBTLearner
+from rlhf_jax.reward.labelers import TeacherConfig
+from rlhf_jax.reward.learner import Queries, pearson, take_clips
+from rlhf_jax.reward.preference_learner import PreferenceLearner
+from rlhf_jax.reward.segments import cut_segments, empty_recent, record
 
 # ------------------------------------------------------------------- part 1: throughput
 
@@ -193,7 +208,7 @@ CLIP = 50
 SEGMENT = 25
 ROLLOUT_STEPS = 1024
 TRAIN_ENVS, HELD_OUT_ENVS = 64, 32
-MAX_TRAIN_CLIPS, MAX_HELD_OUT_CLIPS = 1024, 256
+TRAIN_CLIPS, HELD_OUT_CLIPS = 1024, 256
 
 
 def heuristic(env_id: str, obs):
@@ -203,14 +218,16 @@ def heuristic(env_id: str, obs):
     return jnp.where(obs[:, 4] > 0, 2, 0).astype(jnp.int32)
 
 
-def collect_clips(env_id: str, num_envs: int, key, max_clips: int, rng: np.random.Generator):
-    """Clips ``obs [N, CLIP, *obs]``, ``action [N, CLIP]`` that never cross an auto-reset."""
+def collect_clips(env_id: str, num_envs: int, key, num_clips: int, annotator: AnnotatorConfig) -> Segments:
+    """``num_clips`` clips of ``CLIP`` steps cut as the RLHF loop cuts them (:func:`record`,
+    :func:`cut_segments`) from ``ROLLOUT_STEPS`` steps of ``num_envs`` copies; a clip's
+    ``oracle_reward`` is the annotator's progress ``d_t`` of each step."""
     env = make(EnvConfig(id=env_id, num_envs=num_envs))
     actions = env.spec.action_space.n
 
     @jax.jit
     def rollout(key):
-        reset_key, eps_key, key = jax.random.split(key, 3)
+        reset_key, eps_key, steps_key, cut_key = jax.random.split(key, 4)
         state, ts = env.reset(reset_key)
         eps = jax.random.uniform(eps_key, (num_envs,))
 
@@ -220,27 +237,23 @@ def collect_clips(env_id: str, num_envs: int, key, max_clips: int, rng: np.rando
             random_action = jax.random.randint(random_key, (num_envs,), 0, actions)
             action = jnp.where(jax.random.uniform(coin_key, (num_envs,)) < eps, random_action, heuristic(env_id, obs))
             state, ts = env.step(state, action)
-            return (state, ts.obs), (action, ts.obs, ts.done)
+            # d_t up to the observation the step reached, before any auto-reset.
+            d = progress_increments(annotator, env_id, jnp.stack([obs, ts.final_obs], axis=1), None)[:, 0]
+            return (state, ts.obs), (obs, action, d, ts.done)
 
-        _, (action, next_obs, done) = jax.lax.scan(body, (state, ts.obs), jax.random.split(key, ROLLOUT_STEPS))
-        return jnp.concatenate([ts.obs[None], next_obs]), action, done
+        _, steps = jax.lax.scan(body, (state, ts.obs), jax.random.split(steps_key, ROLLOUT_STEPS))
+        recent = record(empty_recent(env.spec, num_envs, ROLLOUT_STEPS, CLIP), *steps)
+        return cut_segments(recent, empty_segments(env.spec, num_clips, CLIP), cut_key, num_clips)
 
-    obs, action, done = jax.device_get(rollout(key))  # [L+1, N, ...], [L, N], [L, N]
-    # done[t]: frame t+1 already belongs to a new episode. Clip s..s+CLIP-1 needs done[s..s+CLIP-2] all false.
-    crossings = np.concatenate([np.zeros((1, num_envs)), np.cumsum(done, axis=0)])
-    clips_obs, clips_action = [], []
-    for start in range(0, ROLLOUT_STEPS - CLIP + 1, CLIP // 2):
-        clean = crossings[start + CLIP - 1] - crossings[start] == 0
-        for env_index in np.flatnonzero(clean):
-            clips_obs.append(obs[start:start + CLIP, env_index])
-            clips_action.append(action[start:start + CLIP, env_index])
-    order = rng.permutation(len(clips_obs))[:max_clips]
-    return np.stack(clips_obs)[order], np.stack(clips_action)[order].astype(np.int32)
+    return rollout(key)
 
 
-def pearson(x, y):
-    x, y = x.ravel() - x.mean(), y.ravel() - y.mean()
-    return (x * y).sum() / jnp.sqrt((x * x).sum() * (y * y).sum() + 1e-12)
+def windows(clips: Queries, valid_clips) -> Segments:
+    """Every ``SEGMENT``-step window of each clip of ``clips [B, 1, CLIP, ...]`` as segments,
+    clip after clip: the rows of the first ``valid_clips`` clips are the valid ones."""
+    steps = jnp.arange(CLIP - SEGMENT + 1)[:, None] + jnp.arange(SEGMENT)  # [starts, SEGMENT]
+    cut = lambda x: x[:, 0][:, steps].reshape(-1, SEGMENT, *x.shape[3:])
+    return Segments(*map(cut, clips), count=(valid_clips * len(steps)).astype(jnp.int32), next=jnp.int32(0))
 
 
 def stack(trees):
@@ -275,87 +288,78 @@ class Compiled:
 
 def quality_task(task: str, settings: Settings, seed: int) -> dict:
     env_id = TASKS[task]
-    rng = np.random.default_rng(seed)
-    train_key, held_key, seeds_key = jax.random.split(jax.random.fold_in(jax.random.key(seed), list(TASKS).index(task)), 3)
-    start = time.perf_counter()
-    train_obs, train_action = collect_clips(env_id, TRAIN_ENVS, train_key, MAX_TRAIN_CLIPS, rng)
-    held_obs, held_action = collect_clips(env_id, HELD_OUT_ENVS, held_key, MAX_HELD_OUT_CLIPS, rng)
     spec = make(EnvConfig(id=env_id, num_envs=1)).spec
     annotator = settings.annotator
-    increments = np.asarray(progress_increments(annotator, env_id, jnp.asarray(train_obs), None))  # [P, CLIP-1]
-    held_obs, held_action = jnp.asarray(held_obs), jnp.asarray(held_action)
-    held_d = progress_increments(annotator, env_id, held_obs, None)  # [H, CLIP-1]
-    train_obs, train_action = jnp.asarray(train_obs), jnp.asarray(train_action)
+    train_key, held_key, seeds_key = jax.random.split(jax.random.fold_in(jax.random.key(seed), list(TASKS).index(task)), 3)
+    start = time.perf_counter()
+    train = collect_clips(env_id, TRAIN_ENVS, train_key, TRAIN_CLIPS, annotator)
+    held = collect_clips(env_id, HELD_OUT_ENVS, held_key, HELD_OUT_CLIPS, annotator)
+    held_d = held.oracle_reward[:, :-1]  # the progress of the CLIP - 1 transitions inside each held-out clip
     collect_s = time.perf_counter() - start
+    if int(held.count) < HELD_OUT_CLIPS or int(train.count) < TRAIN_CLIPS:
+        raise RuntimeError(f"{task}: no {CLIP}-step stretch inside an episode to cut clips from")
 
     max_budget = max(settings.budgets)
-    if train_obs.shape[0] < max_budget:
-        raise RuntimeError(f"{task}: only {train_obs.shape[0]} training clips for a budget of {max_budget}")
     seed_keys = jax.random.split(seeds_key, SEEDS)
+    ibt_learner = IBTLearner(IBTConfig(utility="mlp", learning_rate=settings.learning_rate,
+                                       batch_episodes=settings.batch_episodes, episodes=max_budget,
+                                       episode_length=CLIP, annotator=annotator), spec)
+
     # Per seed: which clips (a shuffle; budget b takes the first b) and the annotator's marks on them.
-    chosen, marks = [], []
-    for k in seed_keys:
-        pick_key, mark_key = jax.random.split(jax.random.fold_in(k, 0))
-        index = jax.random.permutation(pick_key, train_obs.shape[0])[:max_budget]
-        chosen.append(index)
-        marks.append(synthetic_marks(mark_key, annotator, jnp.asarray(increments)[index]))
-    chosen, marks = jnp.stack(chosen), jnp.stack(marks)  # [S, Bmax], [S, Bmax, CLIP]
-    episodes, episode_actions = train_obs[chosen], train_action[chosen]  # [S, Bmax, CLIP, ...]
-    episode_d = jnp.asarray(increments)[chosen]  # [S, Bmax, CLIP-1]
-    data = {"train_clips": int(train_obs.shape[0]), "held_out_clips": int(held_obs.shape[0]),
+    def annotate(key):
+        pick_key, mark_key = jax.random.split(jax.random.fold_in(key, 0))
+        clips = take_clips(train, jax.random.permutation(pick_key, TRAIN_CLIPS)[:max_budget])
+        return clips, ibt_learner.oracle(mark_key, clips)
+
+    clips, marks = jax.vmap(annotate)(seed_keys)  # [S, Bmax, 1, CLIP, ...], [S, Bmax, CLIP]
+    train_d = train.oracle_reward[:, :-1]
+    data = {"train_clips": int(train.count), "held_out_clips": int(held.count),
             "held_out_transitions": int(held_d.size),
-            "share_of_frames_marked_+1": round(float((marks[..., 1:] > 0).mean()), 4),
-            "share_of_frames_marked_-1": round(float((marks[..., 1:] < 0).mean()), 4),
-            "share_of_transitions_d>0": round(float((increments > 0).mean()), 4),
-            "share_of_transitions_d<0": round(float((increments < 0).mean()), 4),
+            "share_of_frames_marked_+1": round(float((marks.marks[..., 1:] > 0).mean()), 4),
+            "share_of_frames_marked_-1": round(float((marks.marks[..., 1:] < 0).mean()), 4),
+            "share_of_transitions_d>0": round(float((train_d > 0).mean()), 4),
+            "share_of_transitions_d<0": round(float((train_d < 0).mean()), 4),
             "collect_s": round(collect_s, 1)}
     compiled = Compiled()
     batch = settings.batch_episodes
 
-    # --- IBT -----------------------------------------------------------------------
-    ibt_config = ibt.IBTConfig(utility="mlp", learning_rate=settings.learning_rate, batch_episodes=batch)
+    # --- IBT: the learner holding the budget's annotated clips; the AR baseline fits the same clips.
+    # Initialised one seed at a time: vmapped orthogonal initialisers can hang XLA:CPU.
+    ibt_states = stack([ibt_learner.init(jax.random.fold_in(k, 1), train) for k in seed_keys])
 
-    def ibt_init(k):
-        return ibt.set_input_statistics(ibt.init_ibt(k, ibt_config, spec), spec, train_obs)
+    def store_ibt(states, clips, marks, budget):
+        def one(state, clips, marks):
+            return ibt_learner.store(state, clips, marks._replace(answered=jnp.arange(max_budget) < budget), None)
 
-    ibt_states = stack([ibt_init(jax.random.fold_in(k, 1)) for k in seed_keys])  # one at a time: no vmapped QR
+        return jax.vmap(one)(states, clips, marks)
 
-    def fit_ibt(states, episodes, marks, budget, keys, held_obs, held_d):
-        def one(state, episodes, marks, key):
-            def step(state, key):
-                pick, loss_key = jax.random.split(key)
-                index = jax.random.randint(pick, (batch,), 0, budget)
-                return ibt.fit_step(state, ibt_config, spec, episodes[index], marks[index],
-                                    jnp.ones((batch, CLIP), bool), loss_key)
-
-            state, losses = jax.lax.scan(step, state, jax.random.split(key, settings.ibt_steps))
-            rises = ibt.utility_rises(state, ibt_config, spec, held_obs)
+    def fit_ibt(states, keys, held_obs, held_d):
+        def one(state, key):
+            state, losses = jax.lax.scan(ibt_learner.fit_step, state, jax.random.split(key, settings.ibt_steps))
+            rises = ibt.utility_rises(state.model, ibt_learner.config, spec, held_obs)
             return pearson(rises, held_d), losses[-50:].mean()
 
-        return jax.vmap(one)(states, episodes, marks, keys)
+        return jax.vmap(one)(states, keys)
 
-    # --- AR ------------------------------------------------------------------------
     ar_net = ibt.AnnotationLSTM(tuple(spec.observation_shape), hidden=(64,), lstm_size=64)
     optimizer = optax.adam(settings.learning_rate, b1=0.0, b2=0.999)
-    flat = train_obs.reshape(-1, *spec.observation_shape)
-    mean, std = flat.mean(0), flat.std(0) + 1e-6  # the inputs' standardisation, as ibt.set_input_statistics
-
-    def standardize(x):
-        return (x - mean) / std
-
     ar_params = stack([ar_net.init(jax.random.fold_in(k, 2), jnp.zeros((1, 2, *spec.observation_shape)),
                                    jnp.zeros((1, 2), jnp.int32)) for k in seed_keys])
 
-    def fit_ar(params, episodes, marks, budget, keys, held_obs, held_d):
-        def one(params, episodes, marks, key):
-            def loss_fn(params, obs, marks):
-                logits = ar_net.apply(params, standardize(obs), ibt.previous_classes(marks))
+    def fit_ar(params, states, keys, held_obs, held_d):
+        def one(params, state, key):
+            annotated, model = state.annotated, state.model
+            standardize = lambda obs: (obs - model.obs_mean) / model.obs_std  # IBT's: by the training clips
+
+            def loss_fn(params, index):
+                marks = annotated.marks[index]
+                logits = ar_net.apply(params, standardize(annotated.obs[index]), ibt.previous_classes(marks))
                 return ibt.annotation_nll(logits, marks, jnp.ones(marks.shape, bool))
 
             def step(carry, key):
                 params, opt_state = carry
-                index = jax.random.randint(key, (batch,), 0, budget)
-                loss, grads = jax.value_and_grad(loss_fn)(params, episodes[index], marks[index])
+                index = jax.random.randint(key, (batch,), 0, annotated.count)
+                loss, grads = jax.value_and_grad(loss_fn)(params, index)
                 updates, opt_state = optimizer.update(grads, opt_state, params)
                 return (optax.apply_updates(params, updates), opt_state), loss
 
@@ -370,58 +374,41 @@ def quality_task(task: str, settings: Settings, seed: int) -> dict:
             return (pearson(sampled[:, 1:].astype(jnp.float32), held_d), pearson(expected[:, 1:], held_d),
                     losses[-50:].mean())
 
-        return jax.vmap(one)(params, episodes, marks, keys)
+        return jax.vmap(one)(params, states, keys)
 
-    # --- preferences ----------------------------------------------------------------
-    pref_config = ensemble.RewardModelConfig()
-    decisions_all = {b: np.asarray((marks[:, :b] != 0).sum((1, 2))) for b in settings.budgets}
+    # --- preferences: as many answered pairs of windows of the same clips as the annotator's marks.
+    decisions_all = {b: np.asarray((marks.marks[:, :b] != 0).sum((1, 2))) for b in settings.budgets}
     capacity = int(max(d.max() for d in decisions_all.values()))
     teacher = TeacherConfig(mistake_prob=annotator.noise, tie_gap=annotator.threshold)
+    pref_learner = PreferenceLearner(PreferenceConfig(labels=capacity, segment_length=SEGMENT, selection="random",
+                                                      candidates_factor=1, teacher=teacher), RewardModelConfig(), spec)
+    pref_states = stack([pref_learner.init(jax.random.fold_in(k, 3), train) for k in seed_keys])
+    chunks = settings.pref_steps // settings.pref_chunk_steps
 
-    def pref_init(k):
-        return ensemble.set_input_statistics(ensemble.init_ensemble(k, pref_config, spec), pref_config, spec, train_obs)
+    def fit_preferences(states, clips, budget, decisions, keys, train, held_obs, held_action, held_d):
+        def one(state, clips, decisions, key):
+            propose_key, oracle_key, store_key, fit_key = jax.random.split(key, 4)
+            pairs = pref_learner.propose(state, windows(clips, budget), propose_key, capacity)
+            answers = pref_learner.oracle(oracle_key, pairs)
+            answers = answers._replace(answered=answers.answered & (jnp.arange(capacity) < decisions))
+            state = pref_learner.store(state, pairs, answers, store_key)
 
-    def make_labels(episodes, actions, d, budget, decisions, key):
-        """``capacity`` pairs of segments from the first ``budget`` clips, the first ``decisions`` answered.
-        Pair p's segments come from ``fold_in(key, p)``: the same pairs whatever the capacity."""
-        def draw(p):
-            clip_key, start_key = jax.random.split(jax.random.fold_in(key, p))
-            clip = jax.random.randint(clip_key, (2,), 0, budget)
-            start = jax.random.randint(start_key, (2,), 0, CLIP - SEGMENT)  # d needs frame start + SEGMENT
-            return clip, start
+            def chunk(state, key):  # pref_chunk_steps steps, then refresh: the adaptive l2, the normalisation
+                fit_key, refresh_key = jax.random.split(key)
+                steps = jax.random.split(fit_key, settings.pref_chunk_steps)
+                state, losses = jax.lax.scan(pref_learner.fit_step, state, steps)
+                return pref_learner.refresh(state, train, refresh_key)[0], losses.mean()
 
-        clip, start = jax.vmap(draw)(jnp.arange(capacity))  # [C, 2]
-        clip, start = clip.T.reshape(-1), start.T.reshape(-1)  # first segments, then second segments
-        steps = start[:, None] + jnp.arange(SEGMENT)
-        segments = Segments(obs=episodes[clip[:, None], steps], action=actions[clip[:, None], steps],
-                            oracle_reward=d[clip[:, None], steps], count=jnp.int32(2 * capacity), next=jnp.int32(0))
-        first, second = jnp.arange(capacity), capacity + jnp.arange(capacity)
-        oracle_key, holdout_key = jax.random.split(jax.random.fold_in(key, 2**31 - 1))
-        mu, answered = oracle_answers(oracle_key, segments.oracle_reward[first], segments.oracle_reward[second], teacher)
-        answered = answered & (jnp.arange(capacity) < decisions)
-        labels = empty_labels(spec, capacity, SEGMENT, pref_config.ensemble_size)
-        return add_labels(labels, segments, first, second, mu, answered, holdout_key, pref_config.validation_fraction)
+            state, losses = jax.lax.scan(chunk, state, jax.random.split(fit_key, chunks))
+            reward = ensemble.normalized_reward(state.ensemble, pref_learner.model, spec, held_obs, held_action)
+            return pearson(reward, held_d), losses[-1], state.labels.count
 
-    def fit_pref_chunk(states, labels, keys):
-        def one(state, labels, key):
-            fit_key, val_key = jax.random.split(key)
-            state, metrics = ensemble.fit(state, pref_config, spec, labels, fit_key, settings.pref_chunk_steps)
-            train, val = ensemble.validation_losses(state, pref_config, spec, labels, val_key, 512)
-            return state._replace(l2=ensemble.adapt_l2(state.l2, train, val, pref_config)), metrics["loss"].mean()
-
-        return jax.vmap(one)(states, labels, keys)
-
-    def score_pref(states, train_obs, train_action, held_obs, held_action, held_d):
-        def one(state):
-            state = ensemble.update_normalization(state, pref_config, spec, train_obs, train_action)
-            reward = ensemble.normalized_reward(state, pref_config, spec, held_obs[:, :-1], held_action[:, :-1])
-            return pearson(reward, held_d)
-
-        return jax.vmap(one)(states)
+        return jax.vmap(one)(states, clips, decisions, keys)
 
     # The annotator's own marks on the held-out clips: the ceiling for a model that outputs marks.
-    ceiling = [float(pearson(synthetic_marks(jax.random.fold_in(k, 9), annotator, held_d)[:, 1:].astype(jnp.float32),
-                             held_d)) for k in seed_keys]
+    held_clips = take_clips(held, jnp.arange(HELD_OUT_CLIPS))
+    ceiling = [float(pearson(ibt_learner.oracle(jax.random.fold_in(k, 9), held_clips).marks[:, 1:], held_d))
+               for k in seed_keys]
 
     def cell(values, losses=None):
         values = [round(float(v), 4) for v in values]
@@ -432,45 +419,39 @@ def quality_task(task: str, settings: Settings, seed: int) -> dict:
 
     result = {"env_id": env_id, "data": data, "budgets": {}}
     fit_start = time.perf_counter()
-    held = (held_obs, held_d)
     for budget in settings.budgets:
         cell_start = time.perf_counter()
         budget_arr = jnp.int32(budget)
         keys = jnp.stack([jax.random.fold_in(k, 100 + budget) for k in seed_keys])
-        fit_keys = jax.vmap(lambda k: jax.random.split(k, 4))(keys)  # [S, 4]
+        fit_keys = jax.vmap(lambda k: jax.random.split(k, 3))(keys)  # [S, 3]
         seconds = {}
 
         clock = time.perf_counter()
+        annotated = compiled("store_ibt", store_ibt, ibt_states, clips, marks, budget_arr)
         ibt_corr, ibt_final = jax.device_get(
-            compiled("ibt", fit_ibt, ibt_states, episodes, marks, budget_arr, fit_keys[:, 0], *held))
+            compiled("ibt", fit_ibt, annotated, fit_keys[:, 0], held.obs, held_d))
         seconds["ibt"] = time.perf_counter() - clock
 
         clock = time.perf_counter()
         ar_sampled, ar_expected, ar_final = jax.device_get(
-            compiled("ar", fit_ar, ar_params, episodes, marks, budget_arr, fit_keys[:, 1], *held))
+            compiled("ar", fit_ar, ar_params, annotated, fit_keys[:, 1], held.obs, held_d))
         seconds["ar"] = time.perf_counter() - clock
 
         clock = time.perf_counter()
         decisions = decisions_all[budget]
-        labels = stack([compiled("labels", make_labels, episodes[s], episode_actions[s], episode_d[s], budget_arr,
-                                 jnp.int32(decisions[s]), fit_keys[s, 2]) for s in range(SEEDS)])
-        states = stack([pref_init(jax.random.fold_in(k, 3)) for k in seed_keys])
-        chunks = settings.pref_steps // settings.pref_chunk_steps
-        chunk_keys = jax.vmap(lambda k: jax.random.split(k, chunks))(fit_keys[:, 3])
-        for chunk in range(chunks):
-            states, pref_final = compiled("preferences", fit_pref_chunk, states, labels, chunk_keys[:, chunk])
-        pref_corr = jax.device_get(compiled("score_preferences", score_pref, states, train_obs, train_action,
-                                            held_obs, held_action, held_d))
+        pref_corr, pref_final, answered = jax.device_get(compiled(
+            "preferences", fit_preferences, pref_states, clips, budget_arr, jnp.asarray(decisions, jnp.int32),
+            fit_keys[:, 2], train, held.obs[:, :-1], held.action[:, :-1], held_d))
         seconds["preferences"] = time.perf_counter() - clock
 
         out = result["budgets"][str(budget)] = {
             "decisions": [int(v) for v in decisions],
-            "preference_labels_answered": [int(v) for v in jax.device_get(labels.count)],
+            "preference_labels_answered": [int(v) for v in answered],
             "models": {
                 "ibt": cell(ibt_corr, ibt_final),
                 "ar_sampled": cell(ar_sampled, ar_final),
                 "ar_expected": cell(ar_expected),
-                "preferences": cell(pref_corr, jax.device_get(pref_final)),
+                "preferences": cell(pref_corr, pref_final),
                 "annotator_marks": cell(ceiling),
             },
             "seconds": round(time.perf_counter() - cell_start, 1),
@@ -491,7 +472,7 @@ def quality(settings: Settings, tasks) -> dict:
            "fit": {"ibt_steps": settings.ibt_steps, "ar_steps": settings.ar_steps, "pref_steps": settings.pref_steps,
                    "pref_chunk_steps": settings.pref_chunk_steps, "ibt_ar_learning_rate": settings.learning_rate,
                    "ibt_ar_batch_episodes": settings.batch_episodes,
-                   "pref_batch_pairs": ensemble.RewardModelConfig().batch_size},
+                   "pref_batch_pairs": RewardModelConfig().batch_size},
            "tasks": {}}
     for task in tasks:
         out["tasks"][task] = quality_task(task, settings, seed=0)
