@@ -40,37 +40,38 @@ c_t = 1); Q_ret truncates with c_t = min(1, rho_t)^(1/d), d the action dimension
 correction uses one action a' ~ pi weighted [1 - c/rho(a')]_+; V learns from
 V_target = min(1, rho_t)(Q_ret - Q~(x_t, a_t)) + V(x_t).
 
-**Episode ends.** A true end (``done`` and not ``info["truncated"]``) is terminal: its
-target is r_t alone (the discount carries the done mask). A time-limit end has lost its
-last observation (gymnax resets within the step) yet is no terminal state, so its target
-is the critic's own estimate Q(x_t, a_t) (reward Q(x_t, a_t), discount 0): no critic
-error there, and the step before bootstraps through V(x_t). EnvPool's reset steps
-(``info["reset_step"]``, whose action is ignored) are no transitions and carry no loss.
+**Episode ends** follow the one rule of :mod:`rlhf_jax.ops.episode_ends`
+(:func:`critic_targets`): a terminated step's target is r_t alone, a truncated one's
+r_t + gamma V(final_obs_t), with V(x) = sum_a pi(a|x) Q(x, a) (the value head of the
+stochastic dueling network for continuous actions) at the observation the step reached,
+and neither carries anything back from the next episode. EnvPool's reset steps
+(``action_ignored``) carry no loss.
 
 **The memory** keeps whole observations, k + 1 per trajectory (the last one to
 bootstrap from): fine for vector observations, though Atari frames would fit more
-trajectories stored once each, as :mod:`rlhf_jax.replay` stores them for DQN.
-It also keeps the rewards as collected, but only the true reward
-(:func:`rlhf_jax.agents.base.env_reward`, which needs the environment's timestep) is read
-from there. A learned reward r̂ is refit between iterations, so a replayed trajectory's
-stored r̂ comes from old reward parameters; every update recomputes it instead from the
-stored observations and actions with the current ones (:func:`relabel_rewards`).
+trajectories stored once each, as :mod:`rlhf_jax.replay` stores them for DQN. Where a
+step can restart a copy itself (gymnax, MJX) it also keeps each step's ``final_obs``
+(:func:`rlhf_jax.replay.keeps_final_obs`); on EnvPool that is the next observation.
+It keeps the environment's reward, never a learned one: every update, the on-policy
+one included, computes its rewards from the stored transitions under the current
+reward parameters (:func:`relabel_rewards`), the rule every off-policy agent follows
+(:mod:`rlhf_jax.agents.base`).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-from rlhf_jax import ops
-from rlhf_jax.agents.base import (RewardFn, Transitions, env_reward, env_step, episode_metrics, make_train as assemble,
+from rlhf_jax import ops, replay
+from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
                                   rollout_rewards)
-from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState
+from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
 
@@ -172,6 +173,10 @@ class GaussianActorCritic(nn.Module):
         mean = self.mean_head(self.policy_torso(obs))
         return mean, jnp.broadcast_to(self.log_std, mean.shape)
 
+    def value(self, obs):
+        """V(x) alone: what a time-limit end bootstraps from."""
+        return self.value_head(self.critic_torso(obs))[..., 0]
+
     def critic(self, obs, actions):
         features = self.critic_torso(obs)
         value = self.value_head(features)[..., 0]
@@ -197,12 +202,23 @@ class Trajectories(NamedTuple):
 
     obs: jax.Array  # [k + 1, N, *obs_shape]: x_0 .. x_k, the last to bootstrap from
     action: jax.Array  # [k, N] int or [k, N, D]: a_t as sampled (before clipping to the bounds)
-    reward: jax.Array  # [k, N]: as collected (a learned reward is recomputed on replay: relabel_rewards)
-    terminal: jax.Array  # [k, N] bool: a true episode end
-    truncated: jax.Array  # [k, N] bool: a time-limit end
-    valid: jax.Array  # [k, N] bool: a real transition (not an EnvPool reset step)
+    # [k, N]: in the memory the environment's (timestep.reward); an update replaces it by the
+    # agent's reward under the current reward params (relabel_rewards).
+    reward: jax.Array
+    terminated: jax.Array  # [k, N] bool
+    truncated: jax.Array  # [k, N] bool
+    action_ignored: jax.Array  # [k, N] bool: an EnvPool reset step
+    final_obs: Optional[jax.Array]  # [k, N, *obs_shape] the observation step t reached; None: obs[1:] (EnvPool)
     # mu(.|x_t): log-probabilities [k, N, A] (discrete), or (mean, log_std) [k, N, D] each.
     behaviour: Any
+
+    @property
+    def timestep(self) -> TimeStep:
+        """The ``TimeStep`` of each step, rebuilt from what the memory keeps (``info={}``), for a
+        reward function on replayed transitions (:mod:`rlhf_jax.agents.base`)."""
+        final_obs = self.obs[1:] if self.final_obs is None else self.final_obs
+        return TimeStep(self.obs[1:], self.reward, self.terminated, self.truncated, final_obs,
+                        self.action_ignored, {})
 
 
 class Memory(NamedTuple):
@@ -257,26 +273,18 @@ def _gather(memory: Memory, slots, envs) -> Trajectories:
 
 def relabel_rewards(config: ACERConfig, spec: EnvSpec, reward_fn: RewardFn, batch: Trajectories,
                     reward_params) -> Trajectories:
-    """``batch`` with its rewards recomputed by ``reward_fn`` under ``reward_params``.
+    """``batch`` with the environment's rewards it holds replaced by the agent's: ``reward_fn``
+    under the current ``reward_params`` (:mod:`rlhf_jax.agents.base`: rewards never go stale).
 
-    Why: the memory holds rewards as they were at collection time. A learned reward r̂ is
-    refit between iterations, so replayed trajectories would carry stale r̂ from old reward
-    parameters; each update recomputes them from the stored observations and actions as the
-    rollout did (:func:`rlhf_jax.agents.base.env_step` and ``rollout_rewards``): the sampled
-    action clipped into a ``Box``'s bounds, the reward times ``reward_scale``, then clipped to
-    ``[-reward_clip, reward_clip]`` (0: no clipping). The true reward
-    (:func:`rlhf_jax.agents.base.env_reward`) comes from the environment's timestep, which the
-    memory does not keep, and never goes stale: its batch is returned as it is.
+    As a rollout computes them (:func:`rlhf_jax.agents.base.env_step` and ``rollout_rewards``):
+    on the sampled action clipped into a ``Box``'s bounds and the rebuilt ``TimeStep``
+    (:attr:`Trajectories.timestep`), times ``reward_scale``, clipped to
+    ``[-reward_clip, reward_clip]`` (0: no clipping), and 0 on a reset step.
     """
-    if reward_fn is env_reward:
-        return batch
     space = spec.action_space
     env_action = jnp.clip(batch.action, space.low, space.high) if isinstance(space, Box) else batch.action
-    # A learned reward function ignores its timestep argument (rlhf_jax.reward.ensemble.make_reward_fn),
-    # and the memory keeps none: None stands in for it.
-    reward = reward_fn(reward_params, batch.obs[:-1], env_action, None) * config.reward_scale
-    if config.reward_clip:
-        reward = jnp.clip(reward, -config.reward_clip, config.reward_clip)
+    reward = rollout_rewards(reward_fn, reward_params, batch.obs[:-1], env_action, batch.timestep,
+                             config.reward_scale, config.reward_clip)
     return batch._replace(reward=reward.astype(batch.reward.dtype))
 
 
@@ -308,7 +316,8 @@ def init_runner(key, config: ACERConfig, env: Environment) -> Runner:
         behaviour = jnp.zeros((k, n, spec.action_space.n))
     flags = jnp.zeros((k, n), bool)
     obs = jnp.zeros((k + 1, n) + tuple(spec.observation_shape), spec.observation_dtype)
-    one = Trajectories(obs, action, jnp.zeros((k, n)), flags, flags, flags, behaviour)
+    final_obs = obs[1:] if replay.keeps_final_obs(spec) else None
+    one = Trajectories(obs, action, jnp.zeros((k, n)), flags, flags, flags, final_obs, behaviour)
     data = jax.tree.map(lambda x: jnp.zeros((slots,) + x.shape, x.dtype), one)
     memory = Memory(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
     zero = jnp.zeros((), jnp.int32)
@@ -352,35 +361,34 @@ def make_policy(config: ACERConfig, spec: EnvSpec):
 METRICS = ("loss", "policy_objective", "value_loss", "entropy", "kl_to_average", "trust_region_active")
 
 
-def _masked_mean(x, mask):
-    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+def critic_targets(config: ACERConfig, batch: Trajectories, q_taken, values, final_values, traces,
+                   bootstrap_value) -> jax.Array:
+    """Retrace targets Q_ret ``[k, B]`` (:func:`rlhf_jax.ops.retrace_targets`) with the episode
+    ends of :func:`rlhf_jax.ops.fold_time_limits`: a terminated step's target is r_t, a truncated
+    one's r_t + gamma V(final_obs_t) (``final_values``), and nothing flows back across either.
+    ``traces`` c_t = 1 give the Q_opc target."""
+    rewards, discounts = ops.fold_time_limits(batch.reward, batch.terminated, batch.truncated, final_values,
+                                              config.gamma)
+    return ops.retrace_targets(rewards, discounts, q_taken, values, traces, bootstrap_value)
 
 
-def _targets_inputs(config: ACERConfig, batch: Trajectories, q_taken):
-    """Rewards and discounts for Retrace: a terminal end cuts the return; a time-limit end
-    takes the critic's own estimate Q(x_t, a_t) as its target (module docstring)."""
-    q_taken = jax.lax.stop_gradient(q_taken)
-    rewards = jnp.where(batch.truncated, q_taken, batch.reward)
-    discounts = config.gamma * (1.0 - (batch.terminal | batch.truncated).astype(jnp.float32))
-    return rewards, discounts
-
-
-def _trust_region_loss(config: ACERConfig, objective, kl, stats, valid):
+def _trust_region_loss(config: ACERConfig, objective, kl, stats, mask):
     """The policy's loss from the per-state objective J(stats) and KL(pi_avg || pi)(stats).
 
     g = dJ/dstats and k = dKL/dstats, one vector per state (each state's objective depends
     on its own statistics alone, so the gradient of the sum gives them all); z projects g
     (or is g without a trust region), and -mean_t z . stats back-propagates z through the
-    network. Returns (loss, fraction of states whose step the trust region shortened).
+    network. Only the states of ``mask`` (:func:`rlhf_jax.ops.loss_mask`) count.
+    Returns (loss, fraction of states whose step the trust region shortened).
     """
     def flat(tree):
-        return jnp.concatenate([x.reshape(valid.shape + (-1,)) for x in jax.tree.leaves(tree)], axis=-1)
+        return jnp.concatenate([x.reshape(mask.shape + (-1,)) for x in jax.tree.leaves(tree)], axis=-1)
 
-    g = flat(jax.grad(lambda s: jnp.sum(jnp.where(valid, objective(s), 0.0)))(stats))
-    k = flat(jax.grad(lambda s: jnp.sum(jnp.where(valid, kl(s), 0.0)))(stats))
+    g = flat(jax.grad(lambda s: jnp.sum(objective(s) * mask))(stats))
+    k = flat(jax.grad(lambda s: jnp.sum(kl(s) * mask))(stats))
     z = ops.trust_region_projection(g, k, config.trust_region_delta) if config.trust_region else g
-    active = _masked_mean((jnp.sum(k * g, -1) > config.trust_region_delta).astype(jnp.float32), valid)
-    loss = -jnp.sum(jax.lax.stop_gradient(z) * flat(stats)) / jnp.maximum(jnp.sum(valid), 1)
+    active = ops.masked_mean((jnp.sum(k * g, -1) > config.trust_region_delta).astype(jnp.float32), mask)
+    loss = -ops.masked_mean(jnp.sum(jax.lax.stop_gradient(z) * flat(stats), -1), mask)
     return loss, active
 
 
@@ -389,19 +397,24 @@ def make_loss(config: ACERConfig, spec: EnvSpec):
     network = make_network(config, spec)
     c = config.truncation
 
+    def value_of(logits, q):  # V(x) = sum_a pi(a|x) Q(x, a)
+        return jax.lax.stop_gradient(jnp.sum(jax.nn.softmax(logits) * q, -1))
+
     def discrete_loss(params, avg_params, batch: Trajectories, key):
         del key
         logits, q = network.apply(params, batch.obs)  # [k+1, B, A]
         avg_logits = jax.lax.stop_gradient(network.apply(avg_params, batch.obs[:-1])[0])
         log_pi = jax.nn.log_softmax(logits)
-        values = jax.lax.stop_gradient(jnp.sum(jnp.exp(log_pi) * q, -1))  # V(x) = sum_a pi(a|x) Q(x, a)
+        values = value_of(logits, q)
+        final_values = values[1:] if batch.final_obs is None else value_of(*network.apply(params, batch.final_obs))
         take = lambda x: jnp.take_along_axis(x, batch.action[..., None], -1)[..., 0]
         q_t, v_t = q[:-1], values[:-1]
         q_taken = take(q_t)
         log_rho = jax.lax.stop_gradient(log_pi[:-1] - batch.behaviour)  # [k, B, A]
-        rewards, discounts = _targets_inputs(config, batch, q_taken)
-        q_ret = ops.retrace_targets(rewards, discounts, q_taken, v_t, ops.retrace_traces(take(log_rho)), values[-1])
-        critic_loss = 0.5 * _masked_mean((q_ret - q_taken) ** 2, batch.valid)
+        q_ret = critic_targets(config, batch, q_taken, v_t, final_values, ops.retrace_traces(take(log_rho)),
+                               values[-1])
+        mask = ops.loss_mask(batch.action_ignored)
+        critic_loss = 0.5 * ops.masked_mean((q_ret - q_taken) ** 2, mask)
 
         def objective(stats):
             log_pi_t = jax.nn.log_softmax(stats)
@@ -411,12 +424,12 @@ def make_loss(config: ACERConfig, spec: EnvSpec):
             return j + config.entropy_coef * ops.entropy(stats)
 
         kl = lambda stats: ops.categorical_kl(avg_logits, stats)
-        policy_loss, active = _trust_region_loss(config, objective, kl, logits[:-1], batch.valid)
+        policy_loss, active = _trust_region_loss(config, objective, kl, logits[:-1], mask)
         metrics = {
-            "policy_objective": _masked_mean(objective(logits[:-1]), batch.valid),
+            "policy_objective": ops.masked_mean(objective(logits[:-1]), mask),
             "value_loss": critic_loss,
-            "entropy": _masked_mean(ops.entropy(logits[:-1]), batch.valid),
-            "kl_to_average": _masked_mean(kl(logits[:-1]), batch.valid),
+            "entropy": ops.masked_mean(ops.entropy(logits[:-1]), mask),
+            "kl_to_average": ops.masked_mean(kl(logits[:-1]), mask),
             "trust_region_active": active,
         }
         return policy_loss + config.value_coef * critic_loss, metrics
@@ -443,13 +456,16 @@ def make_loss(config: ACERConfig, spec: EnvSpec):
         log_rho = jax.lax.stop_gradient(log_prob(mean[:-1], log_std[:-1], batch.action)
                                         - log_prob(mu_mean, mu_log_std, batch.action))
         log_rho_alt = jax.lax.stop_gradient(log_prob(mean[:-1], log_std[:-1], alt) - log_prob(mu_mean, mu_log_std, alt))
-        rewards, discounts = _targets_inputs(config, batch, q_taken)
         bootstrap = jax.lax.stop_gradient(value[-1])
         v_sg = jax.lax.stop_gradient(v_t)
-        q_ret = ops.retrace_targets(rewards, discounts, q_taken, v_sg, ops.retrace_traces(log_rho, dim), bootstrap)
-        q_opc = ops.retrace_targets(rewards, discounts, q_taken, v_sg, jnp.ones_like(log_rho), bootstrap)
+        final_values = jax.lax.stop_gradient(
+            value[1:] if batch.final_obs is None
+            else network.apply(params, batch.final_obs, method=GaussianActorCritic.value))
+        q_ret = critic_targets(config, batch, q_taken, v_sg, final_values, ops.retrace_traces(log_rho, dim), bootstrap)
+        q_opc = critic_targets(config, batch, q_taken, v_sg, final_values, jnp.ones_like(log_rho), bootstrap)
         v_target = ops.truncated_value_target(q_ret, jax.lax.stop_gradient(q_taken), v_sg, log_rho)
-        critic_loss = 0.5 * _masked_mean((q_ret - q_taken) ** 2 + (v_target - v_t) ** 2, batch.valid)
+        mask = ops.loss_mask(batch.action_ignored)
+        critic_loss = 0.5 * ops.masked_mean((q_ret - q_taken) ** 2 + (v_target - v_t) ** 2, mask)
         q_alt = jax.lax.stop_gradient(q_alt)
 
         def objective(stats):
@@ -462,12 +478,12 @@ def make_loss(config: ACERConfig, spec: EnvSpec):
 
         kl = lambda stats: ops.gaussian_kl(avg_mean, avg_log_std, *stats)
         stats = (mean[:-1], log_std[:-1])
-        policy_loss, active = _trust_region_loss(config, objective, kl, stats, batch.valid)
+        policy_loss, active = _trust_region_loss(config, objective, kl, stats, mask)
         metrics = {
-            "policy_objective": _masked_mean(objective(stats), batch.valid),
+            "policy_objective": ops.masked_mean(objective(stats), mask),
             "value_loss": critic_loss,
-            "entropy": _masked_mean(ops.gaussian_entropy(log_std[:-1]), batch.valid),
-            "kl_to_average": _masked_mean(kl(stats), batch.valid),
+            "entropy": ops.masked_mean(ops.gaussian_entropy(log_std[:-1]), mask),
+            "kl_to_average": ops.masked_mean(kl(stats), mask),
             "trust_region_active": active,
         }
         return policy_loss + config.value_coef * critic_loss, metrics
@@ -478,8 +494,8 @@ def make_loss(config: ACERConfig, spec: EnvSpec):
 def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
     """``iteration(runner, reward_params) -> (runner, metrics, transitions)``: k steps of every
     environment into the memory, one on-policy update and K ~ Poisson(r) replayed ones.
-    ``reward_params`` give the rollout's rewards and, for a learned ``reward_fn``, every
-    update's (:func:`relabel_rewards`); the true reward (``env_reward``) needs none.
+    ``reward_params`` give every update's rewards (:func:`relabel_rewards`); the true
+    reward (``env_reward``) needs none.
 
     Jit it with ``donate_argnums=0`` so the memory is updated in place.
     """
@@ -492,17 +508,14 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
     decay_steps = config.lr_decay_env_steps or config.total_env_steps
     learning_rate = ops.linear_schedule(config.learning_rate, 0.0, max(1, decay_steps))
     n = env.num_envs
+    keep_final_obs = replay.keeps_final_obs(spec)
 
     def rollout_step(carry, _):
         params, env_state, obs, key = carry
         key, act_key = jax.random.split(key)
         action, behaviour = sample_action(params, obs, act_key)
         env_state, timestep, env_action = env_step(env, env_state, action)
-        info = timestep.info
-        truncated = timestep.done & info["truncated"]
-        valid = ~info["reset_step"] if "reset_step" in info else jnp.ones_like(timestep.done)
-        step = (obs, env_action, action, behaviour, timestep.done & ~truncated, truncated, valid, timestep)
-        return (params, env_state, timestep.obs, key), step
+        return (params, env_state, timestep.obs, key), (obs, env_action, action, behaviour, timestep)
 
     def make_update(memory: Memory, key, rate, reward_params):
         """The body of the update loop: update ``i`` on trajectories from ``memory``, their
@@ -529,12 +542,10 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
     def iteration(runner: Runner, reward_params=None):
         carry = (runner.params, runner.env_state, runner.obs, runner.key)
         (_, env_state, obs, key), steps = jax.lax.scan(rollout_step, carry, None, config.num_steps)
-        observations, env_actions, actions, behaviour, terminal, truncated, valid, timesteps = steps
-        rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps,
-                                  config.reward_scale, config.reward_clip)
-        oracle, dones, info = timesteps.reward, timesteps.done, timesteps.info
-        trajectories = Trajectories(jnp.concatenate([observations, obs[None]]), actions, rewards, terminal,
-                                    truncated, valid, behaviour)
+        observations, env_actions, actions, behaviour, timesteps = steps
+        trajectories = Trajectories(jnp.concatenate([observations, obs[None]]), actions, timesteps.reward,
+                                    timesteps.terminated, timesteps.truncated, timesteps.action_ignored,
+                                    timesteps.final_obs if keep_final_obs else None, behaviour)
         memory = _store(runner.memory, trajectories)
         key, count_key, update_key = jax.random.split(key, 3)
         replaying = memory.size * per_iteration >= config.replay_start
@@ -546,8 +557,8 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
         params, avg_params, opt_state, sums = jax.lax.fori_loop(0, 1 + replays, update, carry)
         env_steps = runner.env_steps + per_iteration
         metrics = {name: total / (1 + replays) for name, total in sums.items()}  # means over the updates
-        metrics.update(env_steps=env_steps, replay_updates=replays, **episode_metrics(info))
-        transitions = Transitions(observations, env_actions, oracle, dones)
+        metrics.update(env_steps=env_steps, replay_updates=replays, **episode_metrics(timesteps.info))
+        transitions = Transitions(observations, env_actions, timesteps.reward, timesteps.done)
         runner = Runner(params, avg_params, opt_state, memory, env_state, obs, key, env_steps,
                         runner.updates + 1 + replays)
         return runner, metrics, transitions

@@ -15,6 +15,14 @@ same signature.) A reward that needs the next observation (IBT, equation 2) read
 what they stored (``info={}``), so a reward function reads only its typed fields
 (:mod:`rlhf_jax.envs.core`).
 
+**Off-policy agents: rewards never go stale.** A learned reward is refit while the agent
+trains, so a reward computed when a step was taken is soon a reward of a model that is
+gone. Every off-policy agent (DQN, ACER) therefore recomputes r̂ from the *current*
+reward parameters when it samples its replay, calling ``reward_fn`` on the stored
+observations and actions and the rebuilt ``TimeStep``; its replay stores observations,
+actions and the environment's own step results (``timestep.reward``, the episode ends,
+``final_obs`` where it differs from the next stored observation), never learned rewards.
+
 **Training.** Each agent module provides
 
     init_runner(key, config, env) -> Runner              # all state of a run: a pytree
