@@ -2,7 +2,7 @@
 
     python -m benchmarks.reproduce --figure {2,3,5,6} [--tasks hopper,ant] [--budgets 350,1400]
         [--ablations "target,no ensemble"] [--baselines a2c,dqn] [--seeds N] [--steps N]
-        [--points N] [--quick] [--dry-run] [--runs-dir runs/reproduce]
+        [--points N] [--quick] [--dry-run] [--runs-dir runs/reproduce] [--backend {mjx,cpu}]
 
 What each figure runs (configs in ``configs/paper/``, one panel per task, one line per
 label budget or ablation, the agent on the true reward beside them, as in the paper):
@@ -29,6 +29,18 @@ interrupted one from its newest checkpoint (Ctrl-C saves one), and starts the re
 a setting and the runs it changes start afresh. Seeds go in the outer loop, so a figure
 is complete at one seed before the second seed of any line starts. ``--dry-run`` prints
 the plan as ``rlhf-jax train`` commands (to spread over machines) and runs nothing.
+
+**--backend cpu** (figure 2): the eight tasks on EnvPool's C MuJoCo (``env.id`` set to
+``envpool/<Task>-v5``, every other setting the config's), 5 copies per seed (see
+``CPU_NUM_ENVS``), 1M env steps per seed in every cell, 3 seeds. A *cell* is one line of one
+panel with all its seeds, run as one program: a sweep (:mod:`rlhf_jax.sweep`) whose seeds share
+one EnvPool pool, checkpointed every chunk, in ``runs/reproduce/fig2_cpu/<task>/<line>-<fingerprint>/``.
+The cells run RL and 700 labels task by task, then 1,400 labels, then 350. When a cell
+finishes it goes into the ledger ``reproduce_fig2_cpu_runs.json`` and the figure and
+``reproduce_fig2_cpu.json`` (per cell: each seed's final return, the mean, the wall time, the
+curve; per task the ratios to RL and the table; the command and commit) are written again.
+Run again, the same command skips finished cells and resumes a begun one from its newest
+checkpoint.
 
 Outputs: ``benchmarks/results/reproduce_fig<N>.png`` (the figure: mean over seeds, the band
 their range), ``reproduce_fig<N>.json`` (``write_result``: per task and line the mean curve
@@ -61,6 +73,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -117,6 +130,14 @@ MUJOCO_TASKS = {slug: _mujoco(slug, title) for slug, title in [
     ("reacher", "Reacher"), ("halfcheetah", "HalfCheetah"), ("hopper", "Hopper"), ("walker2d", "Walker2d"),
     ("swimmer", "Swimmer"), ("ant", "Ant"), ("invertedpendulum", "InvertedPendulum"),
     ("inverteddoublependulum", "InvertedDoublePendulum")]}
+
+
+def cpu_overrides(config_path: Path) -> list[str]:
+    """A MuJoCo config's MJX task on EnvPool's C MuJoCo instead: the CPU back end (``--backend cpu``)."""
+    env_id = load_config(ExperimentConfig, config_path, []).env.id
+    return [f"env.id=envpool/{env_id.split('/', 1)[1]}"]
+
+
 QUICK_TASKS = {"cartpole": Task("CartPole (gymnax)", CONFIGS / "rlhf_cartpole.yaml",
                                 (("a2c", CONFIGS / "a2c_cartpole.yaml"),))}
 
@@ -442,6 +463,181 @@ def _csv(text: str | None) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()] if text else []
 
 
+# ------------------------------------------------------------------ the CPU back end
+# --backend cpu: figure 2 on EnvPool's C MuJoCo, each cell (a task's line) its seeds as one
+# program: a sweep (rlhf_jax.sweep) whose members share one pool of seeds x copies.
+CPU_SEEDS = 3
+# Copies per seed. TRPO's batch of 5,000 env steps is then 1,000 steps of each copy: whole
+# episodes. With 64 copies started together (ends hidden: every episode 1,000 steps) each batch
+# would hold one 79-step phase of all of them, and the trust region would bound the policy's
+# change on that phase alone (configs/trpo_pendulum.yaml shows what that does).
+CPU_NUM_ENVS = 5
+CPU_STEPS = 1_000_000  # per seed, every cell (the README's figure-2 section says why)
+CPU_POINTS = 25
+CPU_BUDGETS = (700, 1400, 350)  # the 700-label column first, beside RL; then 1,400, then 350
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One line of one panel, all its seeds: one compiled program on the CPU back end."""
+
+    task: str
+    line: str
+    kind: str
+    config_path: Path
+    overrides: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.task}/{self.line}"
+
+
+def cpu_cells(figure: Figure, tasks: list[str], budgets: list[int], baselines: list[str]) -> list[Cell]:
+    """The cells in the order they run: RL and the first budget task by task, then each other
+    budget across the tasks."""
+    runs = plan(figure, tasks, budgets, [], baselines, 1)
+    column = lambda run: 0 if run.kind == "baseline" else budgets.index(int(run.line.split()[0]))
+    ordered = sorted(runs, key=lambda run: (column(run), tasks.index(run.task)))
+    return [Cell(run.task, run.line, run.kind, run.config_path,
+                 (*run.overrides, *cpu_overrides(run.config_path), f"env.num_envs={CPU_NUM_ENVS}"))
+            for run in ordered]
+
+
+def cell_config(cell: Cell, steps: int, points: int, runs_dir: Path) -> ExperimentConfig:
+    """The cell's config at its first seed (the sweep adds the others), checkpointed every chunk;
+    its directory ``runs_dir/<task>/<line>-<fingerprint>``."""
+    run = Run(cell.task, cell.line, cell.kind, 0, cell.config_path, (*cell.overrides, "run.checkpoint_every_updates=1"))
+    config = run_config(run, steps, points, runs_dir)
+    directory = runs_dir / cell.task / f"{slug(cell.line)}-{fingerprint_of(config)}"
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, dir=str(directory)))
+
+
+def sweep_records(cell: Cell, config: ExperimentConfig, directory: Path, seconds: float) -> list[dict]:
+    """The finished sweep's rows (``members.csv``) as one ledger record per seed."""
+    from rlhf_jax.sweep import Sweep
+
+    rows = Sweep.load(directory).rows()
+    records = []
+    for seed in sorted({int(r["seed"]) for r in rows}):
+        mine = sorted((r for r in rows if int(r["seed"]) == seed), key=lambda r: r["chunk"])
+        curve = {key: [None if math.isnan(r[key]) else r[key] for r in mine]
+                 for key in ("env_steps", "episode_return", "labels", "reward_accuracy") if key in mine[0]}
+        records.append({"task": cell.task, "line": cell.line, "kind": cell.kind, "seed": seed, "backend": "cpu",
+                        "config": str(cell.config_path.relative_to(ROOT)), "overrides": list(cell.overrides),
+                        "fingerprint": fingerprint_of(config), "run_dir": str(directory),
+                        "seconds": round(seconds, 1), **curve})
+    return records
+
+
+def execute_cells(cells: list[Cell], ledger_path: Path, runs_dir: Path, steps: int, points: int, seeds: int,
+                  after_cell: Callable | None = None, run_sweep: Callable | None = None) -> dict:
+    """Run every cell the ledger lacks, one sweep of ``seeds`` seeds each, and record it when it
+    finishes. A cell begun before goes on from its newest checkpoint (every chunk has one); a
+    finished one never runs again. ``run_sweep(directory, base, seeds)`` is the sweep unless given
+    (the tests give a stand-in); ``after_cell(ledger)`` runs after each cell is recorded."""
+    from rlhf_jax.sweep import SWEEP_FILE, Sweep
+
+    def sweep(directory: Path, base: dict, seeds: int) -> None:
+        if (directory / SWEEP_FILE).exists():
+            Sweep.load(directory).run()
+        else:
+            Sweep.create(directory, base, {}, seeds).run()
+
+    run_sweep = run_sweep or sweep
+    ledger = load_ledger(ledger_path)
+    todo = []
+    for cell in cells:
+        config = cell_config(cell, steps, points, runs_dir)
+        records = [ledger["runs"].get(f"{cell.key}/seed{seed}") for seed in range(seeds)]
+        if not all(r and r.get("fingerprint") == fingerprint_of(config) for r in records):
+            todo.append((cell, config))
+    print(f"{len(cells)} cells planned ({seeds} seeds each, one program per cell): "
+          f"{len(cells) - len(todo)} finished before (skipped), {len(todo)} to run", flush=True)
+    for index, (cell, config) in enumerate(todo):
+        print(f"[{index + 1}/{len(todo)}] {cell.task}, {cell.line} (load {os.getloadavg()[0]:.1f})", flush=True)
+        start = time.perf_counter()
+        run_sweep(Path(config.run.dir), to_dict(config), seeds)
+        records = sweep_records(cell, config, Path(config.run.dir), time.perf_counter() - start)
+        for record in records:
+            ledger["runs"][f"{cell.key}/seed{record['seed']}"] = record
+        save_json(ledger_path, ledger)
+        finals = [final_return(r["episode_return"]) for r in records]
+        print(f"    finished in {_duration(time.perf_counter() - start)}: final true returns "
+              f"{', '.join('-' if f is None else f'{f:.1f}' for f in finals)}", flush=True)
+        if after_cell is not None:
+            after_cell(ledger)
+    return ledger
+
+
+def with_ratios(result: dict) -> dict:
+    """Each line's final return beside RL's (the task's baseline) at the same steps: the plain
+    ratio where RL's return is positive, and the ratio of the gains over the untrained policy
+    (the mean first point of the task's curves), which also reads right for negative returns."""
+    for task, lines in result.items():
+        rl = next((cell for line, cell in lines.items() if line.startswith("RL (")), None)
+        starts = [cell["mean_return"][0] for cell in lines.values() if cell["mean_return"][0] is not None]
+        start = float(np.mean(starts)) if starts else None
+        for line, cell in lines.items():
+            final, base = cell["final_return"], rl and rl["final_return"]
+            known = final is not None and base is not None
+            cell["ratio_to_rl"] = round(final / base, 4) if known and base > 0 else None
+            gain = known and start is not None and base - start
+            cell["gain_ratio_to_rl"] = round((final - start) / gain, 4) if gain and gain > 0 else None
+    return result
+
+
+def ratio_table(result: dict, budgets: list[int]) -> str:
+    """Markdown: per task, RL's final return and each budget's, with its ratios to RL."""
+    head = ["| task | RL (TRPO, true reward) |"] + [f" {b} labels |" for b in budgets]
+    lines = ["".join(head), "| --- | ---: |" + " ---: |" * len(budgets)]
+    for task, cells in result.items():
+        rl = next((c for line, c in cells.items() if line.startswith("RL (")), None)
+        row = [f"| {task} | {_number(rl and rl['final_return'])} |"]
+        for budget in budgets:
+            cell = cells.get(f"{budget} labels")
+            row.append(" |" if cell is None else f" {_number(cell['final_return'])} "
+                       f"({_number(cell['ratio_to_rl'], 2)}; {_number(cell['gain_ratio_to_rl'], 2)}) |")
+        lines.append("".join(row))
+    return "\n".join(lines)
+
+
+def _number(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def cpu_headline(result: dict) -> list:
+    """The report's rows: each task's 700-label cell against RL (target 0.8 of RL's gain over the
+    untrained policy), and how many tasks meet it (the paper's claim: at least 6 of 8)."""
+    from benchmarks.common import Headline, Target
+
+    rows = []
+    for task, cells in result["tasks"].items():
+        rl = next((c for line, c in cells.items() if line.startswith("RL (")), None)
+        cell = cells.get("700 labels")
+        if cell is None or rl is None:
+            continue
+        rows.append(Headline(f"Figure 2 on the CPU, {task}: final true return from 700 labels vs TRPO on the true "
+                             f"reward (ratio of gains over the untrained policy)", cell["final_return"],
+                             rl["final_return"], cell["gain_ratio_to_rl"],
+                             Target.on(result, f"{task}_700_labels_gain_ratio", ">=", 0.8)))
+    rows.append(Headline("Figure 2 on the CPU: tasks whose 700-label cell reaches 0.8 of RL (of those finished)",
+                         result["tasks_at_0.8_from_700_labels"], len(rows), None,
+                         Target.on(result, "tasks_at_0.8_from_700_labels", ">=", 6)))
+    return rows
+
+
+def git_commit() -> dict:
+    import subprocess
+
+    def git(*words):
+        return subprocess.run(["git", *words], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"),
+            "uncommitted_changes": bool(git("status", "--porcelain", "--", "rlhf_jax", "benchmarks/reproduce.py",
+                                            "configs/paper"))}
+
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -459,16 +655,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="CartPole, short runs, one seed: a few minutes on a CPU")
     parser.add_argument("--dry-run", action="store_true", help="print the runs as rlhf-jax train commands; run nothing")
     parser.add_argument("--runs-dir", default="runs/reproduce", help="where the runs' directories go")
+    parser.add_argument("--backend", choices=("mjx", "cpu"), default="mjx",
+                        help="figure 2's MuJoCo: mjx (the configs' own, for an accelerator) or cpu (EnvPool's C "
+                        f"MuJoCo, {CPU_SEEDS} seeds vmapped per cell, {CPU_STEPS:,} env steps each)")
     args = parser.parse_args(argv)
 
     figure = FIGURES[args.figure]
+    cpu = args.backend == "cpu"
+    if cpu and (args.figure != 2 or args.quick):
+        parser.error("--backend cpu runs figure 2 (without --quick)")
     task_table = QUICK_TASKS if args.quick else figure.tasks
     tasks = _csv(args.tasks) or list(task_table)
     unknown = [t for t in tasks if t not in task_table]
     if unknown:
         parser.error(f"unknown tasks {unknown} for figure {figure.number}{' --quick' if args.quick else ''}; "
                      f"known: {', '.join(task_table)}")
-    budgets = [int(b) for b in _csv(args.budgets)] or list(QUICK_BUDGETS[figure.number] if args.quick else figure.budgets)
+    budgets = [int(b) for b in _csv(args.budgets)] or list(
+        QUICK_BUDGETS[figure.number] if args.quick else CPU_BUDGETS if cpu else figure.budgets)
     if args.ablations in ("all", "none"):
         ablations = list(read_ablations()) if args.ablations == "all" else []
     elif args.ablations:
@@ -484,17 +687,22 @@ def main(argv: list[str] | None = None) -> None:
         baselines = _csv(args.baselines)
     else:  # the paper's "RL": the task's first baseline
         baselines = [task_table[tasks[0]].baselines[0][0]]
-    seeds = args.seeds or (1 if args.quick else figure.seeds)
-    steps = args.steps or (QUICK_STEPS if args.quick else 0)
-    points = args.points or (QUICK_POINTS if args.quick else 0)
+    seeds = args.seeds or (1 if args.quick else CPU_SEEDS if cpu else figure.seeds)
+    steps = args.steps or (QUICK_STEPS if args.quick else CPU_STEPS if cpu else 0)
+    points = args.points or (QUICK_POINTS if args.quick else CPU_POINTS if cpu else 0)
     try:
         runs = plan(figure, tasks, budgets, ablations, baselines, seeds, task_table)
     except ConfigError as error:
         parser.error(str(error))
 
-    name = f"reproduce_fig{figure.number}" + ("_quick" if args.quick else "")
+    name = f"reproduce_fig{figure.number}" + ("_quick" if args.quick else "") + ("_cpu" if cpu else "")
     runs_dir = Path(args.runs_dir) / name.removeprefix("reproduce_")
     if args.dry_run:
+        if cpu:
+            for cell in cpu_cells(figure, tasks, budgets, baselines):
+                config = cell_config(cell, steps, points, runs_dir)
+                print(f"rlhf-jax sweep {run_command(Run(cell.task, cell.line, cell.kind, 0, cell.config_path, ()), config).removeprefix('rlhf-jax train ')} --seeds {seeds} --dir {config.run.dir}   # {cell.key}")
+            return
         for run in runs:
             config = run_config(run, steps, points, runs_dir)
             print(f"{run_command(run, config)}   # {run.key}")
@@ -504,25 +712,47 @@ def main(argv: list[str] | None = None) -> None:
     png = RESULTS / f"{name}.png"
     task_order = list(task_table)
     start = time.perf_counter()
+    title = f"{figure.title}; --quick: CartPole, short runs" if args.quick else figure.title
+    if cpu:
+        title = f"{figure.title} (EnvPool C MuJoCo on the CPU, {seeds} seeds vmapped per cell)"
+
+    def publish(ledger: dict) -> dict:
+        """The figure, and the JSON of every finished cell: after each one, and at the end."""
+        plot(ledger, figure, task_order, png, args.quick)
+        result = summary(ledger, task_order)
+        extra = {}
+        if cpu:
+            result = with_ratios(result)
+            gains = {task: cells["700 labels"]["gain_ratio_to_rl"] for task, cells in result.items()
+                     if "700 labels" in cells and any(line.startswith("RL (") for line in cells)}
+            extra = {"command": "python -m benchmarks.reproduce " + " ".join(sys.argv[1:] if argv is None else argv),
+                     **git_commit(), "cells_finished": sorted({f"{r['task']}/{r['line']}" for r in ledger["runs"].values()}),
+                     "table": ratio_table(result, budgets),
+                     **{f"{task}_700_labels_gain_ratio": gain for task, gain in gains.items()},
+                     "tasks_at_0.8_from_700_labels": sum(1 for g in gains.values() if g is not None and g >= 0.8)}
+        write_result(name, {
+            "figure": figure.number, "quick": args.quick, "backend": args.backend, "title": title,
+            "planned": {"tasks": tasks, "budgets": budgets, "ablations": ablations, "baselines": baselines,
+                        "seeds": seeds, "steps": steps or "each config's", "points": points or "each config's"},
+            "seconds_this_invocation": round(time.perf_counter() - start, 1),
+            "figure_png": str(png.relative_to(ROOT)), "ledger": str(ledger_path.relative_to(ROOT)),
+            **extra, "tasks": result,
+        }, headline=cpu_headline if cpu else None)
+        return result
+
     try:
-        ledger = execute(runs, ledger_path, runs_dir, steps, points,
-                         after_run=lambda ledger: plot(ledger, figure, task_order, png, args.quick))
+        if cpu:
+            ledger = execute_cells(cpu_cells(figure, tasks, budgets, baselines), ledger_path, runs_dir, steps, points,
+                                   seeds, after_cell=publish)
+        else:
+            ledger = execute(runs, ledger_path, runs_dir, steps, points,
+                             after_run=lambda ledger: plot(ledger, figure, task_order, png, args.quick))
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished runs are in {ledger_path}; the same command goes on from there",
               file=sys.stderr)
         sys.exit(130)
-    plot(ledger, figure, task_order, png, args.quick)
-    result = summary(ledger, task_order)
-    print(table(result))
-    write_result(name, {
-        "figure": figure.number, "quick": args.quick,
-        "title": f"{figure.title}; --quick: CartPole, short runs" if args.quick else figure.title,
-        "planned": {"tasks": tasks, "budgets": budgets, "ablations": ablations, "baselines": baselines,
-                    "seeds": seeds, "steps": steps or "each config's", "points": points or "each config's"},
-        "seconds_this_invocation": round(time.perf_counter() - start, 1),
-        "figure_png": str(png.relative_to(ROOT)), "ledger": str(ledger_path.relative_to(ROOT)),
-        "tasks": result,
-    })
+    result = publish(ledger)
+    print(ratio_table(result, budgets) if cpu else table(result))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,192 @@
+"""TRPO and the RLHF loop on EnvPool's C MuJoCo, against raw EnvPool stepping at the same copies.
+
+    python -m benchmarks.mujoco_throughput [--quick] [--tasks hopper,ant] [--rounds N] [--num-envs N]
+
+For each task, with the settings of ``configs/paper/mujoco/`` on the CPU back end (``env.id``
+``envpool/<Task>-v5``, 64 copies), four sides take turns, A, B, C, D in every round, so that
+load from other work falls on all of them alike (compiling excluded: each side runs once first):
+
+* ``raw``: EnvPool's own Python loop, ``pool.step`` with random actions, the same copies;
+* ``env``: our environment stepped inside a jitted ``lax.scan`` (random actions), through its
+  host callback: what the agents' rollouts pay for the environment alone;
+* ``trpo``: TRPO on the true reward (``<task>_trpo.yaml``), one chunk as ``rlhf-jax train`` runs it;
+* ``rlhf``: the RLHF loop (``<task>.yaml``: 700 labels, hidden ends, no torque cost), one chunk.
+
+Each figure is the median over rounds, with [min, max]; each ratio is the median of the
+ratios measured within a round. The machine's load average is recorded beside every
+measurement. Targets: ``trpo_over_raw`` >= 0.8 at 64 copies, ``rlhf_over_trpo`` >= 0.5.
+Beside them, what the time goes to: one TRPO iteration split into its rollout and its update,
+and XLA's count of the arithmetic per env step of TRPO and of the loop (its fitting apart).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import envpool
+import jax
+import numpy as np
+
+from benchmarks.common import Headline, Target, enable_compilation_cache, write_result
+from benchmarks.reproduce import MUJOCO_TASKS, cpu_overrides
+from benchmarks.rlhf_overhead import flops_per_env_step
+from rlhf_jax.config import ExperimentConfig, load_config
+from rlhf_jax.trainer import make_training
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+class Raw:
+    """EnvPool's own loop: ``steps`` vector steps of random actions."""
+
+    def __init__(self, name: str, num_envs: int, steps: int):
+        self.pool = envpool.make(name, env_type="gymnasium", num_envs=num_envs, seed=0)
+        self.pool.reset()
+        space = self.pool.action_space
+        self.actions = np.random.default_rng(0).uniform(space.low, space.high, (steps, num_envs, *space.shape))
+        self.env_steps = steps * num_envs
+
+    def __call__(self):
+        for action in self.actions:
+            self.pool.step(action)
+
+
+class ThroughCallback:
+    """Our environment, ``steps`` random-action steps in one jitted scan."""
+
+    def __init__(self, training, steps: int):
+        env = training.env
+        space = env.action_space
+        shape = (env.num_envs, *space.shape)
+
+        def run(state, key):
+            def body(state, key):
+                state, timestep = env.step(state, jax.random.uniform(key, shape, minval=space.low, maxval=space.high))
+                return state, timestep.reward.sum()
+            return jax.lax.scan(body, state, jax.random.split(key, steps))
+
+        self.run = jax.jit(run, donate_argnums=0)
+        self.state, _ = env.reset(jax.random.PRNGKey(0))
+        self.key = jax.random.PRNGKey(1)
+        self.env_steps = steps * env.num_envs
+        self()
+
+    def __call__(self):
+        self.key, key = jax.random.split(self.key)
+        self.state, total = self.run(self.state, key)
+        jax.block_until_ready(total)
+
+
+class Chunk:
+    """One chunk of a run, as ``rlhf-jax train`` runs it; the first call compiles."""
+
+    def __init__(self, config: ExperimentConfig):
+        self.training = make_training(config)
+        self.state = self.training.init_runner(jax.random.PRNGKey(0))
+        self.env_steps = self.training.chunk_iterations * self.training.steps_per_iteration
+        self()
+
+    def __call__(self):
+        self.state, metrics = self.training.run_chunk(self.state, 1)
+        jax.block_until_ready((self.state, metrics))
+
+
+def rollout_and_update_ms(training) -> dict:
+    """One TRPO iteration's time, and its update's alone (the iteration on a rollout of one
+    step per copy costs the update plus one step), in ms, best of 3."""
+    import dataclasses
+
+    from rlhf_jax.agents import trpo
+    from rlhf_jax.agents.base import env_reward
+
+    def best(config) -> float:
+        iteration = jax.jit(lambda r: trpo.make_iteration(config, training.env, env_reward)(r)[:2], donate_argnums=0)
+        runner = jax.jit(lambda key: trpo.init_runner(key, config, training.env))(jax.random.PRNGKey(0))
+        runner = jax.block_until_ready(iteration(runner)[0])
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            runner = jax.block_until_ready(iteration(runner)[0])
+            times.append(time.perf_counter() - start)
+        return 1e3 * min(times)
+
+    config = training.agent_config
+    whole = best(config)
+    one_step = best(dataclasses.replace(config, batch_size=training.env.num_envs))
+    return {"iteration_ms": whole, "update_ms": one_step}
+
+
+def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict:
+    info = MUJOCO_TASKS[task]
+    size = [f"env.num_envs={num_envs}", f"run.chunk_env_steps={chunk_env_steps}"]
+    trpo_config = load_config(ExperimentConfig, info.baselines[0][1], [*cpu_overrides(info.baselines[0][1]), *size])
+    rlhf_config = load_config(ExperimentConfig, info.rlhf, [*cpu_overrides(info.rlhf), *size])
+    sides = {"trpo": Chunk(trpo_config), "rlhf": Chunk(rlhf_config)}
+    steps = sides["trpo"].env_steps // num_envs
+    sides = {"raw": Raw(trpo_config.env.name, num_envs, steps),
+             "env": ThroughCallback(sides["trpo"].training, steps), **sides}
+    rates = {name: [] for name in sides}
+    loads = []
+    for _ in range(rounds):
+        for name, side in sides.items():
+            loads.append(load())
+            start = time.perf_counter()
+            side()
+            rates[name].append(side.env_steps / (time.perf_counter() - start))
+    ratios = {
+        "env_over_raw": [e / r for e, r in zip(rates["env"], rates["raw"])],
+        "trpo_over_raw": [t / r for t, r in zip(rates["trpo"], rates["raw"])],
+        "rlhf_over_trpo": [h / t for h, t in zip(rates["rlhf"], rates["trpo"])],
+    }
+    flops = flops_per_env_step(sides["rlhf"].training, sides["trpo"].training)
+    result = {
+        "num_envs": num_envs, "rounds": rounds, "env_steps_per_measurement": {n: s.env_steps for n, s in sides.items()},
+        "load_during": {"median": float(np.median(loads)), "min": min(loads), "max": max(loads)},
+        **{f"{name}_steps_per_s": round(float(np.median(v)), 1) for name, v in rates.items()},
+        **{f"{name}_steps_per_s_range": [round(min(v), 1), round(max(v), 1)] for name, v in rates.items()},
+        **{name: round(float(np.median(v)), 4) for name, v in ratios.items()},
+        **{f"{name}_range": [round(min(v), 4), round(max(v), 4)] for name, v in ratios.items()},
+        **{f"trpo_{k}": round(v, 2) for k, v in rollout_and_update_ms(sides["trpo"].training).items()},
+        **{f"flops_per_env_step_{k}": round(v) for k, v in flops.items()},
+    }
+    print(f"{task}: {result}", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="Hopper only, 3 rounds")
+    parser.add_argument("--tasks", default="hopper", help=f"comma-separated, of {', '.join(MUJOCO_TASKS)}")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--num-envs", type=int, default=64)
+    parser.add_argument("--chunk-env-steps", type=int, default=20_000, help="env steps per measurement (about)")
+    args = parser.parse_args()
+    enable_compilation_cache()
+    tasks = ["hopper"] if args.quick else args.tasks.split(",")
+    rounds = 3 if args.quick else args.rounds
+    load_before = load()
+    results = {task: measure(task, args.num_envs, rounds, args.chunk_env_steps) for task in tasks}
+    write_result("mujoco_throughput_quick" if args.quick else "mujoco_throughput", {
+        "quick": args.quick, "load_before": load_before, "load_after": load(), "tasks": results,
+    }, headline=headline)
+
+
+def headline(result: dict) -> list[Headline]:
+    """The report's rows, per task: TRPO over raw EnvPool (target 0.8), the loop over TRPO (target 0.5)."""
+    rows = []
+    for task, r in result["tasks"].items():
+        n = r["num_envs"]
+        rows.append(Headline(f"{task}: TRPO (true reward) env steps/s vs raw EnvPool stepping, {n} copies",
+                             r["trpo_steps_per_s"], r["raw_steps_per_s"], r["trpo_over_raw"],
+                             Target.on(r, "trpo_over_raw", ">=", 0.8)))
+        rows.append(Headline(f"{task}: RLHF loop (700 labels) env steps/s vs TRPO on the true reward, {n} copies",
+                             r["rlhf_steps_per_s"], r["trpo_steps_per_s"], r["rlhf_over_trpo"],
+                             Target.on(r, "rlhf_over_trpo", ">=", 0.5)))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""``benchmarks/reproduce.py --figure 2 --backend cpu``: the plan of cells, and their bookkeeping
+(each cell one sweep of its seeds, recorded when it finishes, never run again), with a stand-in
+for the sweep."""
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks import reproduce
+from rlhf_jax.sweep import SWEEP_FILE
+
+TASKS = ["reacher", "hopper"]
+
+
+def test_cells_run_rl_and_700_labels_first_on_envpool():
+    cells = reproduce.cpu_cells(reproduce.FIGURES[2], TASKS, [700, 1400, 350], ["trpo"])
+    assert [c.key for c in cells] == [
+        "reacher/RL (trpo)", "reacher/700 labels", "hopper/RL (trpo)", "hopper/700 labels",
+        "reacher/1400 labels", "hopper/1400 labels", "reacher/350 labels", "hopper/350 labels"]
+    config = reproduce.cell_config(cells[3], 20_000, 4, Path("/tmp/unused"))
+    assert config.env.id == "envpool/Hopper-v5" and config.env.num_envs == reproduce.CPU_NUM_ENVS
+    assert config.env.hide_episode_end and not config.env.control_cost and config.preferences.labels == 700
+    assert config.trpo.batch_size == 5_000 and config.trpo.entropy_coef == 0.01  # the paper's, as on MJX
+    assert config.run.chunk_env_steps == 5_000 and config.run.checkpoint_every_updates == 1
+
+
+def fake_sweep(calls, interrupt_at=None):
+    """A stand-in for the sweep: writes what a finished one leaves (sweep.yaml, members.csv)."""
+    def run_sweep(directory, base, seeds):
+        calls.append(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / SWEEP_FILE).write_text(yaml.safe_dump({"base": base, "swept": {}, "seeds": seeds}))
+        if interrupt_at is not None and len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        returns = 100.0 if "trpo" in base["name"] else 80.0
+        with (directory / "members.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, ["group", "chunk", "member", "seed", "label", "env_steps", "episode_return"])
+            writer.writeheader()
+            for seed in range(seeds):
+                for chunk in range(2):
+                    writer.writerow({"group": 0, "chunk": chunk, "member": seed, "seed": seed, "label": "base",
+                                     "env_steps": 5000 * (chunk + 1), "episode_return": (chunk + 1) * returns / 2})
+    return run_sweep
+
+
+def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
+    cells = reproduce.cpu_cells(reproduce.FIGURES[2], ["hopper"], [700], ["trpo"])
+    ledger_path, runs_dir = tmp_path / "ledger.json", tmp_path / "runs"
+    execute = lambda calls, **kw: reproduce.execute_cells(  # noqa: E731
+        cells, ledger_path, runs_dir, 10_000, 2, 2, run_sweep=fake_sweep(calls, **kw))
+    calls = []
+    with pytest.raises(KeyboardInterrupt):  # the second cell is interrupted: the first is kept
+        execute(calls, interrupt_at=2)
+    assert sorted(json.loads(ledger_path.read_text())["runs"]) == ["hopper/RL (trpo)/seed0", "hopper/RL (trpo)/seed1"]
+    calls = []
+    ledger = execute(calls)
+    assert len(calls) == 1 and calls[0].name.startswith("700-labels-")  # only the unfinished cell
+    record = ledger["runs"]["hopper/700 labels/seed1"]
+    assert record["episode_return"] == [40.0, 80.0] and record["backend"] == "cpu"
+    calls = []
+    execute(calls)
+    assert calls == []  # every cell finished: nothing runs again
+
+    result = reproduce.with_ratios(reproduce.summary(ledger, ["hopper"]))
+    cell = result["hopper"]["700 labels"]
+    assert cell["ratio_to_rl"] == pytest.approx(0.8)
+    # gains over the first point (the mean of both lines' first points, 45): (80 - 45) / (100 - 45)
+    assert cell["gain_ratio_to_rl"] == pytest.approx(35 / 55, abs=1e-4)
+    assert "| hopper | 100.0 | 80.0 (0.80; 0.64) |" in reproduce.ratio_table(result, [700])
