@@ -123,6 +123,17 @@ def test_clip_plays_back(env_id, tmp_path, request):
     assert data.find(b"moov") < data.find(b"mdat"), "the index is not at the front (+faststart)"
 
 
+def test_a_clip_can_play_slower_than_real_time(tmp_path):
+    """An episode to annotate is slowed down (rlhf_jax.feedback.labeler.clip_fps): 50 CartPole
+    steps at CartPole's 50 fps lasted 1 s. The same frames, only timed differently."""
+    spec, obs = spec_of("gymnax/CartPole-v1"), cartpole_obs(50)
+    path = clips.render_clip(spec, obs, tmp_path / "slow.mp4", fps=5.0)
+    meta, decoded = decode(path)
+    count, seconds = imageio_ffmpeg.count_frames_and_secs(str(path))
+    assert meta["fps"] == pytest.approx(5.0) and count == 50 and seconds == pytest.approx(10.0, abs=0.11)
+    assert np.abs(decoded.astype(np.float32) - clips.render_frames(spec, obs)).mean() < 12
+
+
 # ------------------------------------------------------------------------------------
 # What each back end draws
 # ------------------------------------------------------------------------------------

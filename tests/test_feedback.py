@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from rlhf_jax.cli import main
 from rlhf_jax.feedback.config import PeopleConfig
-from rlhf_jax.feedback.labeler import PeopleLabeler
+from rlhf_jax.feedback.labeler import ANNOTATE_MIN_SECONDS, PeopleLabeler
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
 from rlhf_jax.feedback.webapp import TOKEN_COOKIE, create_app
 from rlhf_jax.reward.people import Query
@@ -19,7 +19,7 @@ from rlhf_jax.reward.people import Query
 CLIP_BYTES = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 4  # stands in for an MP4
 
 
-def fake_render(obs, path):
+def fake_render(obs, path, fps):
     """Writes a stand-in clip: these tests are about the store and the app, not about video."""
     path.write_bytes(CLIP_BYTES)
 
@@ -86,8 +86,27 @@ def test_answers_reach_training_once_and_again_after_a_restart_until_a_checkpoin
     assert rows(run_dir, "SELECT query_id, in_checkpoint FROM answers ORDER BY query_id") == [(0, 1), (1, 0), (3, 0)]
 
 
+def test_an_episode_to_annotate_lasts_long_enough_to_mark_and_a_pair_plays_in_real_time(tmp_path):
+    """50 CartPole steps at the environment's 50 fps made a 1 s clip, over before anyone could
+    mark it: an episode plays slowed down, at the frame rate the store records for the page."""
+    rendered = []
+
+    def render(obs, path, fps):
+        rendered.append(fps)
+        path.write_bytes(CLIP_BYTES)
+
+    labeler = PeopleLabeler(tmp_path, render, fps=50.0)
+    labeler.ask([pair_query(0, k=50), episode_query(1, k=50), episode_query(2, k=1000)])
+    labeler.wait_for_renders()
+    store = LabelStore(tmp_path / STORE_FILE)
+    episode = store.query(1)
+    assert episode.frames / episode.fps >= ANNOTATE_MIN_SECONDS  # how long the clip plays
+    assert store.query(0).fps == store.query(2).fps == 50.0  # a pair, and a long episode: in real time
+    assert rendered == [50.0, 50.0, episode.fps, 50.0]  # each clip written at the rate recorded
+
+
 def test_a_failed_render_is_reported_to_the_training_loop(tmp_path):
-    def broken(obs, path):
+    def broken(obs, path, fps):
         raise OSError("disk full")
 
     labeler = PeopleLabeler(tmp_path, broken, fps=50.0)

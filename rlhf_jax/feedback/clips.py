@@ -5,7 +5,7 @@ segment of observations becomes a short MP4 file:
 
     frames = render_frames(spec, obs)        # uint8 [k, H, W, 3], one picture per observation
     write_clip(frames, path, fps=spec.fps)   # H.264 MP4, replaced atomically
-    render_clip(spec, obs, path)             # both, at the environment's real frame rate
+    render_clip(spec, obs, path)             # both, at the environment's real frame rate (or fps=)
 
 ``obs`` is a NumPy array ``[k, *spec.observation_shape]`` (one segment of one copy), and
 ``spec`` the :class:`rlhf_jax.envs.EnvSpec` of the environment that produced it. Clips
@@ -174,9 +174,10 @@ def write_clip(frames, path, fps: float) -> Path:
     return path
 
 
-def render_clip(spec: EnvSpec, obs, path) -> Path:
-    """Render ``obs`` (``[k, *spec.observation_shape]``) and write it to ``path`` at ``spec.fps``."""
-    return write_clip(render_frames(spec, obs), path, spec.fps)
+def render_clip(spec: EnvSpec, obs, path, fps: float | None = None) -> Path:
+    """Render ``obs`` (``[k, *spec.observation_shape]``) and write it to ``path`` at ``fps``
+    frames a second (default ``spec.fps``, the environment's real pace)."""
+    return write_clip(render_frames(spec, obs), path, spec.fps if fps is None else fps)
 
 
 def check_renderable(env_id: str) -> None:

@@ -26,6 +26,17 @@ from rlhf_jax.reward.people import Answer, Query
 
 CLIPS_DIR = "clips"
 QUERIES_DIR = "queries"
+# An episode to mark plays slowed down to last at least this long: at the environment's own
+# pace it can be over before a person has seen it (50 CartPole steps at 50 fps: 1 s).
+ANNOTATE_MIN_SECONDS = 10.0
+
+
+def clip_fps(kind: str, frames: int, fps: float) -> float:
+    """The frame rate of a query's clips: the environment's own ``fps`` for a comparison (the
+    paper's clips play in real time), slower for an episode to annotate if it would otherwise
+    last less than :data:`ANNOTATE_MIN_SECONDS`. The store records it with the query, so the
+    page maps a clip's time to frames by it."""
+    return min(fps, frames / ANNOTATE_MIN_SECONDS) if kind == "annotate" else fps
 
 
 def save_arrays(path: Path, **arrays) -> None:
@@ -39,8 +50,9 @@ def save_arrays(path: Path, **arrays) -> None:
 class PeopleLabeler:
     """Queries to people through the label store of ``run_dir``.
 
-    ``render(obs [k, ...], path)`` writes one clip (:func:`rlhf_jax.feedback.clips.render_clip`
-    for the run's environment); ``fps`` is the clips' frame rate, recorded with each query."""
+    ``render(obs [k, ...], path, fps)`` writes one clip at ``fps`` frames a second
+    (:func:`rlhf_jax.feedback.clips.render_clip` for the run's environment); ``fps`` is the
+    environment's frame rate, from which :func:`clip_fps` sets each query's."""
 
     def __init__(self, run_dir: str | Path, render, fps: float):
         self.run_dir = Path(run_dir)
@@ -113,13 +125,14 @@ class PeopleLabeler:
         arrays = f"q{query.id}.npz"
         save_arrays(self.run_dir / QUERIES_DIR / arrays, obs=query.obs, action=query.action,
                     oracle_reward=query.oracle_reward)
+        frames = query.obs.shape[1]
+        fps = clip_fps(kind, frames, self.fps)
         clips = []
         for side, obs in enumerate(query.obs):
             name = f"q{query.id}_{side}.mp4"
-            self.render(np.asarray(obs), self.run_dir / CLIPS_DIR / name)
+            self.render(np.asarray(obs), self.run_dir / CLIPS_DIR / name, fps)
             clips.append(name)
-        self.store.add_query(query.id, kind, clips, arrays, frames=query.obs.shape[1], fps=self.fps,
-                             priority=priority)
+        self.store.add_query(query.id, kind, clips, arrays, frames=frames, fps=fps, priority=priority)
 
     def _load(self, row: QueryRow) -> Query:
         with np.load(self.run_dir / QUERIES_DIR / row.segments) as arrays:
