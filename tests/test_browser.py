@@ -4,9 +4,10 @@ Needs Debian's ``chromium`` and ``chromium-driver`` (``tests/install_browser.sh`
 README's test command and ``.ci/run`` call). Set ``RLHF_JAX_SCREENSHOTS=DIR`` to keep
 screenshots of both pages (the README's come from here).
 """
+import http.server
 import os
+import re
 import shutil
-import socket
 import sqlite3
 import threading
 import time
@@ -18,7 +19,7 @@ import pytest
 from rlhf_jax.feedback.clips import write_clip
 from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
-from rlhf_jax.feedback.webapp import create_app
+from rlhf_jax.feedback.webapp import create_app, listen
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
@@ -57,7 +58,9 @@ def browser(tmp_path_factory):
 
 @pytest.fixture
 def site(tmp_path):
-    """A run with four comparisons and one 20-frame episode, served on a free local port."""
+    """A run with four comparisons and one 20-frame episode, served on a free local port.
+    Yields its address, the run directory, and (method, path, Origin) of every request the
+    server has had."""
     import uvicorn
 
     store = LabelStore(tmp_path / STORE_FILE)
@@ -69,18 +72,24 @@ def site(tmp_path):
     write_clip(moving_square(0), tmp_path / "clips" / "q4_0.mp4", FPS)
     store.add_query(4, "annotate", ["q4_0.mp4"], "q4.npz", FRAMES, FPS)
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    app = create_app(tmp_path, PeopleConfig(instruction=INSTRUCTION))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    listener = listen("127.0.0.1", 0)
+    port = listener.getsockname()[1]
+    app = create_app(tmp_path, PeopleConfig(instruction=INSTRUCTION), port=port)
+    requests = []
+
+    async def recorded(scope, receive, send):
+        if scope["type"] == "http":
+            requests.append((scope["method"], scope["path"], dict(scope["headers"]).get(b"origin", b"").decode()))
+        await app(scope, receive, send)
+
+    server = uvicorn.Server(uvicorn.Config(recorded, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", tmp_path
+    wait_for(lambda: server.started, "the label server")
+    yield f"http://127.0.0.1:{port}", tmp_path, requests
     server.should_exit = True
     thread.join(10)
+    listener.close()
 
 
 def rows(run_dir: Path, sql: str):
@@ -117,14 +126,14 @@ def test_the_compare_page_answers_with_a_click_and_with_each_key(browser, site):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    url, run_dir = site
+    url, run_dir, _ = site
     browser.get(f"{url}/compare")
     assert INSTRUCTION in browser.find_element(By.ID, "instruction").text
     answers = lambda: rows(run_dir, "SELECT query_id, choice FROM answers ORDER BY query_id")
     shown = lambda: browser.execute_script("return document.getElementById('left').getAttribute('src')")
 
     wait_for(lambda: playing(browser, "left") and playing(browser, "right"), "both clips to play")
-    wait_for(lambda: "0 answered · 4 waiting" in browser.find_element(By.ID, "counter").text, "the counter")
+    wait_for(lambda: "0 answered · 4 waiting for you" in browser.find_element(By.ID, "counter").text, "the counter")
     screenshot(browser, "compare.png")
     browser.find_element(By.CSS_SELECTOR, "[data-choice=left]").click()
     wait_for(lambda: answers() == [(0, "left")], "the click's answer")
@@ -150,20 +159,27 @@ def test_the_compare_page_answers_with_a_click_and_with_each_key(browser, site):
 def test_the_annotate_page_marks_moments_removes_one_and_submits(browser, site):
     from selenium.webdriver.common.by import By
 
-    url, run_dir = site
+    url, run_dir, _ = site
     browser.get(f"{url}/annotate")
-    wait_for(lambda: browser.execute_script("return document.getElementById('episode').readyState >= 2"),
-             "the episode to load")
+    # It plays by itself (it used not to), and can be stopped at any frame.
+    wait_for(lambda: browser.execute_script("const v = document.getElementById('episode');"
+                                            "return v.played.length > 0 && v.played.end(0) > 0"),
+             "the episode to play by itself")
     frame = lambda: int(browser.find_element(By.ID, "frame").text)
     press = lambda key: browser.find_element(By.TAG_NAME, "body").send_keys(key)
+    drag_to = lambda frame: browser.execute_script(
+        "const s = document.getElementById('scrub'); s.value = arguments[0]; s.dispatchEvent(new Event('input'));",
+        frame)
     from selenium.webdriver.common.keys import Keys
 
+    drag_to(0)  # pauses it at the first frame
+    wait_for(lambda: frame() == 0 and browser.execute_script("return document.getElementById('episode').paused"),
+             "frame 0, paused")
     for _ in range(3):
         press(Keys.ARROW_RIGHT)  # one frame on
     wait_for(lambda: frame() == 3, "frame 3")
     press("p")  # progress at frame 3
-    browser.execute_script("const s = document.getElementById('scrub'); s.value = 12;"
-                           "s.dispatchEvent(new Event('input'));")  # drag the timeline to frame 12
+    drag_to(12)  # drag the timeline to frame 12
     wait_for(lambda: frame() == 12, "frame 12")
     press("r")  # regress at frame 12
     press(Keys.ARROW_LEFT)
@@ -181,3 +197,88 @@ def test_the_annotate_page_marks_moments_removes_one_and_submits(browser, site):
     assert rows(run_dir, "SELECT query_id, step, sign FROM marks ORDER BY step") == [(4, 3, 1), (4, 12, -1)]
     assert rows(run_dir, "SELECT query_id, choice FROM answers") == [(4, "marked")]
     wait_for(lambda: browser.find_element(By.ID, "empty").is_displayed(), "the 'no episodes waiting' state")
+
+
+def test_the_counter_tells_what_waits_for_you_from_what_someone_else_holds(browser, site):
+    from selenium.webdriver.common.by import By
+
+    url, run_dir, requests = site
+    LabelStore(run_dir / STORE_FILE).next_query("compare", "bob")  # bob's page shows query 0
+    browser.get(f"{url}/compare")
+    counter = lambda: browser.find_element(By.ID, "counter").text
+    wait_for(lambda: "held" in counter(), "the counter")
+    shown = re.fullmatch(r"0 answered · 3 waiting for you · 1 held by someone else: bob \(expires in (\d+) s\)",
+                         counter())
+    assert shown and 0 < int(shown.group(1)) <= 20, counter()  # people.heartbeat_timeout_s, unless bob's page renews
+    # This page renews its own hold (every 5 s by default), and the server accepts the renewal.
+    wait_for(lambda: rows(run_dir, "SELECT seen_at > assigned_at FROM queries WHERE id = 1") == [(1,)],
+             "the page to renew its hold", timeout=12)
+    assert ("POST", "/api/queries/1/hold", url) in requests
+
+
+# A page of another site (here: another local port) that tries, on its own, every way a page
+# can send a request to the label server without asking it first, and a preflighted one.
+OTHER_SITE = """<!doctype html>
+<title>another site</title>
+<iframe name="sink"></iframe>
+<form id="form" method="POST" enctype="text/plain" target="sink" action="TARGET/api/queries/0/answer">
+  <input name='{"choice": "left", "who": "mallory", "x": "' value='"}'>
+</form>
+<p id="done"></p>
+<script>
+const target = "TARGET", body = JSON.stringify({choice: "left", who: "mallory"});
+document.getElementById("form").submit();
+Promise.allSettled([
+  fetch(`${target}/api/queries/0/answer`, {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}, body}),
+  fetch(`${target}/api/queries/1/answer`, {method: "POST", headers: {"Content-Type": "application/json"}, body}),
+  fetch(`${target}/compare`).then((response) => response.text()),  // the page, for its secret
+]).then((results) => { document.getElementById("done").textContent = results.map((r) => r.status).join(" "); });
+</script>
+"""
+
+
+@pytest.fixture
+def other_site(site):
+    """``OTHER_SITE`` served from another loopback port; yields its address."""
+    page = OTHER_SITE.replace("TARGET", site[0]).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+def test_a_page_of_another_origin_cannot_answer_and_the_real_page_still_can(browser, site, other_site):
+    from selenium.webdriver.common.by import By
+
+    url, run_dir, requests = site
+    browser.get(f"{other_site}/")
+    wait_for(lambda: browser.find_element(By.ID, "done").text, "the other site's requests")
+    # The browser did send them (so it is the server that refuses): the form and the no-cors
+    # fetch as they were, the JSON one as a preflight that is refused in its turn.
+    sent = lambda: sorted((method, path) for method, path, origin in requests if origin == other_site)
+    wait_for(lambda: len(sent()) >= 4, "the other site's requests to arrive")
+    assert sent() == [("GET", "/compare"), ("OPTIONS", "/api/queries/1/answer"),
+                      ("POST", "/api/queries/0/answer"), ("POST", "/api/queries/0/answer")]
+    assert browser.find_element(By.ID, "done").text == "fulfilled rejected rejected"  # nothing readable came back
+    assert rows(run_dir, "SELECT * FROM answers") == []
+
+    browser.get(f"{url}/compare")
+    wait_for(lambda: browser.execute_script("return document.getElementById('left').getAttribute('src')")
+             == "/clips/q0_0.mp4", "query 0 on the real page")
+    browser.find_element(By.CSS_SELECTOR, "[data-choice=left]").click()
+    wait_for(lambda: rows(run_dir, "SELECT query_id, choice FROM answers") == [(0, "left")], "the real page's answer")

@@ -1,7 +1,12 @@
 """The label store, the training side's PeopleLabeler, and every endpoint of the labeling app."""
+import contextlib
+import http.client
+import re
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,15 +18,29 @@ from rlhf_jax.cli import main
 from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.feedback.labeler import ANNOTATE_MIN_SECONDS, PeopleLabeler
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
-from rlhf_jax.feedback.webapp import TOKEN_COOKIE, create_app
+from rlhf_jax.feedback.webapp import (MAX_BODY, SECRET_FILE, SECRET_HEADER, SECURITY_HEADERS, TOKEN_COOKIE,
+                                      create_app, listen)
 from rlhf_jax.reward.people import Query
 
 CLIP_BYTES = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 4  # stands in for an MP4
+ADDRESS = "http://127.0.0.1:8000"  # where create_app assumes it is served, unless told
 
 
 def fake_render(obs, path, fps):
     """Writes a stand-in clip: these tests are about the store and the app, not about video."""
     path.write_bytes(CLIP_BYTES)
+
+
+def page_secret(client, page="/compare") -> str:
+    """The secret a page carries, found as the page's script finds it."""
+    return re.search(r'<meta name="label-secret" content="([^"]+)">', client.get(page).text).group(1)
+
+
+def as_the_page(app, **options) -> TestClient:
+    """A client that asks as the labeling page does: at the server's address, with its secret."""
+    client = TestClient(app, base_url=ADDRESS, **options)
+    client.headers[SECRET_HEADER] = page_secret(client)
+    return client
 
 
 def pair_query(i, k=5):
@@ -46,12 +65,38 @@ def run_dir(tmp_path):
 
 @pytest.fixture
 def client(run_dir):
-    return TestClient(create_app(run_dir, PeopleConfig(assignment_timeout_s=0.3, instruction="Keep the pole up.")))
+    return as_the_page(create_app(run_dir, PeopleConfig(assignment_timeout_s=0.3, instruction="Keep the pole up.")))
 
 
 def rows(run_dir, sql):
     with sqlite3.connect(run_dir / STORE_FILE) as db:
         return db.execute(sql).fetchall()
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+@contextlib.contextmanager
+def served(run_dir, **options):
+    """The app behind a real server (uvicorn on a free loopback port, in a thread): for requests
+    a test client would tidy up before the app saw them. Yields the port."""
+    import uvicorn
+
+    listener = listen("127.0.0.1", 0)
+    port = listener.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(run_dir, port=port, **options), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        assert server.started, "the server did not start"
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        listener.close()
 
 
 # --------------------------------------------------------------------- the store
@@ -129,11 +174,52 @@ def test_the_pages_show_the_instruction_keys_and_empty_state(client):
     assert client.get("/static/../store.py").status_code == 404
 
 
+def test_text_put_into_a_page_is_escaped(run_dir):
+    instruction = '<script>alert("x")</script> & <b>bold</b>'
+    client = TestClient(create_app(run_dir, PeopleConfig(instruction=instruction)), base_url=ADDRESS)
+    for page in ("/compare", "/annotate"):
+        text = client.get(page).text
+        assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in text
+        assert "<script>alert" not in text and "<b>" not in text
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/compare"), ("GET", "/annotate"), ("GET", "/"),
+                                          ("GET", "/api/status"), ("GET", "/static/label.js"),
+                                          ("GET", "/clips/q0_0.mp4"), ("GET", "/clips/nothing.mp4"),
+                                          ("POST", "/api/next"), ("POST", "/api/queries/0/answer")])
+def test_every_response_carries_the_security_headers(client, method, path):
+    for response in (client.request(method, path, json={"kind": "compare", "who": "ann"}, follow_redirects=False),
+                     client.request(method, path, headers={"Host": "evil.example:8000"})):  # a refusal too
+        headers = response.headers
+        assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+        assert headers["referrer-policy"] == "no-referrer"
+        policy = dict(rule.strip().split(" ", 1) for rule in headers["content-security-policy"].split(";"))
+        assert policy["default-src"] == policy["frame-ancestors"] == "'none'"
+        assert all(policy[kind] == "'self'" for kind in ("script-src", "style-src", "media-src", "connect-src"))
+
+
 def test_status_counts_answered_and_waiting(client):
-    assert client.get("/api/status").json() == {"compare": {"answered": 0, "waiting": 3},
-                                                "annotate": {"answered": 0, "waiting": 1}}
+    waiting = lambda n: {"waiting": n, "for_you": n, "held_by_others": []}
+    assert client.get("/api/status").json() == {"compare": {"answered": 0, **waiting(3)},
+                                                "annotate": {"answered": 0, **waiting(1)}}
     client.post("/api/queries/0/answer", json={"choice": "tie", "who": "ann"})
-    assert client.get("/api/status").json()["compare"] == {"answered": 1, "waiting": 2}
+    assert client.get("/api/status").json()["compare"] == {"answered": 1, **waiting(2)}
+
+
+def test_counts_tell_what_waits_for_you_from_what_others_hold_and_for_how_long(run_dir):
+    """The page said "3 waiting" beside "No clips waiting" while other people held all three."""
+    client = as_the_page(create_app(run_dir, PeopleConfig(assignment_timeout_s=60, heartbeat_timeout_s=20)))
+    ask = lambda who: client.post("/api/next", json={"kind": "compare", "who": who}).json()
+    ask("ann")
+    ask("bob")
+    bob = client.get("/api/status", params={"who": "bob"}).json()["compare"]
+    assert (bob["waiting"], bob["for_you"]) == (3, 2)  # his own, and the one nobody holds
+    (hold,) = bob["held_by_others"]
+    assert hold["who"] == "ann" and 19 < hold["expires_in_s"] <= 20  # unless her page says she still has it
+    assert ask("cy")["for_you"] == 1
+    dee = ask("dee")
+    assert dee["query"] is None and (dee["waiting"], dee["for_you"]) == (3, 0)
+    assert [h["who"] for h in dee["held_by_others"]] == ["ann", "bob", "cy"]  # the soonest free first
 
 
 # --------------------------------------------------- several people at once
@@ -150,6 +236,26 @@ def test_a_query_goes_to_one_person_at_a_time_and_back_after_the_timeout(client)
     assert ask("dee")["id"] == 0
     episode = ask("ann", "annotate")
     assert episode["kind"] == "annotate" and episode["clips"] == ["/clips/q3_0.mp4"]
+
+
+def test_a_closed_page_gives_its_query_back_soon_and_an_open_one_keeps_it(run_dir):
+    """Queries held by pages since closed kept everyone else (and so training's start) waiting
+    for the whole assignment time-out. An open page renews its hold every
+    heartbeat_timeout_s / 4 (label.js); a closed one stops, and its query goes back."""
+    client = as_the_page(create_app(run_dir, PeopleConfig(assignment_timeout_s=300, heartbeat_timeout_s=1.5)))
+    ask = lambda who: client.post("/api/next", json={"kind": "compare", "who": who}).json()["query"]
+    assert [ask("ann")["id"], ask("bob")["id"], ask("cy")["id"]] == [0, 1, 2]  # then ann and cy close their tabs
+    assert ask("dee") is None
+    assert 'data-renew-s="0.375"' in client.get("/compare").text  # how often the page renews
+    until = time.monotonic() + 2.0
+    while time.monotonic() < until:  # bob's page, still open
+        assert client.post("/api/queries/1/hold", json={"who": "bob"}).json() == {"held": True}
+        time.sleep(0.25)
+    assert [ask("dee")["id"], ask("eve")["id"], ask("fay")] == [0, 2, None]  # bob still has 1
+    assert client.post("/api/queries/0/hold", json={"who": "ann"}).json() == {"held": False}  # dee's now
+    client.post("/api/queries/2/answer", json={"choice": "tie", "who": "eve"})
+    assert client.post("/api/queries/2/hold", json={"who": "eve"}).json() == {"held": False}  # answered
+    assert client.post("/api/queries/9/hold", json={"who": "eve"}).status_code == 404
 
 
 def test_answered_queries_are_never_handed_out_again(client):
@@ -191,9 +297,78 @@ def test_a_malformed_answer_is_400(client, run_dir, body):
     assert rows(run_dir, "SELECT * FROM answers") == []
 
 
-def test_a_body_that_is_not_json_is_400(client):
-    response = client.post("/api/queries/0/answer", content=b"choice=left", headers={"Content-Type": "text/plain"})
-    assert response.status_code == 400
+def test_a_body_that_is_not_json_is_refused(client):
+    assert client.post("/api/queries/0/answer", content=b"choice=left", headers=JSON).status_code == 400
+    # Not even sent as JSON: what a form on another site sends (no preflight).
+    response = client.post("/api/queries/0/answer", content=b'{"choice": "left", "who": "ann"}',
+                           headers={"Content-Type": "text/plain"})
+    assert response.status_code == 415
+
+
+# ------------------------------------------------------- inputs that were 500s
+@pytest.mark.parametrize("path, body", [
+    (f"/api/queries/{2**63}/answer", {"choice": "left", "who": "ann"}),  # past SQLite's 64-bit integers
+    (f"/api/queries/{2**63}/marks", {"marks": [], "who": "ann"}),
+    (f"/api/queries/{2**63}/hold", {"who": "ann"}),
+    (f"/api/queries/{10**40}/answer", {"choice": "left", "who": "ann"}),
+])
+def test_a_query_id_past_sqlites_integers_is_unknown(client, run_dir, path, body):
+    response = client.post(path, json=body)
+    assert response.status_code == 404 and "no query" in response.json()["error"]
+    assert rows(run_dir, "SELECT * FROM answers") == []
+
+
+@pytest.mark.parametrize("seconds", [b"Infinity", b"-Infinity", b"NaN", b"1e400", b"-1e400", b"1e300", b"-0.5"])
+def test_seconds_must_be_finite_and_sane_and_nothing_is_stored_until_they_are(client, run_dir, seconds):
+    """Infinity was stored before the reply failed, and every retry of that query failed after."""
+    for path, answer in (("/api/queries/0/answer", b'"choice": "left"'), ("/api/queries/3/marks", b'"marks": []')):
+        body = b'{' + answer + b', "who": "ann", "seconds": ' + seconds + b'}'
+        response = client.post(path, content=body, headers=JSON)
+        assert response.status_code == 400 and response.json()["error"]
+    assert rows(run_dir, "SELECT * FROM answers") == []
+    retry = client.post("/api/queries/0/answer", json={"choice": "left", "who": "ann", "seconds": 2.5})
+    assert retry.status_code == 200 and retry.json()["stored"]
+
+
+def test_a_deeply_nested_body_is_refused_without_a_500(client, run_dir):
+    deep = b"[" * 30_000 + b"]" * 30_000  # 60 KB: under the body limit, far past the parser's recursion
+    response = client.post("/api/queries/0/answer", content=deep, headers=JSON)
+    assert response.status_code == 400 and "nested" in response.json()["error"]
+    deep_object = b'{"a": ' * 8_000 + b"1" + b"}" * 8_000  # 56 KB
+    assert client.post("/api/queries/0/answer", content=deep_object, headers=JSON).status_code == 400
+    deeper = b"[" * 200_000 + b"]" * 200_000  # the issue's: past the body limit, so never parsed
+    assert client.post("/api/queries/0/answer", content=deeper, headers=JSON).status_code == 413
+    assert rows(run_dir, "SELECT * FROM answers") == []
+
+
+def padded_answer(size: int) -> bytes:
+    """A valid answer of exactly ``size`` bytes."""
+    head = b'{"choice": "left", "who": "ann", "pad": "'
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
+def test_a_body_past_the_limit_is_413_and_one_at_it_is_read(client, run_dir):
+    response = client.post("/api/queries/0/answer", content=padded_answer(MAX_BODY + 1), headers=JSON)
+    assert response.status_code == 413 and "too large" in response.text
+    assert rows(run_dir, "SELECT * FROM answers") == []
+    assert client.post("/api/queries/0/answer", content=padded_answer(MAX_BODY), headers=JSON).json()["stored"]
+
+
+@pytest.mark.parametrize("framing", ["Content-Length: 104857600", "Transfer-Encoding: chunked"])
+def test_a_large_body_is_refused_before_it_has_all_arrived(run_dir, framing):
+    """A 100 MB answer grew the server by 323 MB: it read every byte before refusing. Now the 413
+    comes back while the client is still sending, with or without a declared length."""
+    with served(run_dir) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        secret = (run_dir / SECRET_FILE).read_text()
+        connection.sendall(f"POST /api/queries/0/answer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{framing}\r\n"
+                           f"Content-Type: application/json\r\n{SECRET_HEADER}: {secret}\r\n\r\n".encode())
+        piece = b"x" * 16384
+        with contextlib.suppress(OSError):  # the server may hang up on the rest
+            for _ in range(32):  # 512 KiB of the 100 MB; the rest never comes
+                connection.sendall(piece if "Length" in framing else b"%x\r\n%s\r\n" % (len(piece), piece))
+        reply = connection.recv(4096)  # a server still waiting for the body times out here
+    assert reply.startswith(b"HTTP/1.1 413"), reply
+    assert rows(run_dir, "SELECT * FROM answers") == []
 
 
 def test_an_unknown_query_is_404(client):
@@ -268,9 +443,81 @@ def test_a_clip_linked_to_a_file_outside_is_refused(client, run_dir):
     assert client.get("/clips/q7_0.mp4").status_code == 404
 
 
+def test_no_path_sent_as_it_is_reaches_outside_the_served_folders(run_dir):
+    """The test client normalises "/static/../store.py" before the app sees it; a real server
+    gets these bytes as they are (http.client sends the path unchanged)."""
+    (run_dir / "config.yaml").write_text("secret")
+    paths = ["/static/../store.py", "/static/..%2fstore.py", "/static/%2e%2e/store.py", "/static/%2e%2e%2fstore.py",
+             "/static/..%5cstore.py", "/static/../../feedback/store.py", "/static//etc/passwd",
+             "/static/../../../../../../etc/passwd", "/static/%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+             "/clips/../config.yaml", "/clips/..%2fconfig.yaml", "/clips/%2e%2e%2fconfig.yaml", "/clips/../labels.sqlite"]
+    with served(run_dir) as port:
+        for path in paths:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            connection.request("GET", path)
+            response = connection.getresponse()
+            body = response.read()
+            connection.close()
+            assert response.status == 404, (path, response.status)
+            assert not any(text in body for text in (b"secret", b"CREATE TABLE", b"root:", b"SQLite")), path
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("GET", "/static/label.js")  # the server does serve its files
+        assert connection.getresponse().status == 200
+        connection.close()
+
+
+# ------------------------------------------------------- requests not from the page
+ANSWER = b'{"choice": "left", "who": "mallory"}'
+
+
+@pytest.mark.parametrize("headers, status", [
+    # What a page of another site can send without asking first: a form, or a no-cors fetch.
+    ({"Content-Type": "text/plain", "Origin": "http://evil.example", SECRET_HEADER: None}, 403),
+    ({"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://evil.example", SECRET_HEADER: None}, 403),
+    # Each rule alone, the others met:
+    ({"Origin": "http://evil.example"}, 403),
+    ({"Origin": "http://127.0.0.1:9999"}, 403),  # a page served from another local port
+    ({"Origin": "null"}, 403),  # a sandboxed frame, a file
+    ({"Host": "evil.example:8000"}, 403),  # a site whose name points at this machine
+    ({"Host": "127.0.0.1:9999"}, 403),
+    ({SECRET_HEADER: None}, 403),  # without the page's secret
+    ({SECRET_HEADER: "guess"}, 403),
+    ({"Content-Type": "text/plain"}, 415),
+], ids=["other-site-text", "other-site-form", "origin", "origin-local-port", "origin-null", "host", "host-port",
+        "no-secret", "wrong-secret", "not-json"])
+def test_a_request_not_from_the_page_stores_nothing(client, run_dir, headers, status):
+    request = client.build_request("POST", "/api/queries/0/answer", content=ANSWER, headers=JSON)
+    for name, value in headers.items():
+        if value is None:
+            del request.headers[name]
+        else:
+            request.headers[name] = value
+    response = client.send(request)
+    assert response.status_code == status and len(response.text) > 20  # a message that says why
+    assert rows(run_dir, "SELECT * FROM answers") == []
+
+
+def test_the_page_is_served_under_the_servers_own_names_only(client, run_dir):
+    secret = (run_dir / SECRET_FILE).read_text()
+    refused = client.get("/compare", headers={"Host": "evil.example:8000"})
+    assert refused.status_code == 403 and secret not in refused.text
+    for host in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000", "LOCALHOST:8000"):
+        assert secret in client.get("/compare", headers={"Host": host}).text
+    same_origin = client.post("/api/queries/0/answer", content=ANSWER, headers={**JSON, "Origin": ADDRESS})
+    assert same_origin.json()["stored"]
+
+
+def test_the_secret_belongs_to_the_run_and_outlives_a_restart(run_dir, tmp_path):
+    first = page_secret(TestClient(create_app(run_dir), base_url=ADDRESS))
+    again = page_secret(TestClient(create_app(run_dir), base_url=ADDRESS), "/annotate")  # the server restarted
+    assert first == again == (run_dir / SECRET_FILE).read_text() and len(first) >= 40
+    assert (run_dir / SECRET_FILE).stat().st_mode & 0o777 == 0o600
+    assert page_secret(TestClient(create_app(tmp_path / "other"), base_url=ADDRESS)) != first
+
+
 # ------------------------------------------------------------------- access
 def test_with_a_token_every_request_must_carry_it(run_dir):
-    client = TestClient(create_app(run_dir, token="s3cret"))
+    client = TestClient(create_app(run_dir, token="s3cret"), base_url=ADDRESS)
     assert client.get("/compare").status_code == 401
     assert client.get("/api/status").status_code == 401
     assert client.get("/clips/q0_0.mp4").status_code == 401
@@ -279,6 +526,39 @@ def test_with_a_token_every_request_must_carry_it(run_dir):
     page = client.get("/compare?token=s3cret")
     assert page.status_code == 200 and page.cookies.get(TOKEN_COOKIE) == "s3cret"
     assert client.get("/clips/q0_0.mp4").status_code == 200  # the page's cookie now lets the browser in
+
+
+def test_with_a_token_no_post_skips_it(run_dir):
+    """Pages, reads and writes alike: the token gates them all, and the secret is asked besides."""
+    app = create_app(run_dir, token="s3cret")
+    browser = TestClient(app, base_url=ADDRESS)
+    secret = page_secret(browser, "/compare?token=s3cret")  # the page also sets the token's cookie
+    stranger = TestClient(app, base_url=ADDRESS, headers={SECRET_HEADER: secret})
+    for path, body in [("/api/next", {"kind": "compare", "who": "mallory"}),
+                       ("/api/queries/0/answer", {"choice": "left", "who": "mallory"}),
+                       ("/api/queries/3/marks", {"marks": [], "who": "mallory"}),
+                       ("/api/queries/0/hold", {"who": "mallory"})]:
+        assert stranger.post(path, json=body).status_code == 401, path
+        assert stranger.post(path, json=body, headers={"X-Token": "wrong"}).status_code == 401, path
+    assert rows(run_dir, "SELECT * FROM answers") == []
+    assert rows(run_dir, "SELECT id FROM queries WHERE assigned_to IS NOT NULL") == []
+    assert browser.post("/api/queries/0/answer", json={"choice": "left", "who": "ann"}).status_code == 403  # no secret
+    assert browser.post("/api/queries/0/answer", json={"choice": "left", "who": "ann"},
+                        headers={SECRET_HEADER: secret}).json()["stored"]  # token by cookie
+    assert stranger.post("/api/queries/1/answer", json={"choice": "left", "who": "bob"},
+                         headers={"X-Token": "s3cret"}).json()["stored"]
+
+
+def test_the_label_command_says_its_port_is_taken_before_printing_an_address(run_dir, capsys):
+    (run_dir / "config.yaml").write_text("reward: preferences\nlabeler: people\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["label", str(run_dir), "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert "http://" not in out
+    assert err.count("\n") == 1 and f"port {port}" in err and "taken" in err and "--port" in err
 
 
 def test_the_label_command_refuses_a_public_address_without_a_token(run_dir, capsys, monkeypatch):
@@ -297,6 +577,7 @@ def test_the_label_command_refuses_a_run_the_oracle_labels(run_dir, capsys):
 
 @pytest.mark.parametrize("people, message", [
     ("{assignment_timeout_s: 0}", "people.assignment_timeout_s must be a positive number"),
+    ("{heartbeat_timeout_s: .inf}", "people.heartbeat_timeout_s must be a positive number"),
     ("{instructions: x}", "unknown key 'people.instructions'"),
 ])
 def test_the_label_command_checks_the_people_section(run_dir, capsys, people, message):
@@ -315,13 +596,14 @@ import uvicorn
 from starlette.testclient import TestClient
 from rlhf_jax.cli import main
 
-def run(app, **options):  # instead of serving: what has been imported by now, and the page
+def run(server, sockets):  # instead of serving: what has been imported by now, and the page
     print("imported:", [m for m in ("jax", "flax", "optax", "orbax", "rlhf_jax.agents") if m in sys.modules])
-    page = TestClient(app).get("/")
+    port = sockets[0].getsockname()[1]
+    page = TestClient(server.config.app, base_url=f"http://127.0.0.1:{{port}}").get("/")
     print("page:", page.url.path, "Mark the falls." in page.text)
 
-uvicorn.run = run
-sys.exit(main(["label", {str(tmp_path)!r}]))
+uvicorn.Server.run = run
+sys.exit(main(["label", {str(tmp_path)!r}, "--port", "0"]))
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent.parent)

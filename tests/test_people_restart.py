@@ -6,6 +6,7 @@ queries are answered, started again, and the run trains on every answer given.
 """
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -41,7 +42,11 @@ def start(*words, log: Path) -> subprocess.Popen:
 
 
 def post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    """As the label page does: JSON, with the secret the page carries."""
+    page = urllib.request.urlopen(url.split("/api/")[0] + "/compare", timeout=10).read().decode()
+    secret = re.search(r'<meta name="label-secret" content="([^"]+)">', page).group(1)
+    request = urllib.request.Request(url, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json", "X-Label-Secret": secret})
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 

@@ -21,14 +21,18 @@ class PeopleConfig:
     instruction: str = ""
     # A query shown to one person goes back to the pool if they have not answered by then.
     assignment_timeout_s: float = 300.0
+    # ... or sooner, once their page has stopped saying it still shows the query (a closed
+    # tab, a lost connection): an open page renews its hold every quarter of this.
+    heartbeat_timeout_s: float = 20.0
     # RL starts once people have answered the initial queries (the paper's order); false:
     # at once, on the reward model's random initialisation until answers come.
     wait_for_initial_labels: bool = True
 
     def __post_init__(self):
-        t = self.assignment_timeout_s
-        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
-            raise ConfigError(f"people.assignment_timeout_s must be a positive number of seconds, got {t!r}")
+        for name in ("assignment_timeout_s", "heartbeat_timeout_s"):
+            t = getattr(self, name)
+            if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+                raise ConfigError(f"people.{name} must be a positive number of seconds, got {t!r}")
 
     def instruction_for(self, kind: str) -> str:
         if self.instruction:

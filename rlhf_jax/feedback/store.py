@@ -8,16 +8,18 @@ training for long and a killed process never leaves a half-written answer:
 * ``queries``: what was asked: two segments to compare or one episode to mark, their
   clips (file names under ``clips/``), the ``.npz`` holding their observations (under
   ``queries/``), when they were asked, their priority (their rank in the disagreement
-  order: lower first), and who has them on screen since when (``assigned_to``/``_at``);
+  order: lower first), who has them on screen since when (``assigned_to``/``_at``), and
+  when that person's page last said it still shows them (``seen_at``);
 * ``answers``: left, right, tie, can't tell (or ``marked`` for an annotated episode), who
   answered, when, and how long it took; ``in_checkpoint`` once training has saved a
   checkpoint that holds the label;
 * ``marks``: the IBT marks of an annotated episode: step, sign (+1 progress, -1 regress), who.
 
-A query is handed to one person at a time and goes back to the pool if that person has
-not answered within the assignment time-out. Answers are final: the first one stands,
-and answering again changes nothing (idempotent), so a double click or a retried request
-is harmless. "Can't tell" is kept here but never trained on, as in the paper.
+A query is handed to one person at a time (a "hold") and goes back to the pool if that
+person has not answered within the assignment time-out, or sooner once their page stops
+renewing the hold (:class:`rlhf_jax.feedback.config.PeopleConfig`). Answers are final:
+the first one stands, and answering again changes nothing (idempotent), so a double click
+or a retried request is harmless. "Can't tell" is kept here but never trained on, as in the paper.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ import sqlite3
 import time
 from pathlib import Path
 from typing import NamedTuple
+
+from rlhf_jax.feedback.config import PeopleConfig
 
 STORE_FILE = "labels.sqlite"
 CHOICES = ("left", "right", "tie", "cant_tell")
@@ -45,7 +49,8 @@ CREATE TABLE IF NOT EXISTS queries (
     asked_at    REAL NOT NULL,
     priority    INTEGER NOT NULL DEFAULT 0,
     assigned_to TEXT,
-    assigned_at REAL
+    assigned_at REAL,
+    seen_at     REAL                  -- the holder's page last renewed its hold
 );
 CREATE TABLE IF NOT EXISTS answers (
     query_id      INTEGER PRIMARY KEY REFERENCES queries(id),
@@ -64,6 +69,13 @@ CREATE TABLE IF NOT EXISTS marks (
 );
 CREATE INDEX IF NOT EXISTS queries_by_kind ON queries (kind, asked_at, priority);
 """
+# When a hold ends: the assignment time-out, or the page's silence, whichever comes first
+# (0, long over, for a query never handed out). The one rule for who holds what.
+HOLD_ENDS = "COALESCE(MIN(q.assigned_at + :timeout, q.seen_at + :heartbeat), 0)"
+# SQLite's integers are 64-bit: a larger id names no query (and would overflow the driver).
+ID_RANGE = range(-2**63, 2**63)
+# How long a person may take over one answer: longer than any real sitting, short of absurd.
+MAX_SECONDS = 7 * 24 * 3600.0
 
 
 class UnknownQuery(KeyError):
@@ -77,6 +89,22 @@ class BadAnswer(ValueError):
 def check_who(who) -> None:
     if not isinstance(who, str) or not who.strip() or len(who) > 100:
         raise BadAnswer("who must be a name of 1 to 100 characters")
+
+
+def check_seconds(seconds) -> None:
+    # A range check that inf and nan fail too; an answer's time must come back out as JSON.
+    if seconds is not None and not (isinstance(seconds, (int, float)) and 0 <= seconds <= MAX_SECONDS):
+        raise BadAnswer(f"seconds must be a number from 0 to {MAX_SECONDS:.0f}, got {seconds!r}")
+
+
+def check_kind(kind) -> None:
+    if kind not in KINDS:
+        raise BadAnswer(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+
+
+def check_id(query_id: int) -> None:
+    if query_id not in ID_RANGE:
+        raise UnknownQuery(query_id)
 
 
 class QueryRow(NamedTuple):
@@ -98,18 +126,42 @@ class AnswerRow(NamedTuple):
     marks: list[tuple[int, int]]  # (step, sign), by step
 
 
-class LabelStore:
-    """``labels.sqlite`` of one run; safe to use from several threads and processes at once."""
+class Hold(NamedTuple):
+    who: str
+    expires_in_s: float  # then the query goes back to the pool, unless renewed
 
-    def __init__(self, path: str | Path):
+
+class Counts(NamedTuple):
+    """The queries of one kind as one person sees them."""
+
+    answered: int
+    waiting: int  # not yet answered, held or not
+    for_you: int  # not yet answered and not held by anyone else (their own hold included)
+    held_by_others: list[Hold]  # soonest free first
+
+
+class LabelStore:
+    """``labels.sqlite`` of one run; safe to use from several threads and processes at once.
+
+    ``people`` says how long holds last (the training side, which hands out none, need not say)."""
+
+    def __init__(self, path: str | Path, people: PeopleConfig = PeopleConfig()):
         self.path = Path(path)
+        self.people = people
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, timeout=30)
         try:
             db.execute("PRAGMA journal_mode=WAL")  # persistent: every later connection uses it
             db.executescript(SCHEMA)
+            if "seen_at" not in [column[1] for column in db.execute("PRAGMA table_info(queries)")]:
+                db.execute("ALTER TABLE queries ADD COLUMN seen_at REAL")  # a store made before holds were renewed
         finally:
             db.close()
+
+    def _hold_times(self, **more) -> dict:
+        """The parameters of :data:`HOLD_ENDS`, now, and ``more``."""
+        return {"timeout": self.people.assignment_timeout_s, "heartbeat": self.people.heartbeat_timeout_s,
+                "now": time.time(), **more}
 
     @contextlib.contextmanager
     def _connect(self):
@@ -171,28 +223,38 @@ class LabelStore:
             return db.execute("SELECT COALESCE(MAX(id), -1) FROM queries").fetchone()[0]
 
     # ---------------------------------------------------------- people's side
-    def next_query(self, kind: str, who: str, timeout_s: float) -> QueryRow | None:
-        """The query to show ``who`` next, now assigned to them; ``None`` when none is waiting.
+    def next_query(self, kind: str, who: str) -> QueryRow | None:
+        """The query to show ``who`` next, now held by them; ``None`` when none is waiting.
 
         A person who reloads the page gets back the query they already hold; otherwise the
-        oldest free query (best first within its batch), where a query held by someone else
-        for longer than ``timeout_s`` counts as free again."""
-        if kind not in KINDS:
-            raise BadAnswer(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        oldest free query (best first within its batch), where a hold that has ended
+        (:data:`HOLD_ENDS`) counts as free."""
+        check_kind(kind)
         check_who(who)
-        now = time.time()
         with self._connect() as db:
+            times = self._hold_times(kind=kind, who=who)
             row = db.execute(
                 "SELECT q.id, q.kind, q.clips, q.segments, q.frames, q.fps FROM queries q"
-                " WHERE q.kind = ? AND NOT EXISTS (SELECT 1 FROM answers a WHERE a.query_id = q.id)"
-                " AND (q.assigned_to IS NULL OR q.assigned_to = ? OR q.assigned_at < ?)"
-                " ORDER BY (q.assigned_to IS ?) DESC, q.asked_at, q.priority, q.id LIMIT 1",
-                (kind, who, now - timeout_s, who)).fetchone()
+                " WHERE q.kind = :kind AND NOT EXISTS (SELECT 1 FROM answers a WHERE a.query_id = q.id)"
+                f" AND (q.assigned_to IS NULL OR q.assigned_to = :who OR {HOLD_ENDS} <= :now)"
+                " ORDER BY (q.assigned_to IS :who) DESC, q.asked_at, q.priority, q.id LIMIT 1", times).fetchone()
             if row is None:
                 return None
-            db.execute("UPDATE queries SET assigned_to = ?, assigned_at = ? WHERE id = ?", (who, now, row[0]))
+            db.execute("UPDATE queries SET assigned_to = :who, assigned_at = :now, seen_at = :now WHERE id = :id",
+                       {**times, "id": row[0]})
         i, kind, clips, segments, frames, fps = row
         return QueryRow(i, kind, json.loads(clips), segments, frames, fps)
+
+    def renew(self, query_id: int, who: str) -> bool:
+        """``who``'s page still shows the query: keep holding it for them. False when it is no
+        longer theirs to hold (answered, or handed to someone else after their hold ended)."""
+        check_who(who)
+        check_id(query_id)
+        with self._connect() as db:
+            return db.execute(
+                "UPDATE queries AS q SET seen_at = :now WHERE q.id = :id AND q.assigned_to = :who"
+                " AND NOT EXISTS (SELECT 1 FROM answers a WHERE a.query_id = q.id)"
+                f" AND {HOLD_ENDS} > :now", self._hold_times(id=query_id, who=who)).rowcount == 1
 
     def answer(self, query_id: int, choice: str, who: str, seconds: float | None = None) -> tuple[bool, AnswerRow]:
         """Store a comparison's answer; ``(stored, the answer that stands)``.
@@ -219,8 +281,8 @@ class LabelStore:
 
     def _store_answer(self, query_id, kind, choice, who, seconds, marks):
         check_who(who)
-        if seconds is not None and not (isinstance(seconds, (int, float)) and seconds >= 0):
-            raise BadAnswer(f"seconds must be a number >= 0, got {seconds!r}")
+        check_seconds(seconds)
+        check_id(query_id)
         with self._connect() as db:
             row = db.execute("SELECT kind, frames FROM queries WHERE id = ?", (query_id,)).fetchone()
             if row is None:
@@ -240,6 +302,7 @@ class LabelStore:
             return stored, AnswerRow(first[0], kind, *first[1:], self._marks(db, query_id))
 
     def query(self, query_id: int) -> QueryRow:
+        check_id(query_id)
         with self._connect() as db:
             row = db.execute("SELECT id, kind, clips, segments, frames, fps FROM queries WHERE id = ?",
                              (query_id,)).fetchone()
@@ -247,13 +310,20 @@ class LabelStore:
             raise UnknownQuery(query_id)
         return QueryRow(row[0], row[1], json.loads(row[2]), *row[3:])
 
-    def counts(self, kind: str) -> dict:
-        """``answered`` and ``waiting`` (not yet answered) queries of one kind."""
+    def counts(self, kind: str, who: str | None = None) -> Counts:
+        """The queries of one kind: answered, waiting, and of those waiting, which are free for
+        ``who`` (their own hold included) and which others hold, until when."""
+        check_kind(kind)
         with self._connect() as db:
+            times = self._hold_times(kind=kind, who=who)
             total, answered = db.execute(
                 "SELECT COUNT(*), COUNT(a.query_id) FROM queries q LEFT JOIN answers a ON a.query_id = q.id"
-                " WHERE q.kind = ?", (kind,)).fetchone()
-        return {"answered": answered, "waiting": total - answered}
+                " WHERE q.kind = :kind", times).fetchone()
+            held = [Hold(*row) for row in db.execute(
+                f"SELECT q.assigned_to, {HOLD_ENDS} - :now FROM queries q WHERE q.kind = :kind"
+                " AND NOT EXISTS (SELECT 1 FROM answers a WHERE a.query_id = q.id)"
+                f" AND q.assigned_to IS NOT :who AND {HOLD_ENDS} > :now ORDER BY 2", times)]
+        return Counts(answered, total - answered, total - answered - len(held), held)
 
     @staticmethod
     def _marks(db, query_id: int) -> list[tuple[int, int]]:

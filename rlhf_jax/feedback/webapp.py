@@ -9,29 +9,35 @@ Pages: ``/compare`` (two looping clips side by side; Christiano et al. appendix 
 IBT paper's appendix A.1). JSON API:
 
 =====================================  ====================================================
-``GET  /api/status``                   answered and waiting queries of each kind
+``GET  /api/status?who=``              answered and waiting queries of each kind: how many
+                                       are free for ``who``, and who else holds which, until when
 ``POST /api/next``                     ``{kind, who}``: the query to show ``who`` (or null)
+``POST /api/queries/{id}/hold``        ``{who}``: the page still shows it (sent every few seconds)
 ``POST /api/queries/{id}/answer``      ``{choice, who, seconds}``: left, right, tie, cant_tell
 ``POST /api/queries/{id}/marks``       ``{marks: [{step, sign}], who, seconds}``
 ``GET  /clips/{name}``                 a clip (byte ranges served, so videos can seek)
 =====================================  ====================================================
 
-Errors: 404 for an unknown query or clip, 400 for a malformed answer; answering a query a
-second time stores nothing and returns the answer that stands. Clip names must look like
-``q12_0.mp4``, so no name can reach a file outside the run's ``clips/`` folder. With a
-token (required when bound beyond 127.0.0.1), every request must carry it: ``?token=`` on
-the first page (the page then sets a cookie), or an ``X-Token`` header.
+Errors: 404 for an unknown query or clip, 400 for a malformed answer (nothing is stored);
+answering a query a second time stores nothing and returns the answer that stands. Clip
+names must look like ``q12_0.mp4``, so no name can reach a file outside the run's
+``clips/`` folder. :class:`Guard` decides which requests reach these at all.
 """
 from __future__ import annotations
 
+import errno
 import hmac
 import html
 import json
+import os
 import re
+import secrets
+import socket
 from importlib import resources
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
@@ -42,12 +48,62 @@ from rlhf_jax.config_base import build, read_run_config
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.feedback.labeler import CLIPS_DIR
-from rlhf_jax.feedback.store import KINDS, STORE_FILE, BadAnswer, LabelStore, UnknownQuery
+from rlhf_jax.feedback.store import KINDS, STORE_FILE, BadAnswer, Counts, LabelStore, UnknownQuery
 
 CLIP_NAME = re.compile(r"q\d{1,12}_\d\.mp4")
 TOKEN_COOKIE = "rlhf_jax_token"
+SECRET_FILE = "label_secret"  # in the run directory
+SECRET_HEADER = "X-Label-Secret"
+MAX_BODY = 64 * 1024  # bytes; an answer is well under 1 KiB, an episode's marks a few KiB
 STATIC = resources.files("rlhf_jax.feedback") / "static"
 PAGE_TITLES = {"compare": "Which clip is better?", "annotate": "Mark progress and regress"}
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+WILDCARD = ("0.0.0.0", "::", "")
+# On every response: no page of ours inside another site's frame, nothing run or loaded
+# but our own files, no type guessed from content, no address of ours sent elsewhere.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; media-src 'self'; "
+                               "img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+                               "frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def run_secret(run_dir: Path) -> str:
+    """The run's page secret, made on first use and kept in ``run_dir`` (readable by its owner
+    only, who can write ``labels.sqlite`` anyway): a restarted server keeps it, so pages left
+    open go on working, as they did before there was a secret."""
+    path = run_dir / SECRET_FILE
+    if not path.exists():
+        partial = run_dir / f".{SECRET_FILE}.{os.getpid()}"
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_urlsafe(32))
+        try:
+            os.link(partial, path)  # never replaces the secret of a server that started meanwhile
+        except FileExistsError:
+            pass
+        finally:
+            partial.unlink()
+    return path.read_text().strip()
+
+
+def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
+    """The ``Host`` headers a server bound to ``host:port`` answers to: that address, and any
+    loopback name for a loopback address; ``None`` (any) for a wildcard address, whose names
+    are not known here (the token, which such a server requires, keeps others out)."""
+    if host in WILDCARD:
+        return None
+    names = ("127.0.0.1", "localhost", "[::1]") if host in LOOPBACK else (f"[{host}]" if ":" in host else host,)
+    ports = (f":{port}", "") if port == 80 else (f":{port}",)  # a browser leaves out port 80
+    return frozenset(name.lower() + suffix for name in names for suffix in ports)
+
+
+def _counts_json(counts: Counts) -> dict:
+    return {"answered": counts.answered, "waiting": counts.waiting, "for_you": counts.for_you,
+            "held_by_others": [{"who": who, "expires_in_s": round(s, 1)} for who, s in counts.held_by_others]}
 
 
 def _query_json(row) -> dict:
@@ -65,8 +121,10 @@ def _answer_json(row) -> dict:
 
 async def _json_body(request: Request) -> dict:
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = json.loads(await request.body())
+    except RecursionError:  # the parser's own guard: "[[[[..." deeper than the interpreter's stack
+        raise BadAnswer("the body is nested too deeply") from None
+    except ValueError:  # not JSON, or not UTF-8 (NaN and Infinity parse: check_seconds refuses them)
         raise BadAnswer("the body must be a JSON object") from None
     if not isinstance(body, dict):
         raise BadAnswer("the body must be a JSON object")
@@ -86,18 +144,22 @@ def _field(body: dict, name: str, kind, required: bool = True):
 
 
 def create_app(run_dir: str | Path, people: PeopleConfig = PeopleConfig(), token: str | None = None,
-               default_page: str = "compare") -> Starlette:
-    """The labeling app over ``run_dir``'s label store (created if training has not yet)."""
+               default_page: str = "compare", host: str = "127.0.0.1", port: int = 8000) -> Starlette:
+    """The labeling app over ``run_dir``'s label store (created if training has not yet), for a
+    server bound to ``host:port``."""
     run_dir = Path(run_dir).resolve()
-    store = LabelStore(run_dir / STORE_FILE)
+    store = LabelStore(run_dir / STORE_FILE, people)
     clips_dir = run_dir / CLIPS_DIR
+    secret = run_secret(run_dir)
 
     def page(kind: str):
         template = (STATIC / f"{kind}.html").read_text()
 
         async def endpoint(request: Request):
             text = (template.replace("{{title}}", html.escape(PAGE_TITLES[kind]))
-                    .replace("{{instruction}}", html.escape(people.instruction_for(kind))))
+                    .replace("{{instruction}}", html.escape(people.instruction_for(kind)))
+                    .replace("{{secret}}", html.escape(secret))
+                    .replace("{{renew_s}}", f"{people.heartbeat_timeout_s / 4:g}"))
             response = HTMLResponse(text)
             if token is not None and request.query_params.get("token") == token:
                 response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
@@ -110,17 +172,24 @@ def create_app(run_dir: str | Path, people: PeopleConfig = PeopleConfig(), token
         return RedirectResponse(f"/{default_page}{query}")
 
     async def status(request: Request):
-        return JSONResponse({kind: store.counts(kind) for kind in KINDS})
+        who = request.query_params.get("who")
+        return JSONResponse({kind: _counts_json(store.counts(kind, who)) for kind in KINDS})
 
     async def next_query(request: Request):
         body = await _json_body(request)
-        kind = _field(body, "kind", str)
-        row = store.next_query(kind, _field(body, "who", str), people.assignment_timeout_s)
-        return JSONResponse({"query": None if row is None else _query_json(row), **store.counts(kind)})
+        kind, who = _field(body, "kind", str), _field(body, "who", str)
+        row = store.next_query(kind, who)
+        return JSONResponse({"query": None if row is None else _query_json(row), **_counts_json(store.counts(kind, who))})
+
+    async def hold(request: Request):
+        query_id = request.path_params["query_id"]
+        store.query(query_id)  # unknown: 404 before a malformed body's 400
+        body = await _json_body(request)
+        return JSONResponse({"held": store.renew(query_id, _field(body, "who", str))})
 
     async def answer(request: Request):
         query_id = request.path_params["query_id"]
-        store.query(query_id)  # unknown: 404 before a malformed body's 400
+        store.query(query_id)
         body = await _json_body(request)
         stored, row = store.answer(query_id, _field(body, "choice", str), _field(body, "who", str),
                                    _field(body, "seconds", (int, float), required=False))
@@ -158,36 +227,110 @@ def create_app(run_dir: str | Path, people: PeopleConfig = PeopleConfig(), token
         Route("/annotate", page("annotate")),
         Route("/api/status", status),
         Route("/api/next", next_query, methods=["POST"]),
+        Route("/api/queries/{query_id:int}/hold", hold, methods=["POST"]),
         Route("/api/queries/{query_id:int}/answer", answer, methods=["POST"]),
         Route("/api/queries/{query_id:int}/marks", marks, methods=["POST"]),
         Route("/clips/{name}", clip),
         Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]
-    middleware = [Middleware(TokenCheck, token=token)] if token is not None else []
-    return Starlette(routes=routes, middleware=middleware,
+    guard = Middleware(Guard, hosts=allowed_hosts(host, port), token=token, secret=secret)
+    return Starlette(routes=routes, middleware=[guard],
                      exception_handlers={UnknownQuery: unknown_query, BadAnswer: bad_answer})
 
 
-class TokenCheck:
-    """Refuse (401) any request that does not carry the access token."""
+class Guard:
+    """Every request passes here first, in this order:
 
-    def __init__(self, app, token: str):
-        self.app, self.token = app, token
+    * its ``Host`` must be the server's own address (:func:`allowed_hosts`), so a site that
+      has its name resolve to this machine (DNS rebinding) cannot load the pages (403);
+    * an ``Origin`` header, where the browser sends one, must name that same address: no
+      other page may send us anything (403);
+    * with a token, the token: ``?token=`` on the first page (which then sets a cookie), the
+      cookie, or an ``X-Token`` header (401);
+    * a request that may change the store (any method but GET and HEAD) must carry the run's
+      secret in ``X-Label-Secret`` (the pages hold it, and a page of another origin cannot
+      read them; 403), be ``application/json`` (415), and be at most :data:`MAX_BODY` bytes,
+      counted as they arrive, so a longer body is refused without being read (413).
+
+    Every response, refusals included, carries :data:`SECURITY_HEADERS`."""
+
+    def __init__(self, app, hosts: frozenset[str] | None, token: str | None, secret: str):
+        self.app, self.hosts, self.token, self.secret = app, hosts, token, secret
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers[name] = value
+            await send(message)
+
         request = Request(scope)
-        given = (request.headers.get("x-token") or request.query_params.get("token")
-                 or request.cookies.get(TOKEN_COOKIE) or "")
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
-            response = PlainTextResponse("an access token is required: open the address rlhf-jax label printed",
+        refusal = self.refusal(request)
+        if refusal is None and request.method not in ("GET", "HEAD"):
+            body = await _read_body(receive, request.headers.get("content-length"))
+            if body is None:
+                refusal = PlainTextResponse(f"the body is too large: at most {MAX_BODY} bytes", status_code=413)
+            else:
+                receive = _replay(body, receive)
+        if refusal is not None:
+            return await refusal(scope, receive, send_with_headers)
+        return await self.app(scope, receive, send_with_headers)
+
+    def refusal(self, request: Request) -> PlainTextResponse | None:
+        host = request.headers.get("host", "").lower()
+        if self.hosts is not None and host not in self.hosts:
+            return PlainTextResponse(f"this server answers to {' or '.join(sorted(self.hosts))}, not to "
+                                     f"{host or 'no Host'}", status_code=403)
+        origin = request.headers.get("origin")
+        if origin is not None and origin.lower() != f"http://{host}":
+            return PlainTextResponse(f"requests from other sites are refused (Origin {origin})", status_code=403)
+        if self.token is not None:
+            given = (request.headers.get("x-token") or request.query_params.get("token")
+                     or request.cookies.get(TOKEN_COOKIE) or "")
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                return PlainTextResponse("an access token is required: open the address rlhf-jax label printed",
                                          status_code=401)
-            return await response(scope, receive, send)
-        return await self.app(scope, receive, send)
+        if request.method in ("GET", "HEAD"):
+            return None
+        if not hmac.compare_digest(request.headers.get(SECRET_HEADER, "").encode(), self.secret.encode()):
+            return PlainTextResponse(f"this request must come from the label page ({SECRET_HEADER} is missing or "
+                                     "wrong): reload the page", status_code=403)
+        if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+            return PlainTextResponse("the body must be JSON, sent as Content-Type: application/json",
+                                     status_code=415)
+        return None
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+async def _read_body(receive, declared_length: str | None) -> bytes | None:
+    """The request's body; ``None`` once it is past :data:`MAX_BODY` (a declared length past
+    it is not waited for) or the client has gone."""
+    if declared_length is not None and declared_length.isdigit() and int(declared_length) > MAX_BODY:
+        return None
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > MAX_BODY:
+            return None
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """``receive`` for the app: the body already read, then whatever comes next (a disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay():
+        return pending.pop() if pending else await receive()
+
+    return replay
 
 
 def run_settings(run_dir: str | Path) -> tuple[PeopleConfig, str]:
@@ -202,15 +345,33 @@ def run_settings(run_dir: str | Path) -> tuple[PeopleConfig, str]:
     return build(PeopleConfig, config.get("people", {}), "people"), page
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: any free port), or a :class:`ConfigError` that says
+    the port is taken."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart need not wait
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        if error.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is taken (another program, or another rlhf-jax label, "
+                              "serves there): choose another with --port") from None
+        raise ConfigError(f"cannot serve on {host} port {port}: {error.strerror}") from None
+    return listener
+
+
 def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, token: str | None = None) -> None:
-    """Check the run, print the address to open, and serve until interrupted."""
+    """Check the run and the port, print the address to open, and serve until interrupted."""
     import uvicorn
 
     people, page = run_settings(run_dir)
     if host not in LOOPBACK and not token:
         raise ConfigError(f"serving on {host} lets other machines in: give an access token with --token "
                           "(or RLHF_JAX_TOKEN)")
-    app = create_app(run_dir, people, token, default_page=page)
+    listener = listen(host, port)
+    port = listener.getsockname()[1]
+    app = create_app(run_dir, people, token, default_page=page, host=host, port=port)
     shown = f"[{host}]" if ":" in host else host
     print(f"labeling {run_dir}: open http://{shown}:{port}/{page}" + (f"?token={token}" if token else ""), flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listener])

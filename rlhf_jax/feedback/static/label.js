@@ -1,6 +1,10 @@
 // The labeling pages: ask the server for the next query, show it, send the answer.
 "use strict";
 const kind = document.body.dataset.kind;  // "compare" or "annotate"
+// The run's secret, which the server asks of every request that changes anything: only
+// its own pages hold it (another site's page cannot read them).
+const secret = document.querySelector('meta[name="label-secret"]').content;
+const renewSeconds = Number(document.body.dataset.renewS);  // how often to say a query is still on screen
 const $ = (id) => document.getElementById(id);
 const who = $("who");
 who.value = localStorage.getItem("rlhf_jax_who") || "person-" + Math.random().toString(36).slice(2, 8);
@@ -12,25 +16,44 @@ let shownAt = 0;      // when it appeared: the answer's "seconds"
 let marks = new Map();  // annotate: frame -> +1 / -1
 
 async function api(path, body) {
+  // referrerPolicy: the server checks Origin, which the pages' no-referrer policy would blank
+  // to "null" on a POST in browsers that follow the Fetch standard to the letter.
   const response = await fetch(path, body === undefined ? {} : {
-    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
+    method: "POST", headers: {"Content-Type": "application/json", "X-Label-Secret": secret},
+    body: JSON.stringify(body), referrerPolicy: "same-origin"});
   if (!response.ok) throw new Error(`${path}: ${response.status} ${await response.text()}`);
   return response.json();
 }
 
 function showError(error) { $("error").textContent = String(error); $("error").hidden = false; }
 
+const name = () => who.value.trim() || "anonymous";
+
 function showCounts(counts) {
-  $("counter").textContent = `${counts.answered} answered · ${counts.waiting} waiting`;
+  let text = `${counts.answered} answered · ${counts.for_you} waiting for you`;
+  const held = counts.held_by_others;
+  if (held.length > 0) {
+    const holders = held.map((hold) => `${hold.who} (expires in ${Math.ceil(hold.expires_in_s)} s)`);
+    text += ` · ${held.length} held by someone else: ${holders.join(", ")}`;
+  }
+  $("counter").textContent = text;
 }
 
 async function refreshCounts() {
-  try { showCounts((await api("/api/status"))[kind]); } catch (error) { showError(error); }
+  try {
+    showCounts((await api(`/api/status?who=${encodeURIComponent(name())}`))[kind]);
+  } catch (error) { showError(error); }
+}
+
+// Keep holding the query on screen; a closed page stops, and the query soon goes back to others.
+async function renewHold() {
+  if (current === null) return;
+  try { await api(`/api/queries/${current.id}/hold`, {who: name()}); } catch (error) { showError(error); }
 }
 
 async function next() {
   try {
-    const reply = await api("/api/next", {kind, who: who.value.trim() || "anonymous"});
+    const reply = await api("/api/next", {kind, who: name()});
     showCounts(reply);
     current = reply.query;
     $("error").hidden = true;
@@ -48,7 +71,7 @@ async function send(path, body) {
   current = null;  // a second key press before the next query arrives answers nothing
   try {
     await api(`/api/queries/${query.id}/${path}`,
-              {...body, who: who.value.trim() || "anonymous", seconds: (performance.now() - shownAt) / 1000});
+              {...body, who: name(), seconds: (performance.now() - shownAt) / 1000});
   } catch (error) { showError(error); }
   next();
 }
@@ -153,4 +176,5 @@ function submitMarks() {
 }
 
 setInterval(refreshCounts, 3000);
+setInterval(renewHold, renewSeconds * 1000);
 next();
