@@ -577,7 +577,7 @@ def test_the_label_command_refuses_a_run_the_oracle_labels(run_dir, capsys):
 
 @pytest.mark.parametrize("people, message", [
     ("{assignment_timeout_s: 0}", "people.assignment_timeout_s must be a positive number"),
-    ("{heartbeat_timeout_s: .inf}", "people.heartbeat_timeout_s must be a positive number"),
+    ("{heartbeat_timeout_s: -1}", "people.heartbeat_timeout_s must be a positive number"),
     ("{instructions: x}", "unknown key 'people.instructions'"),
 ])
 def test_the_label_command_checks_the_people_section(run_dir, capsys, people, message):
