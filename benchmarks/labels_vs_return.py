@@ -29,8 +29,7 @@ from rlhf_jax.agents.base import env_reward
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
 from rlhf_jax.envs import make
 from rlhf_jax.evaluation import evaluate
-from rlhf_jax.trainer import make_training
-from rlhf_jax.trainer import AgentRun
+from rlhf_jax.trainer import AgentRun, make_training
 
 # Each task: overrides of the built-in default (A2C on CartPole from preferences).
 TASKS = {
