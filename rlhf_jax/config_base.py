@@ -1,17 +1,32 @@
 """Frozen config dataclasses from YAML, without JAX: reading, overriding, building, marking.
 
-``build(cls, data)`` makes dataclass ``cls`` from a nested dict, checking every key and
-type first: a bad config stops with a ``ConfigError`` that names the key and lists the valid
-ones, before anything runs. :mod:`rlhf_jax.config` builds experiments with it; the labeling
-web app builds only the sections it reads, so serving a run never imports JAX or an agent.
+``build(cls, data)`` makes dataclass ``cls`` from a nested dict, checking every key, type
+and declared range first: a bad config stops with a ``ConfigError`` that names the key and
+lists the valid ones (or states the range), before anything runs. :mod:`rlhf_jax.config`
+builds experiments with it; the labeling web app builds only the sections it reads, so
+serving a run never imports JAX or an agent.
 
 A field marked with :func:`in_state` holds a hyper-parameter that its optimiser keeps in
 the training state (``optax.inject_hyperparams``), not in the compiled program: ``rlhf-jax
 sweep`` runs members differing in it as one program (:func:`is_in_state`).
+
+A field declares its range once, on the field: ``num_steps: int = positive(5, high=4096)``,
+``gamma: float = in_range(0.99, 0, 1)`` (:func:`in_range`, :func:`positive`,
+:func:`non_negative`; ``in_state(positive(7e-4))`` composes). Every number a config holds
+is checked against its field's range, item by item for a tuple, when it is built and when a
+section is made in Python (:func:`check_fields` in its ``__post_init__``); every float must
+be finite and every int fit in 64 bits, range or not.
+
+YAML is read by one loader (:func:`parse_yaml`): ``3e-4`` and ``1e9`` are numbers (YAML
+1.2, where PyYAML's 1.1 reads strings), a key given twice in one mapping is refused, and so
+are aliases that expand a document beyond :data:`MAX_YAML_NODES` values.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -24,12 +39,74 @@ from rlhf_jax.errors import ConfigError
 # A run directory's resolved config, as training writes it.
 CONFIG_FILE = "config.yaml"
 _IN_STATE = "in_optimizer_state"  # the field metadata key of the mark
+_RANGE = "range"  # the field metadata key of a declared range: (low, high, low_open, high_open)
+_INT64 = (-2**63, 2**63 - 1)
+# Steps counted on the device in int32 (runner.env_steps): a bound for step counts.
+INT32_MAX = 2**31 - 1
+# Units in one hidden layer: a 8192 x 8192 float32 kernel is 256 MiB.
+MAX_LAYER = 8192
+# The most values (aliases expanded) a YAML document may hold: far beyond any config, far
+# below a "billion laughs" document, which a few lines make expand to 10^9 values.
+MAX_YAML_NODES = 100_000
 
 
 def in_state(default):
     """A config field whose value its optimiser keeps in the training state (a learning rate
-    passed through ``ops.schedules.learning_rate_in_state``): ``learning_rate: float = in_state(7e-4)``."""
+    passed through ``ops.schedules.learning_rate_in_state``): ``learning_rate: float = in_state(7e-4)``,
+    or with a range, ``in_state(positive(7e-4))``."""
+    if isinstance(default, dataclasses.Field):
+        return dataclasses.field(default=default.default, metadata={**default.metadata, _IN_STATE: True})
     return dataclasses.field(default=default, metadata={_IN_STATE: True})
+
+
+def in_range(default, low=None, high=None, *, low_open: bool = False, high_open: bool = False):
+    """A field whose number (each number, for a tuple) lies between ``low`` and ``high``
+    (``None``: unbounded on that side), the bounds included unless ``*_open``."""
+    return dataclasses.field(default=default, metadata={_RANGE: (low, high, low_open, high_open)})
+
+
+def positive(default, high=None):
+    """A count (int field: at least 1) or an amount (float field: more than 0), at most ``high``."""
+    integer = isinstance(default[0] if isinstance(default, tuple) else default, int)
+    return in_range(default, 1, high) if integer else in_range(default, 0, high, low_open=True)
+
+
+def non_negative(default, high=None):
+    return in_range(default, 0, high)
+
+
+def check_fields(config) -> None:
+    """Check every field of the section ``config`` against its declared range (for a section
+    made in Python; :func:`build` has already checked what it read, under dotted keys)."""
+    for field in dataclasses.fields(config):
+        _check_range(field, getattr(config, field.name), field.name)
+
+
+def check_value(cls, name: str, value, path: str) -> None:
+    """Check ``value`` against the declared range of field ``name`` of dataclass ``cls``, calling it ``path``
+    (a command-line option that stands for the field)."""
+    _check_range(next(f for f in dataclasses.fields(cls) if f.name == name), value, path)
+
+
+def _check_range(field, value, path: str) -> None:
+    if isinstance(value, tuple):
+        for i, item in enumerate(value):
+            _check_range(field, item, f"{path}[{i}]")
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{path} must be a finite number, got {value}")
+    if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
+        raise ConfigError(f"{path} must fit in a signed 64-bit integer, got {value}")
+    low, high, low_open, high_open = field.metadata.get(_RANGE, (None, None, False, False))
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        bounds = [f"{'more than' if low_open else 'at least'} {low}" if low is not None else "",
+                  f"{'less than' if high_open else 'at most'} {high}" if high is not None else ""]
+        rule = "a positive number" if bounds == ["more than 0", ""] else " and ".join(b for b in bounds if b)
+        raise ConfigError(f"{path} must be {rule}, got {value}")
 
 
 def is_in_state(cls, key: str) -> bool:
@@ -62,6 +139,7 @@ def build(cls, data: dict, where: str = ""):
         if key not in fields:
             raise _unknown_key(path, where, fields)
         kwargs[key] = _convert(hints[key], value, path)
+        _check_range(fields[key], kwargs[key], path)
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:
@@ -85,21 +163,30 @@ def _convert(hint, value, path: str):
         raise ConfigError(errors[0])
     if origin is typing.Literal:
         if value not in typing.get_args(hint):
-            raise ConfigError(f"{path} must be one of {list(typing.get_args(hint))}, got {value!r}")
+            raise ConfigError(f"{path} must be one of {list(typing.get_args(hint))}, got {_show(value)}")
         return value
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path} must be a list, got {value!r}")
+            raise ConfigError(f"{path} must be a list, got {_show(value)}")
         (item,) = typing.get_args(hint)[:1] or (Any,)
         return tuple(_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value))
     if hint is Any:
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    # A count written as 1e9 or 2e6 (the README's way) is the integer it names.
+    if hint is int and isinstance(value, float) and value.is_integer():
+        return int(value)
     # bool is an int in Python; refuse it where a number is asked for, and vice versa.
     if isinstance(value, hint) and not (hint is not bool and isinstance(value, bool)):
         return value
-    raise ConfigError(f"{path} must be of type {hint.__name__}, got {value!r} ({type(value).__name__})")
+    raise ConfigError(f"{path} must be of type {hint.__name__}, got {_show(value)} ({type(value).__name__})")
+
+
+# A value shown in a message: short, whatever its size (never a whole expanded alias tree).
+_shown = reprlib.Repr()
+_shown.maxlevel, _shown.maxlist, _shown.maxdict, _shown.maxstring, _shown.maxother = 2, 4, 4, 60, 60
+_show = _shown.repr
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -116,9 +203,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             if not isinstance(node, dict):
                 raise ConfigError(f"override {override!r}: {part!r} is not a section")
         try:
-            node[leaf] = yaml.safe_load(text)
+            node[leaf] = parse_yaml(text)
         except yaml.YAMLError as error:
-            raise ConfigError(f"override {override!r}: cannot parse the value: {error}") from None
+            raise ConfigError(f"override {override!r}: cannot parse the value: {_one_line(error)}") from None
     return data
 
 
@@ -137,14 +224,73 @@ def flat_keys(data: dict, prefix: str = "") -> dict:
     return flat
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, made strict (module docstring)."""
+
+    def construct_mapping(self, node, deep=False):
+        first = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # what a merge brings in may be given again after it
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, typing.Hashable):
+                continue  # PyYAML refuses it itself
+            if key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice (first on line {first[key]})", key_node.start_mark)
+            first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+    def compose_document(self):
+        node = super().compose_document()
+        if _expanded_size(node, {}) > MAX_YAML_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"its aliases expand it to more than {MAX_YAML_NODES} values", node.start_mark)
+        return node
+
+
+# YAML 1.2's floats: a dot or an exponent, so 3e-4 and 1e9 are numbers (PyYAML's 1.1 regexp
+# wants a dot); plain integers still resolve to int, whose resolver PyYAML tries first.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$"),
+    list("-+.0123456789"))
+
+
+def _expanded_size(node, sizes: dict) -> int:
+    """How many values ``node`` holds with every alias expanded (shared nodes counted once each time)."""
+    if id(node) not in sizes:
+        sizes[id(node)] = math.inf  # a node inside itself (a recursive alias) is infinite
+        children = node.value if isinstance(node, yaml.SequenceNode) else (
+            [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+        sizes[id(node)] = 1 + sum(_expanded_size(child, sizes) for child in children)
+    return sizes[id(node)]
+
+
+def parse_yaml(text: str):
+    """The one YAML loader of configs and ``key=value`` overrides (module docstring)."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def _one_line(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    context = getattr(error, "context", None)
+    problem = getattr(error, "problem", None) or str(error)
+    return where + (f"{context}: " if context else "") + problem
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = parse_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        raise ConfigError(f"{path}: not valid YAML: {_one_line(error)}") from None
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty (or only comments): it sets nothing")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
     return data
