@@ -2,8 +2,9 @@
 
 ``load_config(ExperimentConfig, "configs/x.yaml", ["env.num_envs=8"])`` reads the
 file, applies the overrides (nested keys with dots, values parsed as YAML scalars),
-and builds the dataclasses, checking every key and type first: a bad config stops
-with a ``ConfigError`` that names the key and lists the valid ones, before anything runs.
+and builds the dataclasses, checking every key, type and declared range first: a bad
+config stops with a ``ConfigError`` that names the key and lists the valid ones (or states
+the range), before anything runs.
 
 That machinery is :mod:`rlhf_jax.config_base`'s, which needs no JAX. This module gathers
 every section's dataclass into :class:`ExperimentConfig`, and so imports every agent.
@@ -19,7 +20,8 @@ from rlhf_jax.agents.dqn import DQNConfig
 from rlhf_jax.agents.trpo import TRPOConfig
 # The generic machinery lives in the jax-free config_base; imported here too, for callers of this module.
 from rlhf_jax.config_base import apply_overrides, build, flat_keys, load_config, read_yaml, to_dict  # noqa: F401
-from rlhf_jax.envs.options import EnvConfig
+from rlhf_jax.config_base import INT32_MAX, check_fields, non_negative, positive
+from rlhf_jax.envs.options import MAX_ENVS, EnvConfig
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.reward.config import PreferenceConfig
@@ -33,22 +35,21 @@ class RunConfig:
 
     dir: str = ""  # "" makes runs/<name>-<date>-<time>
     # Env steps per compiled chunk: progress, metrics and checkpoints happen between chunks.
-    chunk_env_steps: int = 50_000
+    chunk_env_steps: int = positive(50_000, INT32_MAX)
     # One update is one agent iteration (A2C: one gradient step on n x num_envs steps;
     # DQN: num_envs / gcd(num_envs, update_period) gradient steps).
-    checkpoint_every_updates: int = 10_000
+    checkpoint_every_updates: int = positive(10_000, INT32_MAX)
     # How a chunk's iterations are driven: "scan" compiles them into one loop; "python"
     # dispatches one compiled iteration at a time. "auto" picks "python" for convolutional
     # networks on the CPU, where XLA runs convolution gradients inside a loop about 10x
     # slower than outside one (jax-ml/jax#12868), and "scan" everywhere else.
     loop: Literal["auto", "scan", "python"] = "auto"
     tensorboard: bool = True
-    eval_episodes: int = 32
-    eval_max_steps: int = 0  # 0: the environment's episode limit
+    eval_episodes: int = positive(32, MAX_ENVS)  # one copy of the environment each
+    eval_max_steps: int = non_negative(0, INT32_MAX)  # 0: the environment's episode limit
 
     def __post_init__(self):
-        if self.chunk_env_steps < 1 or self.checkpoint_every_updates < 1 or self.eval_episodes < 1:
-            raise ConfigError("run.chunk_env_steps, run.checkpoint_every_updates and run.eval_episodes must be positive")
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,10 @@ class ExperimentConfig:
     run: RunConfig = RunConfig()
 
     def __post_init__(self):
+        check_fields(self)
+        # The run directory is runs/<name>-<date>-<time>: a name with a path in it would put it elsewhere.
+        if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
+            raise ConfigError(f"name must be a plain file name (no '/', '\\' or '..'), got {self.name!r}")
         if self.labeler == "people" and self.reward == "env":
             raise ConfigError("labeler=people needs a learned reward: set reward to preferences or ibt")
 

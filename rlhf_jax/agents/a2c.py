@@ -21,10 +21,9 @@ import optax
 from rlhf_jax import ops
 from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
                                   rollout_rewards)
-from rlhf_jax.config_base import in_state
+from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, torso_for
-from rlhf_jax.errors import ConfigError
 from rlhf_jax.ops.schedules import learning_rate_in_state
 
 
@@ -32,33 +31,30 @@ from rlhf_jax.ops.schedules import learning_rate_in_state
 class A2CConfig:
     """Defaults are the paper's (Christiano et al. appendix A.2; Mnih et al. 2016)."""
 
-    total_env_steps: int = 10_000_000
-    num_steps: int = 5  # n: steps per environment between updates
-    gamma: float = 0.99
-    entropy_coef: float = 0.01
-    value_coef: float = 0.5
-    learning_rate: float = in_state(7e-4)
+    total_env_steps: int = positive(10_000_000, INT32_MAX)
+    num_steps: int = positive(5, 4096)  # n: steps per environment between updates
+    gamma: float = in_range(0.99, 0, 1)
+    entropy_coef: float = non_negative(0.01)
+    value_coef: float = non_negative(0.5)
+    learning_rate: float = in_state(positive(7e-4))
     # The rate decays linearly to zero at this many env steps (0: at total_env_steps).
     # Christiano et al. decay over 80M steps although their runs stop at 50M.
-    lr_decay_env_steps: int = 0
-    rms_decay: float = 0.99
-    rms_eps: float = 1e-5
-    max_grad_norm: float = 0.5
+    lr_decay_env_steps: int = non_negative(0, INT32_MAX)
+    rms_decay: float = in_range(0.99, 0, 1)
+    rms_eps: float = non_negative(1e-5)
+    max_grad_norm: float = positive(0.5)
     # Pixels: the 2013 CNN of the A3C paper ("a3c") or the Nature CNN ("nature").
     network: Literal["a3c", "nature"] = "a3c"
-    mlp_hidden: tuple[int, ...] = (64, 64)
+    mlp_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
     # The paper's actor and critic share a torso; separate torsos often suit continuous control better.
     shared_torso: bool = True
     # Clip rewards to [-reward_clip, reward_clip] (Atari on the true reward: 1.0); 0 = no clipping.
-    reward_clip: float = 0.0
-    reward_scale: float = 1.0
+    reward_clip: float = non_negative(0.0)
+    reward_scale: float = positive(1.0)
     log_std_init: float = 0.0  # Gaussian policies only
 
     def __post_init__(self):
-        if self.num_steps < 1 or self.total_env_steps < 1:
-            raise ConfigError("a2c.num_steps and a2c.total_env_steps must be positive")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ConfigError(f"a2c.gamma must lie in [0, 1], got {self.gamma}")
+        check_fields(self)
 
 
 class ActorCritic(nn.Module):

@@ -71,6 +71,7 @@ import optax
 from rlhf_jax import ops, replay
 from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
                                   rollout_rewards)
+from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, non_negative, positive
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
@@ -84,47 +85,35 @@ class ACERConfig:
     open follow OpenAI Baselines' ACER. Counts of steps are env steps summed over environments.
     """
 
-    total_env_steps: int = 10_000_000
-    num_steps: int = 20  # k: the length of a trajectory
-    gamma: float = 0.99
-    replay_ratio: float = 4.0  # r: replayed updates per on-policy update, K ~ Poisson(r)
-    replay_capacity: int = 50_000  # env steps the memory holds (whole trajectories of all envs)
-    replay_start: int = 10_000  # env steps stored before replay begins
-    truncation: float = 10.0  # c: importance weights truncated at c in the policy gradient
+    total_env_steps: int = positive(10_000_000, INT32_MAX)
+    num_steps: int = positive(20, 4096)  # k: the length of a trajectory
+    gamma: float = in_range(0.99, 0, 1)
+    replay_ratio: float = non_negative(4.0, 100)  # r: replayed updates per on-policy update, K ~ Poisson(r)
+    replay_capacity: int = positive(50_000, 100_000_000)  # env steps the memory holds (whole trajectories of all envs)
+    replay_start: int = non_negative(10_000, INT32_MAX)  # env steps stored before replay begins
+    truncation: float = positive(10.0)  # c: importance weights truncated at c in the policy gradient
     trust_region: bool = True
-    trust_region_delta: float = 1.0  # delta
-    average_decay: float = 0.99  # alpha of the average policy network
-    entropy_coef: float = 0.001
-    value_coef: float = 0.5  # weighs the critic's loss against the policy's
-    learning_rate: float = 7e-4
+    trust_region_delta: float = positive(1.0)  # delta
+    average_decay: float = in_range(0.99, 0, 1)  # alpha of the average policy network
+    entropy_coef: float = non_negative(0.001)
+    value_coef: float = non_negative(0.5)  # weighs the critic's loss against the policy's
+    learning_rate: float = positive(7e-4)
     # The rate decays linearly to zero at this many env steps (0: at total_env_steps).
-    lr_decay_env_steps: int = 0
-    rms_decay: float = 0.99
-    rms_eps: float = 1e-5
-    max_grad_norm: float = 10.0
+    lr_decay_env_steps: int = non_negative(0, INT32_MAX)
+    rms_decay: float = in_range(0.99, 0, 1)
+    rms_eps: float = non_negative(1e-5)
+    max_grad_norm: float = positive(10.0)
     # Pixels: the 2013 CNN of the A3C paper ("a3c") or the Nature CNN ("nature").
     network: Literal["a3c", "nature"] = "a3c"
-    mlp_hidden: tuple[int, ...] = (64, 64)
-    reward_clip: float = 0.0  # clip rewards to [-reward_clip, reward_clip]; 0 = no clipping
-    reward_scale: float = 1.0
+    mlp_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
+    reward_clip: float = non_negative(0.0)  # clip rewards to [-reward_clip, reward_clip]; 0 = no clipping
+    reward_scale: float = positive(1.0)
     # Continuous actions only.
-    sdn_samples: int = 5  # n: actions u_i ~ pi in the stochastic dueling network
+    sdn_samples: int = positive(5, 1000)  # n: actions u_i ~ pi in the stochastic dueling network
     log_std_init: float = 0.0
 
     def __post_init__(self):
-        for name in ("total_env_steps", "num_steps", "replay_capacity", "sdn_samples"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"acer.{name} must be positive, got {getattr(self, name)}")
-        for name in ("gamma", "average_decay", "rms_decay"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"acer.{name} must lie in [0, 1], got {getattr(self, name)}")
-        for name in ("truncation", "trust_region_delta", "learning_rate", "max_grad_norm"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"acer.{name} must be positive, got {getattr(self, name)}")
-        for name in ("replay_ratio", "replay_start", "lr_decay_env_steps", "entropy_coef", "value_coef",
-                     "reward_clip", "rms_eps"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"acer.{name} must be non-negative, got {getattr(self, name)}")
+        check_fields(self)
 
 
 # --------------------------------------------------------------------------- networks

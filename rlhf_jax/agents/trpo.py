@@ -43,7 +43,7 @@ from jax.flatten_util import ravel_pytree
 from rlhf_jax import ops
 from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
                                   rollout_rewards)
-from rlhf_jax.config_base import in_state
+from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
@@ -62,49 +62,36 @@ from rlhf_jax.ops.trust_region import (
 class TRPOConfig:
     """Defaults follow Christiano et al. appendix A.1 (gamma, lambda) and common TRPO practice (module docstring)."""
 
-    total_env_steps: int = 5_000_000
+    total_env_steps: int = positive(5_000_000, INT32_MAX)
     # Env steps per iteration, summed over environments; each environment takes
     # ceil(batch_size / num_envs) steps. Copies that start together and run episodes of one
     # fixed length stay in step, so let each take a whole number of episodes: otherwise a
     # batch holds only part of the episode and the KL bound ignores the rest
     # (configs/trpo_pendulum.yaml shows what that does).
-    batch_size: int = 5_000
-    gamma: float = 0.995
-    gae_lambda: float = 0.97
-    max_kl: float = 0.01  # delta: the bound on the mean KL(pi_old || pi_new)
-    cg_iterations: int = 10
-    cg_damping: float = 0.1
-    line_search_steps: int = 10
-    line_search_decay: float = 0.5
+    batch_size: int = positive(5_000, 10_000_000)
+    gamma: float = in_range(0.995, 0, 1)
+    gae_lambda: float = in_range(0.97, 0, 1)
+    max_kl: float = positive(0.01)  # delta: the bound on the mean KL(pi_old || pi_new)
+    cg_iterations: int = positive(10, 1000)
+    cg_damping: float = non_negative(0.1)
+    line_search_steps: int = positive(10, 1000)
+    line_search_decay: float = in_range(0.5, 0, 1, low_open=True, high_open=True)
     # beta: 0 on the true reward; 0.01 (Swimmer: 0.001) when learning from the reward predictor.
-    entropy_coef: float = 0.0
+    entropy_coef: float = non_negative(0.0)
     normalize_advantages: bool = True
     # The value function: its own network fitted with Adam to the lambda-returns.
-    value_learning_rate: float = in_state(1e-3)
-    value_epochs: int = 5
-    value_minibatches: int = 8
-    policy_hidden: tuple[int, ...] = (64, 64)
-    value_hidden: tuple[int, ...] = (64, 64)
+    value_learning_rate: float = in_state(positive(1e-3))
+    value_epochs: int = positive(5, 1000)
+    value_minibatches: int = positive(8, 65_536)
+    policy_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
+    value_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
     activation: Literal["tanh", "relu"] = "tanh"
     network: Literal["a3c", "nature"] = "a3c"  # the torso for stacked Atari frames, if ever used
     log_std_init: float = 0.0  # Gaussian policies only
-    reward_scale: float = 1.0
+    reward_scale: float = positive(1.0)
 
     def __post_init__(self):
-        if self.total_env_steps < 1 or self.batch_size < 1:
-            raise ConfigError("trpo.total_env_steps and trpo.batch_size must be positive")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ConfigError(f"trpo.gamma must lie in [0, 1], got {self.gamma}")
-        if not 0.0 <= self.gae_lambda <= 1.0:
-            raise ConfigError(f"trpo.gae_lambda must lie in [0, 1], got {self.gae_lambda}")
-        if self.max_kl <= 0.0:
-            raise ConfigError(f"trpo.max_kl must be positive, got {self.max_kl}")
-        if self.cg_iterations < 1 or self.line_search_steps < 1:
-            raise ConfigError("trpo.cg_iterations and trpo.line_search_steps must be positive")
-        if not 0.0 < self.line_search_decay < 1.0:
-            raise ConfigError(f"trpo.line_search_decay must lie in (0, 1), got {self.line_search_decay}")
-        if self.value_epochs < 1 or self.value_minibatches < 1:
-            raise ConfigError("trpo.value_epochs and trpo.value_minibatches must be positive")
+        check_fields(self)
 
 
 _ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}

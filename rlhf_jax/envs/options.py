@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from rlhf_jax.config_base import INT32_MAX, check_fields, in_range, non_negative, positive
 from rlhf_jax.errors import ConfigError
 
 
@@ -25,19 +26,23 @@ ENV_IDS = (
 )
 
 
+# Copies stepped together (evaluation's copies too, one episode each).
+MAX_ENVS = 65_536
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
     # "<backend>/<name>", e.g. gymnax/CartPole-v1, envpool/Pong-v5, mjx/Hopper-v5; `rlhf-jax envs` lists them.
     id: str = "gymnax/CartPole-v1"
-    num_envs: int = 16
+    num_envs: int = positive(16, MAX_ENVS)
     # EnvPool seeds its pool when it is built; the JAX back ends use the key given to reset instead.
-    seed: int = 0
+    seed: int = in_range(0, 0, 2**30)  # EnvPool takes an int32, and evaluation adds 10,000
     # Appendix A: no variable-length episodes. The agent sees no life loss or termination
     # (Atari: one continuous game; MuJoCo and gymnax: fixed-length episodes), and the
     # oracle's reward pays `termination_penalty` for every step spent in a state that
     # would have ended the episode (for Atari: every life lost, except in Pong).
     hide_episode_end: bool = False
-    termination_penalty: float = 1.0
+    termination_penalty: float = non_negative(1.0)
     # gymnax only, with hide_episode_end: "continue" runs a failed copy on to its time limit
     # (the MuJoCo treatment); "reset" restarts it at once without telling the agent and the
     # oracle pays the penalty once (the Atari treatment: one continuous episode). CartPole
@@ -48,22 +53,17 @@ class EnvConfig:
     # Atari only: a lost life ends the agent's episode (DQN on the true reward), the game goes on.
     episodic_life: bool = False
     # Atari only: up to this many no-op actions at the start of each game (Mnih et al. 2015).
-    noop_max: int = 30
+    noop_max: int = non_negative(30, 10_000)
     # MuJoCo only: False removes the torque (control) cost from the reward, as appendix A does.
     control_cost: bool = True
     # 0 keeps the task's own limit.
-    max_episode_steps: int = 0
+    max_episode_steps: int = non_negative(0, INT32_MAX)
 
     def __post_init__(self):
         if self.id not in ENV_IDS:
             known = "\n  ".join(ENV_IDS)
             raise ConfigError(f"unknown environment id {self.id!r}; known ids:\n  {known}")
-        if self.num_envs < 1:
-            raise ConfigError(f"env.num_envs must be at least 1, got {self.num_envs}")
-        if self.max_episode_steps < 0:
-            raise ConfigError(f"env.max_episode_steps must be 0 (task default) or positive, got {self.max_episode_steps}")
-        if self.noop_max < 0:
-            raise ConfigError(f"env.noop_max must be non-negative, got {self.noop_max}")
+        check_fields(self)
 
     @property
     def backend(self) -> str:

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
-from rlhf_jax.errors import ConfigError
+from rlhf_jax.config_base import check_fields, positive
 
 DEFAULT_COMPARE_INSTRUCTION = (
     "Watch both clips. Choose the one in which the agent does better at its task; call it a tie "
@@ -20,19 +19,16 @@ class PeopleConfig:
     # One paragraph shown above the clips (Christiano et al. appendix B); "" shows a generic one.
     instruction: str = ""
     # A query shown to one person goes back to the pool if they have not answered by then.
-    assignment_timeout_s: float = 300.0
+    assignment_timeout_s: float = positive(300.0)
     # ... or sooner, once their page has stopped saying it still shows the query (a closed
     # tab, a lost connection): an open page renews its hold every quarter of this.
-    heartbeat_timeout_s: float = 20.0
+    heartbeat_timeout_s: float = positive(20.0)
     # RL starts once people have answered the initial queries (the paper's order); false:
     # at once, on the reward model's random initialisation until answers come.
     wait_for_initial_labels: bool = True
 
     def __post_init__(self):
-        for name in ("assignment_timeout_s", "heartbeat_timeout_s"):
-            t = getattr(self, name)
-            if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
-                raise ConfigError(f"people.{name} must be a positive number of seconds, got {t!r}")
+        check_fields(self)
 
     def instruction_for(self, kind: str) -> str:
         if self.instruction:

@@ -21,6 +21,7 @@ from typing import Callable, Literal
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.config_base import check_fields, in_range, non_negative
 from rlhf_jax.errors import ConfigError
 
 
@@ -58,15 +59,14 @@ POTENTIALS: dict[str, Callable[[jax.Array], jax.Array]] = {
 @dataclasses.dataclass(frozen=True)
 class AnnotatorConfig:
     signal: Literal["reward", "potential"] = "reward"
-    threshold: float = 0.0  # |d_t| must exceed it to be marked
-    fraction: float = 1.0  # chance that an event is marked at all
-    noise: float = 0.0  # chance that a mark's sign is flipped
+    threshold: float = non_negative(0.0)  # |d_t| must exceed it to be marked
+    fraction: float = in_range(1.0, 0, 1)  # chance that an event is marked at all
+    noise: float = in_range(0.0, 0, 1)  # chance that a mark's sign is flipped
 
     def __post_init__(self):
         if self.signal not in ("reward", "potential"):
             raise ConfigError(f"ibt.annotator.signal must be 'reward' or 'potential', got {self.signal!r}")
-        if not 0.0 <= self.fraction <= 1.0 or not 0.0 <= self.noise <= 1.0 or self.threshold < 0:
-            raise ConfigError("ibt.annotator: fraction and noise must lie in [0, 1], threshold >= 0")
+        check_fields(self)
 
 
 def progress_increments(config: AnnotatorConfig, env_id: str, obs: jax.Array, reward: jax.Array) -> jax.Array:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from rlhf_jax.config_base import INT32_MAX, check_fields, in_range, non_negative, positive
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import is_atari_frames
@@ -27,33 +28,28 @@ from rlhf_jax.reward.schedule import initial_labels
 
 @dataclasses.dataclass(frozen=True)
 class PreferenceConfig:
-    labels: int = 5_500  # the label budget (Atari 5,500; MuJoCo 350/700/1,400)
+    labels: int = positive(5_500, 1_000_000)  # the label budget (Atari 5,500; MuJoCo 350/700/1,400)
     # Labels from the untrained policy before RL: 25% of the budget (MuJoCo), 500 (Atari).
-    initial_labels: int = -1
+    initial_labels: int = in_range(-1, -1, 1_000_000)
     # The labelling rate after T env steps is proportional to c / (T + c), c in env steps:
     # 2e6 (MuJoCo), 1.25e6 on Atari (the paper's 5e6 frames at a frame skip of 4).
-    label_decay_steps: int = 0
+    label_decay_steps: int = non_negative(0, INT32_MAX)
     online: bool = True  # false: the "no online queries" ablation, all labels up front
     # Steps per segment: 25 on Atari (1.7 s at 15 fps), 1.5 s of simulated time elsewhere.
-    segment_length: int = 0
-    segment_capacity: int = 1_000  # recent segments that candidate pairs are drawn from
-    label_capacity: int = 0  # the newest labels kept: 3,000 on Atari, all of them elsewhere
+    segment_length: int = non_negative(0, 1_000)
+    segment_capacity: int = in_range(1_000, 2, 100_000)  # recent segments that candidate pairs are drawn from
+    label_capacity: int = non_negative(0, 1_000_000)  # the newest labels kept: 3,000 on Atari, all of them elsewhere
     selection: Literal["disagreement", "random"] = "disagreement"
-    candidates_factor: int = 10  # candidate pairs drawn per query presented
+    candidates_factor: int = positive(10, 1_000)  # candidate pairs drawn per query presented
     # The predictor "processes 1 label per 10 RL timesteps" (appendix A.2).
-    fit_pairs_per_env_step: float = 0.1
-    pretrain_epochs: int = -1  # over the initial labels before RL: 200 on Atari, none elsewhere
+    fit_pairs_per_env_step: float = non_negative(0.1)
+    pretrain_epochs: int = in_range(-1, -1, 100_000)  # over the initial labels before RL: 200 on Atari, none elsewhere
     teacher: TeacherConfig = TeacherConfig()
 
     def __post_init__(self):
-        if self.labels < 1:
-            raise ConfigError(f"preferences.labels must be positive, got {self.labels}")
+        check_fields(self)
         if self.initial_labels > self.labels:
             raise ConfigError(f"preferences.initial_labels ({self.initial_labels}) exceeds the budget ({self.labels})")
-        if self.segment_length < 0 or self.segment_capacity < 2 or self.candidates_factor < 1:
-            raise ConfigError("preferences: segment_length must be >= 0, segment_capacity >= 2, candidates_factor >= 1")
-        if self.fit_pairs_per_env_step < 0 or self.label_capacity < 0 or self.label_decay_steps < 0:
-            raise ConfigError("preferences: fit_pairs_per_env_step, label_capacity and label_decay_steps must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlhf_jax.config_base import in_state
+from rlhf_jax.config_base import MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import RewardCNN, input_statistics, is_atari_frames, reward_network_for
@@ -70,48 +70,32 @@ class RewardModelConfig:
       -1000, and Breakout's return fell as labels grew. At 0.1 it is -10.
     """
 
-    ensemble_size: int = 3
-    hidden: tuple[int, ...] = (64, 64)
-    leaky_relu_slope: float = 0.01
-    mlp_dropout: float = 0.0
-    cnn_dropout: float = 0.5
+    ensemble_size: int = positive(3, 256)
+    hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
+    leaky_relu_slope: float = non_negative(0.01)
+    mlp_dropout: float = in_range(0.0, 0, 1, high_open=True)
+    cnn_dropout: float = in_range(0.5, 0, 1, high_open=True)
     cnn_batch_norm: bool = True
-    random_answer_prob: float = 0.1
-    validation_fraction: float = 1.0 / math.e  # 0.36787944117144233
-    l2_init: float = 1e-3
+    random_answer_prob: float = in_range(0.1, 0, 1, high_open=True)
+    validation_fraction: float = in_range(1.0 / math.e, 0, 1, high_open=True)  # 0.36787944117144233
+    l2_init: float = non_negative(1e-3)
     adapt_l2: bool = True  # False: the "no regularization" ablation (l2 = 0, dropout kept)
-    l2_low: float = 1.1
-    l2_high: float = 1.5
-    l2_factor: float = 1.1
-    learning_rate: float = in_state(3e-4)
-    batch_size: int = 64
-    input_std_floor: float = 0.1
-    normalized_std: float = 0.0  # 0: the paper's, 0.05 on Atari frames and 1 otherwise
+    l2_low: float = positive(1.1)
+    l2_high: float = positive(1.5)
+    l2_factor: float = in_range(1.1, 1, low_open=True)
+    learning_rate: float = in_state(positive(3e-4))
+    batch_size: int = positive(64, 65_536)
+    input_std_floor: float = positive(0.1)
+    normalized_std: float = non_negative(0.0)  # 0: the paper's, 0.05 on Atari frames and 1 otherwise
     loss: Literal["preference", "target"] = "preference"
     bootstrap: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "hidden", tuple(self.hidden))  # hashable: config is a static argument
+        check_fields(self)
         checks = [
-            (self.ensemble_size >= 1, f"ensemble_size must be >= 1, got {self.ensemble_size}"),
-            (len(self.hidden) >= 1 and all(int(h) >= 1 for h in self.hidden),
-             f"hidden must be a non-empty list of positive layer sizes, got {self.hidden}"),
-            (self.leaky_relu_slope >= 0, f"leaky_relu_slope must be >= 0, got {self.leaky_relu_slope}"),
-            (0 <= self.mlp_dropout < 1, f"mlp_dropout must be in [0, 1), got {self.mlp_dropout}"),
-            (0 <= self.cnn_dropout < 1, f"cnn_dropout must be in [0, 1), got {self.cnn_dropout}"),
-            (0 <= self.random_answer_prob < 1,
-             f"random_answer_prob must be in [0, 1), got {self.random_answer_prob}"),
-            (0 <= self.validation_fraction < 1,
-             f"validation_fraction must be in [0, 1), got {self.validation_fraction}"),
-            (self.l2_init >= 0, f"l2_init must be >= 0, got {self.l2_init}"),
-            (0 < self.l2_low < self.l2_high,
-             f"need 0 < l2_low < l2_high, got l2_low={self.l2_low}, l2_high={self.l2_high}"),
-            (self.l2_factor > 1, f"l2_factor must be > 1, got {self.l2_factor}"),
-            (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}"),
-            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
-            (self.input_std_floor > 0, f"input_std_floor must be > 0, got {self.input_std_floor}"),
-            (self.normalized_std >= 0,
-             f"normalized_std must be >= 0 (0 means the paper's value), got {self.normalized_std}"),
+            (len(self.hidden) >= 1, f"hidden must be a non-empty list of layer sizes, got {self.hidden}"),
+            (self.l2_low < self.l2_high, f"need l2_low < l2_high, got l2_low={self.l2_low}, l2_high={self.l2_high}"),
             (self.loss in ("preference", "target"), f"loss must be 'preference' or 'target', got {self.loss!r}"),
         ]
         for ok, message in checks:

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlhf_jax.config_base import in_state
+from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import _dense, _leaky_relu, input_statistics, is_atari_frames, torso_for
@@ -271,35 +271,32 @@ class IBTConfig:
     where it gives them (Adam with beta_1 = 0, beta_2 = 0.999, learning rate 1e-4, batches of 96)."""
 
     utility: Literal["mlp", "lstm"] = "mlp"
-    hidden: tuple[int, ...] = (64, 64)
-    lstm_size: int = 64
-    leaky_relu_slope: float = 0.01
-    no_mark_weight: float = 1.0  # C of Algorithm 1
-    pair_samples: int = 0  # pairs drawn per episode; 0: every pair (O(T^2) memory)
-    learning_rate: float = in_state(1e-4)
-    adam_b1: float = 0.0
-    batch_episodes: int = 96
+    hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
+    lstm_size: int = positive(64, MAX_LAYER)
+    leaky_relu_slope: float = non_negative(0.01)
+    no_mark_weight: float = non_negative(1.0)  # C of Algorithm 1
+    pair_samples: int = non_negative(0, 1_000_000)  # pairs drawn per episode; 0: every pair (O(T^2) memory)
+    learning_rate: float = in_state(positive(1e-4))
+    adam_b1: float = in_range(0.0, 0, 1, high_open=True)
+    batch_episodes: int = positive(96, 65_536)
     # The agent's reward: U's rise divided by its standard deviation on recent steps, times this.
-    normalized_std: float = 1.0
+    normalized_std: float = positive(1.0)
     # The loop: annotated episodes (clips of `episode_length` steps cut from recent rollouts).
-    episodes: int = 200  # the budget of annotated episodes
-    initial_episodes: int = -1  # from the untrained policy before RL; -1: 25% of the budget
-    episode_length: int = 50
-    episode_capacity: int = 500  # recent clips that episodes to annotate are drawn from
-    annotation_decay_steps: int = 2_000_000  # the annotation rate falls as c / (T + c)
-    fit_episodes_per_env_step: float = 0.01
-    pretrain_epochs: int = 0
+    episodes: int = positive(200, 100_000)  # the budget of annotated episodes
+    initial_episodes: int = in_range(-1, -1, 100_000)  # from the untrained policy before RL; -1: 25% of the budget
+    episode_length: int = in_range(50, 2, 1_000)
+    episode_capacity: int = positive(500, 100_000)  # recent clips that episodes to annotate are drawn from
+    annotation_decay_steps: int = positive(2_000_000, INT32_MAX)  # the annotation rate falls as c / (T + c)
+    fit_episodes_per_env_step: float = non_negative(0.01)
+    pretrain_epochs: int = non_negative(0, 100_000)
     annotator: AnnotatorConfig = AnnotatorConfig()
 
     def __post_init__(self):
         if self.utility not in ("mlp", "lstm"):
             raise ConfigError(f"ibt.utility must be 'mlp' or 'lstm', got {self.utility!r}")
-        if self.episodes < 1 or self.episode_length < 2 or self.episode_capacity < 1 or self.batch_episodes < 1:
-            raise ConfigError("ibt: episodes, episode_capacity and batch_episodes must be >= 1, episode_length >= 2")
+        check_fields(self)
         if self.initial_episodes > self.episodes:
             raise ConfigError(f"ibt.initial_episodes ({self.initial_episodes}) exceeds the budget ({self.episodes})")
-        if self.no_mark_weight < 0 or self.pair_samples < 0 or self.fit_episodes_per_env_step < 0:
-            raise ConfigError("ibt: no_mark_weight, pair_samples and fit_episodes_per_env_step must be >= 0")
 
 
 class IBTState(NamedTuple):

@@ -15,7 +15,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.errors import ConfigError
+from rlhf_jax.config_base import check_fields, in_range, non_negative
 from rlhf_jax.reward.data import Labels, Segments, pair_frames
 
 
@@ -35,31 +35,14 @@ class TeacherConfig:
     * flips its choice with probability ``mistake_prob`` (a tie stays a tie).
     """
 
-    boltzmann_temperature: float = 0.0
-    mistake_prob: float = 0.0
-    skip_below: float | None = None
-    tie_gap: float = 0.0
-    myopic_gamma: float = 1.0
+    boltzmann_temperature: float = non_negative(0.0)  # 0: the deterministic oracle
+    mistake_prob: float = in_range(0.0, 0, 1)
+    skip_below: float | None = None  # None: answer every query
+    tie_gap: float = non_negative(0.0)
+    myopic_gamma: float = in_range(1.0, 0, 1)  # 1: the paper's undiscounted sum
 
     def __post_init__(self):
-        def bad(name, value, rule):
-            raise ConfigError(f"teacher.{name} must be {rule}, got {value!r}")
-
-        t = self.boltzmann_temperature
-        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
-            bad("boltzmann_temperature", t, "a finite number >= 0 (0: the deterministic oracle)")
-        p = self.mistake_prob
-        if not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
-            bad("mistake_prob", p, "a probability in [0, 1]")
-        s = self.skip_below
-        if s is not None and not (isinstance(s, (int, float)) and math.isfinite(s)):
-            bad("skip_below", s, "a finite number, or None to answer every query")
-        g = self.tie_gap
-        if not (isinstance(g, (int, float)) and math.isfinite(g) and g >= 0):
-            bad("tie_gap", g, "a finite number >= 0")
-        d = self.myopic_gamma
-        if not (isinstance(d, (int, float)) and 0.0 <= d <= 1.0):
-            bad("myopic_gamma", d, "in [0, 1] (1: the paper's undiscounted sum)")
+        check_fields(self)
 
 
 def teacher_returns(reward: chex.Array, gamma: float) -> jax.Array:
