@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.data import Segments, empty_segments
 from rlhf_jax.reward.learner import Queries, RewardLearner
 from rlhf_jax.reward.segments import Recent, cut_segments, empty_recent, record
@@ -62,6 +63,11 @@ class Loop:
         self.window = k + steps_per_env
         # Enough clips to cover each iteration's steps about once.
         self.clips_per_iteration = max(1, round(self.steps_per_iteration / k))
+        if self.clips_per_iteration > learner.clip_capacity:
+            raise ConfigError(f"one iteration of {self.steps_per_iteration} env steps (env.num_envs={env.num_envs}) "
+                              f"cuts {self.clips_per_iteration} clips of {k} steps, more than the "
+                              f"{learner.clip_capacity} recent clips kept (preferences.segment_capacity, "
+                              f"ibt.episode_capacity): keep more, or take fewer steps per iteration")
         # Before RL: enough play to fill the clip buffer.
         self.warm_iterations = math.ceil(learner.clip_capacity / self.clips_per_iteration) + math.ceil(k / steps_per_env)
         self.fit_steps = learner.fit_steps(chunk_iterations * self.steps_per_iteration)

@@ -119,6 +119,10 @@ class AgentRun:
         self.env = make(env_config, members)
         self.total_iterations = self.agent.num_iterations(self.agent_config, self.env)
         self.steps_per_iteration = self.agent.env_steps_per_iteration(self.agent_config, self.env)
+        if self.agent_config.total_env_steps < self.steps_per_iteration:
+            raise ConfigError(f"{config.agent}.total_env_steps={self.agent_config.total_env_steps} is less than one "
+                              f"iteration: at least {self.steps_per_iteration} env steps here "
+                              f"(env.num_envs={self.env.num_envs})")
         self.chunk_iterations = max(1, min(self.total_iterations, config.run.chunk_env_steps // self.steps_per_iteration))
         self.num_chunks = math.ceil(self.total_iterations / self.chunk_iterations)
         self.loop = resolve_loop(config.run.loop, self.env.spec)

@@ -24,6 +24,7 @@ from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.reward.labelers import TeacherConfig
 from rlhf_jax.reward.schedule import initial_labels
+from rlhf_jax.reward.segments import check_fits_episode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,7 @@ def resolve(config: PreferenceConfig, spec: EnvSpec) -> ResolvedPreferences:
     else:
         initial = initial_labels(config.labels, atari)
     length = config.segment_length or (25 if atari else max(1, round(1.5 * spec.fps)))
+    check_fits_episode("preferences.segment_length", length, spec)
     return ResolvedPreferences(
         labels=config.labels,
         initial_labels=initial,

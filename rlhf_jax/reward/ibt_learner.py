@@ -24,6 +24,7 @@ from rlhf_jax.reward.annotators import progress_increments, synthetic_marks
 from rlhf_jax.reward.data import Segments
 from rlhf_jax.reward.learner import Budget, Queries, fit_steps, pearson, take_clips
 from rlhf_jax.reward.schedule import initial_labels
+from rlhf_jax.reward.segments import check_fits_episode
 
 SCORE_CLIPS = 64  # recent clips the reward is scored (and scaled) on at each refresh
 
@@ -53,6 +54,7 @@ class IBTLearner:
 
     def __init__(self, config: ibt.IBTConfig, spec: EnvSpec):
         self.config, self.spec = config, spec
+        check_fits_episode("ibt.episode_length", config.episode_length, spec)
         self.clip_length = config.episode_length
         self.clip_capacity = config.episode_capacity
         initial = initial_labels(config.episodes, atari=False) if config.initial_episodes < 0 else config.initial_episodes

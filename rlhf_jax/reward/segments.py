@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.envs.core import EnvSpec
+from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.data import Segments, action_shape_dtype
 
 
@@ -60,6 +61,14 @@ def empty_recent(spec: EnvSpec, num_envs: int, window: int, segment_length: int 
         done=jnp.zeros((window, num_envs), bool),
         written=jnp.zeros((), jnp.int32),
     )
+
+
+def check_fits_episode(key: str, length: int, spec: EnvSpec) -> None:
+    """Refuse clips of ``length`` steps (config ``key``) longer than an episode: as a clip never
+    spans a reset, none would ever be cut and the learner would wait for clips in vain."""
+    if length > spec.max_episode_steps:
+        raise ConfigError(f"{key}={length} is longer than an episode of {spec.id} "
+                          f"({spec.max_episode_steps} steps): no clip of it could ever be cut")
 
 
 def _check_window(window: int, length: int) -> None:
