@@ -88,6 +88,20 @@ def cmd_label(args) -> None:
     serve(args.run_dir, host=args.host, port=args.port, token=args.token or os.environ.get("RLHF_JAX_TOKEN"))
 
 
+def episodes(text: str) -> int:
+    """``eval --episodes``: a whole number in the declared range of ``run.eval_episodes``, which it stands for."""
+    from rlhf_jax.config import RunConfig
+    from rlhf_jax.config_base import check_value
+
+    try:
+        value = int(text)
+        check_value(RunConfig, "eval_episodes", value, "the number of episodes")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error) if isinstance(error, ConfigError) else
+                                         f"must be a whole number, got {text!r}") from None
+    return value
+
+
 def split_config_and_overrides(args) -> None:
     """``train [CONFIG] [key=value ...]``: the first word is a config file unless it has an '='."""
     words = args.words
@@ -121,7 +135,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="score a run's saved policy on whole true episodes")
     evaluate.add_argument("run_dir", metavar="RUN_DIR")
-    evaluate.add_argument("--episodes", type=int, help="episodes to score (default: run.eval_episodes)")
+    evaluate.add_argument("--episodes", type=episodes, help="episodes to score (default: run.eval_episodes)")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.set_defaults(run=cmd_eval)
 
