@@ -102,3 +102,138 @@ def test_a_run_directory_is_checked_before_its_config_is_read(tmp_path):
         read_run_config(tmp_path)
     (tmp_path / CONFIG_FILE).write_text("labeler: people\npeople:\n  assignment_timeout_s: 60\n")
     assert read_run_config(tmp_path) == {"labeler": "people", "people": {"assignment_timeout_s": 60}}
+
+
+# Each a value that once crashed a run (a traceback, or a 40 GB allocation after it started) or
+# trained silently; every one now stops before anything runs, naming its key.
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("preferences.segment_length=100000", "preferences.segment_length must be at least 0 and at most 1000, got 100000"),
+        ("a2c.num_steps=100000", "a2c.num_steps must be at least 1 and at most 4096, got 100000"),
+        ("preferences.labels=1000000000000", "preferences.labels must be at least 1 and at most 1000000"),
+        ("a2c.mlp_hidden=[64, -5]", "a2c.mlp_hidden[1] must be at least 1 and at most 8192, got -5"),
+        (f"seed={2**64}", f"seed must fit in a signed 64-bit integer, got {2**64}"),
+        ("a2c.learning_rate=0", "a2c.learning_rate must be a positive number, got 0.0"),
+        ("a2c.learning_rate=-3e-4", "a2c.learning_rate must be a positive number, got -0.0003"),
+        ("a2c.entropy_coef=-5", "a2c.entropy_coef must be at least 0, got -5.0"),
+        ("a2c.max_grad_norm=-1", "a2c.max_grad_norm must be a positive number, got -1.0"),
+        ("env.termination_penalty=.nan", "env.termination_penalty must be a finite number, got nan"),
+        ("env.termination_penalty=-.inf", "env.termination_penalty must be a finite number, got -inf"),
+        ("name=../../x", "name must be a plain file name (no '/', '\\' or '..'), got '../../x'"),
+        ("name=..", "name must be a plain file name"),
+        ("a2c.num_steps=2.5", "a2c.num_steps must be of type int, got 2.5 (float)"),
+        # One of every section: each declares its ranges on its fields.
+        ("env.num_envs=1000000", "env.num_envs must be at least 1 and at most 65536"),
+        ("dqn.replay_capacity=1e12", "dqn.replay_capacity must be at least 1 and at most 100000000"),
+        ("acer.replay_ratio=1e6", "acer.replay_ratio must be at least 0 and at most 100"),
+        ("trpo.line_search_decay=1", "trpo.line_search_decay must be more than 0 and less than 1, got 1.0"),
+        ("reward_model.validation_fraction=1", "reward_model.validation_fraction must be at least 0 and less than 1"),
+        ("preferences.teacher.mistake_prob=2", "preferences.teacher.mistake_prob must be at least 0 and at most 1"),
+        ("ibt.episodes=1e9", "ibt.episodes must be at least 1 and at most 100000"),
+        ("ibt.annotator.noise=-0.5", "ibt.annotator.noise must be at least 0 and at most 1"),
+        ("run.eval_episodes=0", "run.eval_episodes must be at least 1"),
+    ],
+)
+def test_values_out_of_their_declared_range_name_the_key(override, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(ExperimentConfig, None, [override])
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_section_made_in_python_is_checked_by_the_same_ranges():
+    from rlhf_jax.agents.a2c import A2CConfig
+    from rlhf_jax.reward.labelers import TeacherConfig
+
+    with pytest.raises(ConfigError, match=r"^num_steps must be at least 1 and at most 4096, got 0$"):
+        A2CConfig(num_steps=0)
+    with pytest.raises(ConfigError, match=r"^skip_below must be a finite number, got nan$"):
+        TeacherConfig(skip_below=float("nan"))
+    assert TeacherConfig(skip_below=None).skip_below is None
+
+
+def test_cross_field_checks_stay_with_their_section():
+    with pytest.raises(ConfigError, match=r"initial_labels \(20\) exceeds the budget \(10\)"):
+        load_config(ExperimentConfig, None, ["preferences.labels=10", "preferences.initial_labels=20"])
+    with pytest.raises(ConfigError, match="need l2_low < l2_high"):
+        load_config(ExperimentConfig, None, ["reward_model.l2_low=2.0"])
+
+
+def _sections():
+    seen, todo = [], [ExperimentConfig]
+    while todo:
+        cls = todo.pop()
+        seen.append(cls)
+        todo += [f.default.__class__ for f in dataclasses.fields(cls) if dataclasses.is_dataclass(f.default)]
+    return seen
+
+
+def test_every_count_declares_an_upper_bound():
+    # A count sizes something (an array, a loop): an absurd one must stop before it is allocated.
+    from rlhf_jax.config_base import _RANGE
+
+    unbounded = [f"{cls.__name__}.{f.name}" for cls in _sections() for f in dataclasses.fields(cls)
+                 if f.type in ("int", "tuple[int, ...]") and (f.metadata.get(_RANGE) or (None, None))[1] is None]
+    assert unbounded == ["ExperimentConfig.seed"]  # any 64-bit seed is fine
+
+
+def test_numbers_written_as_the_readme_writes_them_parse():
+    import re
+    from pathlib import Path
+
+    from rlhf_jax.config_base import parse_yaml
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    written = set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?e[-+]?\d+\b", readme))
+    assert {"7e-4", "3e-4", "2.5e-4", "1e-5", "2e6", "5e6"} <= written
+    for text in written:
+        assert parse_yaml(text) == float(text), text
+    config = load_config(ExperimentConfig, None, ["a2c.learning_rate=3e-4", "a2c.rms_eps=1e-5",
+                                                  "a2c.total_env_steps=1e9", "preferences.label_decay_steps=2e6"])
+    assert config.a2c.learning_rate == 3e-4 and config.a2c.rms_eps == 1e-5
+    assert config.a2c.total_env_steps == 10**9 and isinstance(config.a2c.total_env_steps, int)
+    assert config.preferences.label_decay_steps == 2_000_000
+    # Still YAML: integers stay ints, and what is no number stays a string.
+    assert parse_yaml("100") == 100 and isinstance(parse_yaml("100"), int)
+    assert parse_yaml("1.2.3") == "1.2.3" and parse_yaml("v1e3") == "v1e3"
+
+
+# A YAML alias bomb: 9 x 9 x ... aliases, 9^7 = 4.8M values once expanded, from one short line.
+ALIAS_BOMB = "seed: [&a [x,x,x,x,x,x,x,x,x], " + ", ".join(
+    f"&{b} [{', '.join([f'*{a}'] * 9)}]" for a, b in zip("abcdef", "bcdefg")) + "]\n"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (b"name: x\nseed: \xff\xfe\n", "not UTF-8 text (byte 14"),
+        (b"", "the file is empty (or only comments)"),
+        (b"# all commented out\n# seed: 3\n", "the file is empty (or only comments)"),
+        (b"a2c:\n  num_steps: 5\nenv:\n  num_envs: 4\na2c:\n  gamma: 0.9\n",
+         "not valid YAML: line 5, column 1: 'a2c' is given twice (first on line 1)"),
+        (b"env:\n  num_envs: 4\n  num_envs: 8\n", "line 3, column 3: 'num_envs' is given twice (first on line 2)"),
+        (ALIAS_BOMB.encode(), "its aliases expand it to more than 100000 values"),
+        (b"env: &e {num_envs: [*e]}\n", "its aliases expand it"),  # an alias inside itself
+        (b"env: [unclosed\n", "not valid YAML: line 2, column 1: while parsing a flow sequence"),
+    ],
+)
+def test_bad_config_files_are_refused_in_one_line_naming_the_file(tmp_path, text, message):
+    path = tmp_path / "exp.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(ExperimentConfig, path)
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value)
+    assert "\n" not in str(error.value) and len(str(error.value)) < 200
+
+
+def test_a_yaml_merge_may_restate_what_it_brings_in(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("a2c: &a {num_steps: 8, gamma: 0.9}\nacer:\n  <<: *a\n  num_steps: 10\n")
+    config = load_config(ExperimentConfig, path)
+    assert (config.acer.num_steps, config.acer.gamma, config.a2c.num_steps) == (10, 0.9, 8)
+
+
+def test_a_value_of_the_wrong_type_is_shown_short():
+    with pytest.raises(ConfigError) as error:
+        load_config(ExperimentConfig, None, ["seed=" + str(list(range(10_000)))])
+    assert len(str(error.value)) < 120 and str(error.value).startswith("seed must be of type int, got [0, 1, 2, 3, ...]")
