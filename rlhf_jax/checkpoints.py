@@ -4,49 +4,111 @@ Orbax writes checkpoint ``N`` into ``checkpoints/N.orbax-checkpoint-tmp`` and re
 ``checkpoints/N`` only once every file is written, so a process killed at any moment (SIGKILL
 included) leaves the checkpoints before it whole: an unfinished one keeps its tmp name, is
 never restored, and is removed when chunk ``N`` is saved again. Each checkpoint also keeps
-the config it was written with, so that a resume that no longer fits can say what changed.
+the config it was written with, so that a resume that no longer fits can say what changed,
+and a checksum of every array, so that a restore can tell a damaged checkpoint (a byte
+changed on disk) from a good one: it passes over the damaged ones to the newest that
+verifies, and rotation never deletes the checkpoint a restore verified.
 """
 from __future__ import annotations
 
 import errno
+import gc
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
-from rlhf_jax.config import flat_keys
+from rlhf_jax.config import ExperimentConfig, flat_keys
+from rlhf_jax.config_base import is_in_state
 from rlhf_jax.errors import ConfigError, RunError
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a checkpoint still being written
+DAMAGED_SUFFIX = ".damaged"  # a checkpoint that failed its checksums, moved aside (orbax ignores it)
+# Config sections that say how a run is driven, saved and labeled, not what it computes; but
+# the chunk length numbers the checkpoints.
+_DRIVING_SECTIONS = ("run.", "people.")
+_FIXED_DRIVING_KEYS = ("run.chunk_env_steps",)
+
+
+def editable_on_resume(key: str) -> bool:
+    """Whether a resume may continue with config key ``key`` changed since its checkpoint was
+    written: a hyper-parameter its optimiser keeps in the state (``config_base.in_state``: the
+    resume writes the new value into the restored state), or how the run is driven (``run.*``
+    but its chunk length, ``people.*``, ``name``). Any other key is compiled into the program or
+    shapes the state, so the checkpoint cannot continue under it."""
+    if key == "name" or (key.startswith(_DRIVING_SECTIONS) and key not in _FIXED_DRIVING_KEYS):
+        return True
+    try:
+        return is_in_state(ExperimentConfig, key)
+    except ConfigError:  # a key this version does not know
+        return False
+
+
+def checksums(state) -> dict[str, str]:
+    """The SHA-256 of every array of ``state`` (its dtype, shape and bytes), keyed by its path in
+    the tree. A sharded array counts whole, gathered from every process."""
+    sums = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            leaf = multihost_utils.process_allgather(leaf, tiled=True)
+        array = np.ascontiguousarray(jax.device_get(leaf))
+        digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.reshape(-1).view(np.uint8))
+        sums[jax.tree_util.keystr(path)] = digest.hexdigest()
+    return sums
 
 
 class Checkpoints:
-    """The ``checkpoints/`` folder of a run: numbered by chunk, the newest few kept.
+    """The ``checkpoints/`` folder of a run: numbered by chunk, the newest ``keep`` kept, and
+    the checkpoint a restore verified kept until a restore verifies a newer one.
 
     ``config`` (the run's config as a plain dict) is saved with every checkpoint and, on
     restore, compared with the one a checkpoint was written with. ``resume_command`` is what
-    messages tell the user to run to go on (default: ``rlhf-jax train --resume RUN_DIR``)."""
+    messages tell the user to run to go on (default: ``rlhf-jax train --resume RUN_DIR``);
+    ``say`` prints what a restore had to pass over."""
 
-    def __init__(self, run_dir: Path, keep: int = 2, config: dict | None = None, resume_command: str | None = None):
+    def __init__(self, run_dir: Path, keep: int = 2, config: dict | None = None, resume_command: str | None = None,
+                 say=print):
         self.run_dir = Path(run_dir).resolve()
         self.directory = self.run_dir / "checkpoints"
-        self.config = config
+        self.config, self.keep, self.say = config, keep, say
         self.resume_command = resume_command or f"rlhf-jax train --resume {self.run_dir}"
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self.verified: int | None = None  # the checkpoint a restore read back and found intact
+        self._damaged: list[int] = []  # found damaged by a restore: moved aside before the next save
+        # Rotation is ours (see _rotate): orbax's max_to_keep would delete the verified checkpoint.
+        options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True)
+        try:
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        except OSError as error:  # it makes the folder: a read-only run directory, say
+            raise RunError(f"cannot write checkpoints in {self.directory}: {error}") from None
 
     def save(self, chunk: int, state) -> None:
         """Write the state after ``chunk``; a write that fails (disk full, quota, permissions)
         stops the run with a :class:`RunError` that says which checkpoint is still intact."""
-        metadata = {"config": self.config} if self.config is not None else None
         try:
-            self._manager.save(chunk, args=ocp.args.StandardSave(state), custom_metadata=metadata)
-            self._manager.wait_until_finished()
+            self._set_aside_damaged()
+            # The checksums go into the checkpoint's own metadata, which orbax writes before
+            # it renames the checkpoint whole: no checkpoint exists without them.
+            metadata = {"checksums": checksums(state)}
+            if self.config is not None:
+                metadata["config"] = self.config
+            with _save_failure_noise_held():
+                self._manager.save(chunk, args=ocp.args.StandardSave(state), custom_metadata=metadata)
+                self._manager.wait_until_finished()
+            self._rotate()
         except Exception as error:
             cause = os_error(error)
             if cause is None:
@@ -55,15 +117,39 @@ class Checkpoints:
                 shutil.rmtree(unfinished, ignore_errors=True)  # give back the space it took
             raise write_failed(cause, f"checkpoint {chunk} in {self.directory}", self) from None
 
+    def _rotate(self) -> None:
+        """Delete all but the newest ``keep`` checkpoints and the verified one."""
+        steps = sorted(self._manager.all_steps())
+        kept = set(steps[-self.keep:]) | {self.verified}
+        for step in steps:
+            if step not in kept:
+                self._manager.delete(step)
+
+    def _set_aside_damaged(self) -> None:
+        """Rename the checkpoints a restore found damaged to ``N.damaged`` (kept for a look,
+        never restored), so that chunk ``N`` can be saved again."""
+        if not self._damaged:
+            return
+        if jax.process_index() == 0:
+            for chunk in self._damaged:
+                aside = self.directory / f"{chunk}{DAMAGED_SUFFIX}"
+                if aside.exists():  # damaged twice: the older copy says nothing new
+                    shutil.rmtree(aside)
+                os.rename(self.directory / str(chunk), aside)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("rlhf_jax: damaged checkpoints set aside")
+        self._damaged = []
+        self._manager.reload()
+
     def latest(self) -> int | None:
         return self._manager.latest_step()
 
     def last_intact(self) -> int | None:
         """The newest complete checkpoint, read from the folder itself: after a failed save
         the manager's own list may name the one that failed. Orbax gives a checkpoint its
-        bare number only once it is whole."""
-        chunks = [int(p.name) for p in self.directory.iterdir() if p.name.isdigit()] if self.directory.is_dir() else []
-        return max(chunks, default=None)
+        bare number only once it is whole; one a restore found damaged does not count."""
+        names = [p.name for p in self.directory.iterdir()] if self.directory.is_dir() else []
+        return max((int(n) for n in names if n.isdigit() and int(n) not in self._damaged), default=None)
 
     def resume_hint(self, first: str = "") -> str:
         """Which checkpoint is intact and the command that resumes from it (after ``first``,
@@ -73,35 +159,90 @@ class Checkpoints:
             return f"No checkpoint was saved yet: {first}{command} starts the run again from the beginning."
         return f"The last checkpoint, {chunk} ({self.directory / str(chunk)}), is intact: {first}resume from it with  {command}"
 
+    def saved_config(self, chunk: int) -> dict | None:
+        """The config checkpoint ``chunk`` was written with (``None``: not recorded, or unreadable)."""
+        return self._custom_metadata(chunk).get("config")
+
+    def _custom_metadata(self, chunk: int) -> dict:
+        try:
+            return self._manager.metadata(chunk).custom_metadata or {}
+        except Exception:  # a damaged checkpoint's metadata may not parse
+            return {}
+
     def restore(self, like):
-        """Restore the newest checkpoint into a pytree shaped like ``like`` (arrays or ShapeDtypeStructs)."""
-        chunk = self.latest()
-        if chunk is None:
+        """``(chunk, state)`` from the newest checkpoint that reads back whole and matches its
+        checksums, into a pytree shaped like ``like`` (arrays or ShapeDtypeStructs). Damaged
+        ones are passed over, with one line saying so; a checkpoint that fails because the
+        config changed stops the restore with a :class:`ConfigError` naming the changes."""
+        chunks = sorted(self._manager.all_steps(), reverse=True)
+        if not chunks:
             raise ConfigError(f"no checkpoint in {self.directory}: nothing to resume")
         # Each array is restored where ``like`` puts it (a sweep's are sharded over devices).
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like)
-        try:
-            state = self._manager.restore(chunk, args=ocp.args.StandardRestore(abstract))
-            # Orbax checks jax arrays against the requested shapes, not NumPy ones.
-            for (path, got), wanted in zip(jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(abstract)):
-                if got.shape != wanted.shape:
-                    raise ValueError(f"{jax.tree_util.keystr(path)} has shape {got.shape}, not {wanted.shape}")
+        damaged = []  # (chunk, what is wrong with it), newest first
+        for chunk in chunks:
+            try:
+                state = self._read(chunk, abstract)
+            except Exception as error:  # orbax raises many kinds; all mean the same to the user
+                # The first sentence only: orbax goes on to suggest padding the arrays.
+                reason = f"{type(error).__name__}: {str(error).splitlines()[0].split('. ')[0][:300]}"
+                if self._changed_shapes(chunk) or len(chunks) == 1:
+                    raise ConfigError(
+                        f"checkpoint {self.directory / str(chunk)} cannot be restored ({reason}). "
+                        f"{self._likely_cause(chunk)} Nothing was overwritten: the run directory is as it was."
+                    ) from None
+                damaged.append((chunk, f"it cannot be read ({reason})"))
+                continue
+            wrong = self._differing_arrays(chunk, state)
+            if wrong:
+                damaged.append((chunk, f"its arrays differ from the checksums written with them ({wrong})"))
+                continue
+            if damaged:
+                self._damaged = [c for c, _ in damaged]
+                self.say(f"checkpoint {damaged[0][0]} ({self.directory / str(damaged[0][0])}) is damaged: "
+                         f"{damaged[0][1]}" + "".join(f"; so is {c}: {why}" for c, why in damaged[1:]) +
+                         f". Restored checkpoint {chunk}, the newest intact one; the next save moves the damaged "
+                         f"one{'s' if len(damaged) > 1 else ''} aside to <chunk>{DAMAGED_SUFFIX}.", flush=True)
             return chunk, state
-        except Exception as error:  # orbax raises many kinds; all mean the same to the user
-            # The first sentence only: orbax goes on to suggest padding the arrays.
-            reason = f"{type(error).__name__}: {str(error).splitlines()[0].split('. ')[0][:300]}"
-            raise ConfigError(
-                f"checkpoint {self.directory / str(chunk)} cannot be restored ({reason}). {self._likely_cause(chunk)} "
-                f"Nothing was overwritten: the run directory is as it was."
-            ) from None
+        raise ConfigError(
+            f"no checkpoint in {self.directory} is intact: "
+            + "; ".join(f"{c} is damaged: {why}" for c, why in damaged)
+            + ". Nothing was overwritten; start the run again in a new directory.")
+
+    def _read(self, chunk: int, abstract):
+        state = self._manager.restore(chunk, args=ocp.args.StandardRestore(abstract))
+        # Orbax checks jax arrays against the requested shapes, not NumPy ones.
+        for (path, got), wanted in zip(jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(abstract)):
+            if got.shape != wanted.shape:
+                raise ValueError(f"{jax.tree_util.keystr(path)} has shape {got.shape}, not {wanted.shape}")
+        return state
+
+    def _differing_arrays(self, chunk: int, state) -> str:
+        """The arrays of ``state`` (restored from ``chunk``) that differ from their checksums,
+        as a short list ("" when all match). A checkpoint written before checksums were
+        recorded has none to differ from: it counts as intact, but not as verified."""
+        saved = self._custom_metadata(chunk).get("checksums")
+        if saved is None:
+            return ""
+        restored = checksums(state)
+        wrong = [path for path in restored if saved.get(path) != restored[path]]
+        wrong += [path for path in saved if path not in restored]
+        if not wrong:
+            self.verified = chunk
+        return ", ".join(wrong[:3]) + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+
+    def _changed_shapes(self, chunk: int) -> bool:
+        """Whether the config changed since ``chunk`` was written in a key that may change
+        shapes: then a failed restore is the config's doing, not the checkpoint's."""
+        saved = self.saved_config(chunk)
+        if saved is None or self.config is None:
+            return False
+        return any(not editable_on_resume(key) for key in config_diff(saved, self.config))
 
     def _likely_cause(self, chunk: int) -> str:
         """The config changes since checkpoint ``chunk`` was written: the usual reason its
         arrays no longer fit (another env.num_envs, network size or buffer capacity)."""
-        try:
-            saved = (self._manager.metadata(chunk).custom_metadata or {}).get("config")
-        except Exception:
-            saved = None
+        saved = self.saved_config(chunk)
         if saved is None or self.config is None:
             return ("It is corrupt, or was written by a config with other shapes (another env.num_envs, "
                     "network size or buffer capacity).")
@@ -119,16 +260,22 @@ class Checkpoints:
             pass
 
 
-def config_changes(saved: dict, current: dict) -> list[str]:
-    """``["env.num_envs: 8 when saved, 16 now", ...]`` for every key whose value differs."""
+def config_diff(saved: dict, current: dict) -> dict[str, tuple]:
+    """``{key: (value when saved, value now)}`` for every key whose value differs ("(absent)"
+    where a config lacks it)."""
     # Through JSON, as orbax stores the config: tuples and lists compare alike.
     flat_saved, flat_current = (flat_keys(json.loads(json.dumps(c))) for c in (saved, current))
-    changes = []
+    diff = {}
     for key in sorted(flat_saved.keys() | flat_current.keys()):
         before, now = flat_saved.get(key, "(absent)"), flat_current.get(key, "(absent)")
         if before != now:
-            changes.append(f"{key}: {before} when saved, {now} now")
-    return changes
+            diff[key] = (before, now)
+    return diff
+
+
+def config_changes(saved: dict, current: dict) -> list[str]:
+    """``["env.num_envs: 8 when saved, 16 now", ...]`` for every key whose value differs."""
+    return [f"{key}: {before} when saved, {now} now" for key, (before, now) in config_diff(saved, current).items()]
 
 
 def os_error(error: BaseException) -> OSError | None:
@@ -146,9 +293,53 @@ def os_error(error: BaseException) -> OSError | None:
     return None
 
 
+@contextmanager
+def _save_failure_noise_held():
+    """Orbax's threads log each failure inside a save with its traceback, asyncio logs the
+    futures it left unread, and TensorStore's callbacks find orbax's event loop closed: a
+    full disk made 26 tracebacks before the one line that matters. Hold those reports back
+    during the save; drop them if it failed for a write error (the caller says that in one
+    line), show them otherwise."""
+    held, unraisable = [], []
+
+    class Hold(logging.Filter):
+        def filter(self, record):
+            held.append(record)
+            return False
+
+    hold, loggers = Hold(), [logging.getLogger(name) for name in ("absl", "asyncio")]
+    previous_hook = sys.unraisablehook
+    for logger in loggers:
+        logger.addFilter(hold)
+    sys.unraisablehook = unraisable.append
+    failed_writing = False
+    try:
+        yield
+    except BaseException as error:
+        failed_writing = os_error(error) is not None
+        if failed_writing:
+            time.sleep(0.2)  # orbax's threads and TensorStore's callbacks finish reporting
+            gc.collect()  # asyncio reports a future never read when it is collected
+        raise
+    finally:
+        for logger in loggers:
+            logger.removeFilter(hold)
+        sys.unraisablehook = previous_hook
+        if not failed_writing:
+            for record in held:
+                logging.getLogger(record.name).handle(record)
+            for report in unraisable:
+                previous_hook(report)
+
+
+def out_of_space(error: OSError) -> str | None:
+    """What a write error says about space, in words ("the disk is full"), if anything."""
+    return {errno.ENOSPC: "the disk is full", errno.EDQUOT: "your disk quota is used up"}.get(error.errno)
+
+
 def write_failed(error: OSError, what: str, checkpoints: Checkpoints) -> RunError:
     """The message for a run stopped because ``what`` could not be written."""
-    full = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "your disk quota is used up"}.get(error.errno)
+    full = out_of_space(error)
     if full:
         return RunError(f"cannot write {what}: {error}: {full}. {checkpoints.resume_hint('free some space, then ')}")
     return RunError(f"cannot write {what}: {error}. {checkpoints.resume_hint('fix that, then ')}")
@@ -162,3 +353,15 @@ def stop_on_write_failure(checkpoints: Checkpoints, what: str):
         yield
     except OSError as error:
         raise write_failed(error, what, checkpoints) from None
+
+
+def write_atomically(path: Path, write) -> None:
+    """``write(temporary_path)``, then rename it to ``path``: a reader (or a resume after a
+    kill or a full disk) finds the old file or the new one whole, never half of one."""
+    # Hidden, and with the same suffix: np.savez and savefig go by it.
+    temporary = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
