@@ -11,12 +11,20 @@ checkpoint" until training has saved a checkpoint whose labels hold it
 (:meth:`checkpoint_saved`); a restarted training run restores its newest checkpoint and
 gets every later answer delivered again (:meth:`restore`), and the web app keeps no
 state of its own beyond the store.
+
+Nor is a query lost. :meth:`ask` saves each query's arrays before it returns, so a checkpoint
+that counts a query as asked never outlives its arrays; the renderer publishes queries in the
+order asked and stops at a failure, so the store holds every query up to its newest, and the
+saved queries beyond it are those a restart renders again (:meth:`restore`). The end of a run
+waits for the renderer (:meth:`wait_for_renders`).
 """
 from __future__ import annotations
 
 import os
 import queue
+import re
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -67,9 +75,12 @@ class PeopleLabeler:
 
     # ------------------------------------------------------------- AsyncLabeler
     def ask(self, queries: list[Query]) -> None:
-        """Queue ``queries`` (best first) for rendering; they reach people once their clips exist."""
+        """Save ``queries`` (best first) and queue them for rendering; they reach people once
+        their clips exist."""
         self._raise_render_error()
         for priority, query in enumerate(queries):
+            save_arrays(self.run_dir / QUERIES_DIR / f"q{query.id}.npz", obs=query.obs, action=query.action,
+                        oracle_reward=query.oracle_reward, kind=query.kind, priority=priority)
             self._to_render.put((query, priority))
 
     def answers(self) -> list[Answer]:
@@ -98,33 +109,46 @@ class PeopleLabeler:
 
     def restore(self) -> tuple[list[Query], int]:
         """After a restart: the queries whose labels no checkpoint holds (their answers, if
-        any, will be delivered again), and the next free query id."""
-        return [self._load(row) for row in self.store.queries_not_in_checkpoint()], self.store.last_query_id() + 1
+        any, will be delivered again), and the next free query id. Queries asked but never
+        rendered (saved beyond the store's newest) are queued for rendering again."""
+        in_store = [self._load(row) for row in self.store.queries_not_in_checkpoint()]
+        newest = self.store.last_query_id()
+        saved = (re.fullmatch(r"q(\d+)\.npz", path.name) for path in (self.run_dir / QUERIES_DIR).iterdir())
+        unrendered = sorted(int(match.group(1)) for match in saved if match and int(match.group(1)) > newest)
+        queries = []
+        for query_id in unrendered:
+            with np.load(self.run_dir / QUERIES_DIR / f"q{query_id}.npz") as arrays:
+                query = Query(query_id, str(arrays["kind"]), arrays["obs"], arrays["action"], arrays["oracle_reward"])
+                self._to_render.put((query, int(arrays["priority"])))
+            queries.append(query)
+        return in_store + queries, max([newest, *unrendered]) + 1
 
     def where(self) -> str:
         return f"label them with: rlhf-jax label {self.run_dir}"
 
-    def wait_for_renders(self) -> None:
-        """Block until every asked query is in the store (tests, and the end of a run)."""
-        self._to_render.join()
+    def wait_for_renders(self, stopped=lambda: False) -> bool:
+        """Block until every asked query is in the store (tests, and the end of a run), or
+        until ``stopped()``; whether every one is."""
+        while self._to_render.unfinished_tasks and not stopped():
+            time.sleep(0.02)
         self._raise_render_error()
+        return not self._to_render.unfinished_tasks
 
     # ---------------------------------------------------------------- internals
     def _render_queries(self) -> None:
         while True:
             query, priority = self._to_render.get()
             try:
-                self._publish(query, priority)
-            except BaseException as error:  # shown to the training loop at its next call
+                if self._error is None:  # after a failure nothing more: the store keeps the order asked
+                    self._publish(query, priority)
+            except BaseException as error:  # raised to the training loop at each of its calls
                 self._error = error
             finally:
                 self._to_render.task_done()
 
     def _publish(self, query: Query, priority: int) -> None:
         kind = query.kind
-        arrays = f"q{query.id}.npz"
-        save_arrays(self.run_dir / QUERIES_DIR / arrays, obs=query.obs, action=query.action,
-                    oracle_reward=query.oracle_reward)
+        arrays = f"q{query.id}.npz"  # saved by ask
         frames = query.obs.shape[1]
         fps = clip_fps(kind, frames, self.fps)
         clips = []
@@ -140,5 +164,4 @@ class PeopleLabeler:
 
     def _raise_render_error(self) -> None:
         if self._error is not None:
-            error, self._error = self._error, None
-            raise RuntimeError(f"rendering a clip failed: {error!r}") from error
+            raise RuntimeError(f"rendering a clip failed: {self._error!r}") from self._error
