@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as error:
         # A run that had to stop: the message says what is intact and how to go on.
         print(f"rlhf-jax {args.command}: stopped: {error}", file=sys.stderr)
-        return 1
+        return error.exit_code
     except KeyboardInterrupt:
         print(f"rlhf-jax {args.command}: interrupted", file=sys.stderr)
         return 130

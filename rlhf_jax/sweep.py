@@ -196,6 +196,16 @@ def device_mesh() -> Mesh:
     return Mesh(np.array(jax.devices()), ("members",))
 
 
+def agree(*flags: bool) -> tuple[bool, ...]:
+    """``flags`` that every process acts on alike, each true where it is true on any process:
+    whether to save (each process has its own clock) and whether to stop (a signal may reach
+    one process), so that all of them take part in each collective save."""
+    if jax.process_count() == 1:
+        return flags
+    gathered = np.asarray(multihost_utils.process_allgather(np.array(flags)))
+    return tuple(bool(x) for x in gathered.reshape(-1, len(flags)).any(0))
+
+
 def gather(tree):
     """A sharded tree as NumPy on every process (all of it, whichever process holds it)."""
     if jax.process_count() == 1:
@@ -256,9 +266,17 @@ class Sweep:
 
     # ------------------------------------------------------------- the run
     def run(self, progress: bool = True) -> Path:
+        """Run (or go on with) every group; Ctrl-C and SIGTERM stop it after the chunk in
+        flight, saved, as they stop ``rlhf-jax train`` (:class:`rlhf_jax.trainer.StopRequests`)."""
+        from rlhf_jax.trainer import StopRequests
+
+        with StopRequests() as stop:
+            return self._run(progress, stop)
+
+    def _run(self, progress: bool, stop) -> Path:
         from tqdm import tqdm
 
-        from rlhf_jax.trainer import check_finite, summarize
+        from rlhf_jax.trainer import SaveSchedule, check_finite, summarize
 
         mesh = device_mesh()
         rows = self.rows()
@@ -271,19 +289,20 @@ class Sweep:
             training = program.training
             checkpoints = Checkpoints(self.directory / f"group{g}",
                                       resume_command=f"rlhf-jax sweep --resume {self.directory}")
+            stop.hint = checkpoints.resume_hint
             done = {int(r["chunk"]) for r in rows if int(r["group"]) == g}
             if len(done) == training.num_chunks:
                 continue
-            latest = checkpoints.latest()
-            if latest is None:
+            if checkpoints.latest() is None:
                 state, first = program.init_state(), 0
             else:
-                _, state = checkpoints.restore(program.abstract_state())
-                state, first = program.start_pool(state), latest + 1
+                saved, state = checkpoints.restore(program.abstract_state())
+                state, first = program.start_pool(state), saved + 1
             rows = [r for r in rows if int(r["group"]) != g or int(r["chunk"]) < first]
-            every = max(1, training.config.run.checkpoint_every_updates // training.chunk_iterations)
+            schedule = SaveSchedule(training.config.run, training.chunk_iterations, training.num_chunks)
             bar = tqdm(total=training.num_chunks, initial=first, unit="chunk", disable=not progress,
                        desc=f"group {g + 1}/{len(self.groups)} ({len(members)} runs)", dynamic_ncols=True)
+            stopping = False
             for chunk in range(first, training.num_chunks):
                 start = time.perf_counter()
                 state, metrics = program.run_chunk(state, chunk)
@@ -304,13 +323,23 @@ class Sweep:
                             print(f"warning: run {member.index} ({member.label()}, seed {member.seed}): {error}",
                                   flush=True)
                 self.write_rows(rows)
-                if (chunk + 1) % every == 0 or chunk + 1 == training.num_chunks:
+                due, stopping = agree(schedule.due(chunk), stop.requested())
+                if due or stopping:
+                    started = schedule.clock()
                     checkpoints.save(chunk, state)
+                    schedule.saved(started)
                 returns = [r["episode_return"] for r in rows if int(r["group"]) == g and int(r["chunk"]) == chunk]
                 bar.set_postfix(true_return=f"{np.nanmean(returns):.4g}")
                 bar.update()
+                if stopping:
+                    break
             bar.close()
             checkpoints.close()
+            if stopping:
+                where = f"in group {g + 1} of {len(self.groups)}. {checkpoints.resume_hint()}"
+                if not stop.requested():  # the signal reached another process
+                    raise RunError(f"stopped with the sweep's other processes, one of which was interrupted, {where}")
+                raise stop.interrupted(where)
         if jax.process_index() == 0:
             write_results(self.directory, self.rows(), list(self.swept))
         return self.directory

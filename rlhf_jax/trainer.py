@@ -10,12 +10,18 @@ logs, draws the progress bar and checkpoints. A resumed run restores the whole r
 (parameters, optimiser state, environment state, random key) at a chunk boundary, so
 on CPU it ends with the same parameters as a run never interrupted. EnvPool's pools
 live outside JAX and cannot be restored: a resumed EnvPool run starts fresh episodes.
+Checkpoints come every so many updates and every few minutes (:class:`SaveSchedule`); Ctrl-C
+and SIGTERM stop a run after the chunk in flight, saved (:class:`StopRequests`); a resume
+applies an edited learning rate and refuses other edits (:func:`apply_config_edits`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import os
+import signal
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -27,11 +33,12 @@ import yaml
 
 from rlhf_jax.agents import get_agent
 from rlhf_jax.agents.base import env_reward
-from rlhf_jax.checkpoints import Checkpoints, stop_on_write_failure
-from rlhf_jax.config import ExperimentConfig, build, to_dict
-from rlhf_jax.config_base import CONFIG_FILE, read_run_config
+from rlhf_jax.checkpoints import (Checkpoints, config_diff, editable_on_resume, out_of_space, stop_on_write_failure,
+                                  write_atomically)
+from rlhf_jax.config import ExperimentConfig, RunConfig, build, to_dict
+from rlhf_jax.config_base import CONFIG_FILE, is_in_state, read_run_config
 from rlhf_jax.envs import ATARI_NAMES, EnvConfig, make
-from rlhf_jax.errors import ConfigError, RunError
+from rlhf_jax.errors import ConfigError, Interrupted, RunError
 from rlhf_jax.evaluation import evaluate
 from rlhf_jax.loop import Loop, LoopState
 from rlhf_jax.reward.ibt_learner import IBTLearner
@@ -42,19 +49,39 @@ from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.metrics_log import MetricsLog, plot_learning_curve
 
 def new_run_dir(config: ExperimentConfig) -> Path:
+    """The directory of a new run, holding its ``config.yaml`` (written whole or not at all:
+    a run that cannot write it stops at once, leaving nothing behind)."""
     if config.run.dir:
         path = Path(config.run.dir)
         if (path / CONFIG_FILE).exists():
             raise ConfigError(f"{path} already holds a run; resume it with --resume {path} or choose another run.dir")
     else:
         path = Path("runs") / f"{config.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    path.mkdir(parents=True, exist_ok=True)
-    (path / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    created = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        text = yaml.safe_dump(to_dict(config), sort_keys=False)
+        write_atomically(path / CONFIG_FILE, lambda temporary: temporary.write_text(text))
+    except OSError as error:
+        if created and path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+        full = out_of_space(error)
+        raise RunError(f"cannot start a run in {path}: {error}{': ' + full if full else ''}. Nothing was "
+                       f"written: make room, or choose another run.dir, and start it again") from None
     return path
 
 
 def load_run_config(run_dir: str | Path) -> ExperimentConfig:
-    return build(ExperimentConfig, read_run_config(run_dir))
+    """The config a run was started with, from its ``config.yaml``; one that cannot be read, or
+    that sets nothing, is an error naming the file (never the defaults)."""
+    path = Path(run_dir) / CONFIG_FILE
+    try:
+        data = read_run_config(run_dir)
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error}") from None
+    if not data:
+        raise ConfigError(f"{path} is empty: it was never written whole, so {run_dir} cannot be resumed")
+    return build(ExperimentConfig, data)
 
 
 def summarize(metrics: dict) -> dict:
@@ -144,9 +171,20 @@ class AgentRun:
     def restore_latest(self, run_dir: Path):
         return restore_latest(self, run_dir)
 
-    def prepare(self, runner, first_chunk: int):
-        """Anything a run does once before its first chunk (fresh or resumed): nothing here."""
+    def prepare(self, runner, first_chunk: int, stopped=lambda: False):
+        """Anything a run does once before its first chunk (fresh or resumed), unless
+        ``stopped()``: nothing here."""
         return runner
+
+    def finish(self, stopped=lambda: False) -> bool:
+        """Anything a run waits for after its last chunk, unless ``stopped()``: nothing here.
+        Whether it is all done."""
+        return True
+
+    def optimizer_states(self) -> dict[str, str]:
+        """Where the optimiser state of each config section the run uses lives in its state:
+        a path prefix, as ``jax.tree_util.keystr`` writes paths (``""``: the whole state)."""
+        return {self.config.agent: ""}
 
     def checkpoint_saved(self, chunk: int) -> None:
         """Called once the state after ``chunk`` is safely on disk: nothing to tell here."""
@@ -245,10 +283,11 @@ class LearnedRewardTraining(AgentRun):
             return self._fit_and_refresh_from_python(state, steps)
         return self._fit_and_refresh(state, steps)
 
-    def prepare(self, state: LoopState, first_chunk: int) -> LoopState:
+    def prepare(self, state: LoopState, first_chunk: int, stopped=lambda: False) -> LoopState:
         """Before the first chunk a run (fresh or resumed) drives: with people, take back the
         queries the label store still holds; before RL, put the initial queries to them,
-        wait for their answers (``people.wait_for_initial_labels``) and pretrain on them."""
+        wait for their answers (``people.wait_for_initial_labels``, until ``stopped()``) and
+        pretrain on them."""
         if self.people is None:
             return state
         state = self.people.restore(state)
@@ -256,8 +295,17 @@ class LearnedRewardTraining(AgentRun):
             return state
         state = self.people.exchange(state, max(0, self.learner.budget.initial - int(state.asked)), -1)
         if self.config.people.wait_for_initial_labels:
-            state = self.people.wait_for_answers(state)
+            state = self.people.wait_for_answers(state, stopped)
+        if stopped():  # the run stops before its first chunk: nothing to pretrain for
+            return state
         return self.fit_and_refresh(state, self.learner.pretrain_steps)[0]
+
+    def finish(self, stopped=lambda: False) -> bool:
+        """With people: wait until every query asked has reached them (its clips rendered)."""
+        return self.people is None or self.people.finish(stopped)
+
+    def optimizer_states(self) -> dict[str, str]:
+        return {self.config.agent: ".runner", {"preferences": "reward_model", "ibt": "ibt"}[self.config.reward]: ".learner"}
 
     def run_chunk(self, state: LoopState, chunk: int):
         length = self.chunk_length(chunk)
@@ -299,7 +347,7 @@ class LearnedRewardTraining(AgentRun):
 
     def save_outputs(self, state: LoopState, run_dir: Path) -> None:
         """The answers the run learned from, with their clips: ``labels.npz``."""
-        self.learner.save(state.learner, run_dir / "labels.npz")
+        write_atomically(run_dir / "labels.npz", lambda path: self.learner.save(state.learner, path))
 
 
 class PeopleSeam:
@@ -338,9 +386,18 @@ class PeopleSeam:
             state = self._store(state, queries, self.learner.answers_from_people(answers, self.size))
         return state
 
-    def wait_for_answers(self, state: LoopState) -> LoopState:
+    def wait_for_answers(self, state: LoopState, stopped=lambda: False) -> LoopState:
         """The paper's start: RL begins once every initial query has its answer."""
-        return wait_for_answers(self.host, state, lambda s: self.exchange(s, 0, -1))
+        return wait_for_answers(self.host, state, lambda s: self.exchange(s, 0, -1), stopped=stopped)
+
+    def finish(self, stopped) -> bool:
+        """The end of a run: wait until every query asked has reached people (or ``stopped()``);
+        whether every one has. The queries a stop leaves unrendered are rendered by a resume."""
+        labeler = self.host.labeler
+        if labeler.wait_for_renders(stopped=lambda: True):
+            return True
+        print(f"making the clips of the last queries for people ({labeler.where()})", flush=True)
+        return labeler.wait_for_renders(stopped)
 
 
 def restore_latest(training, run_dir: Path):
@@ -394,15 +451,139 @@ def stopped_diverging(checkpoints: Checkpoints) -> str:
             f"(rlhf-jax eval {checkpoints.run_dir} scores the checkpoint's policy).")
 
 
+class SaveSchedule:
+    """When a run saves its state: after every ``run.checkpoint_every_updates`` updates (whole
+    chunks, at least one), after its last chunk, and once ``run.checkpoint_every_minutes`` of
+    wall-clock time have passed since the last save (or the start), but never sooner than 19
+    times the last save's duration after it, so that saving takes at most about 5% of a run."""
+
+    def __init__(self, run: RunConfig, chunk_iterations: int, num_chunks: int, clock=time.monotonic):
+        self.every = max(1, run.checkpoint_every_updates // chunk_iterations)
+        self.seconds, self.num_chunks, self.clock = run.checkpoint_every_minutes * 60, num_chunks, clock
+        self._last, self._took = clock(), 0.0  # when the last save ended, how long it took
+
+    def due(self, chunk: int) -> bool:
+        """Whether the state after ``chunk`` is to be saved."""
+        timed = self.seconds > 0 and self.clock() - self._last >= max(self.seconds, 19 * self._took)
+        return (chunk + 1) % self.every == 0 or chunk + 1 == self.num_chunks or timed
+
+    def saved(self, started: float) -> None:
+        """A save that began at ``started`` (on ``clock``) has ended."""
+        self._last = self.clock()
+        self._took = self._last - started
+
+
+class StopRequests:
+    """Ctrl-C (SIGINT) and SIGTERM, while the block runs, ask the run to stop where its state is
+    whole: after the chunk in flight, whose state it then saves (:attr:`requested`). Nothing is
+    raised inside a compiled call: an interrupt there lost the state it had donated to it, and
+    could end in a segfault. A second signal stops at once, as a kill would, saying which
+    checkpoint is the newest (``hint()``). Handlers are set in the main thread only, before
+    anything renders a clip: SDL (pygame's, which draws them) takes a SIGTERM nobody handles
+    for itself, and a people run then ignored SIGTERM. A signal the process was started
+    ignoring (a background job's Ctrl-C) stays ignored; the previous handlers come back after
+    the block."""
+
+    NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+
+    def __init__(self):
+        self.signal: int | None = None
+        self.hint = lambda: ""  # which checkpoint is intact, for a stop at once
+        self._previous = {}
+
+    def __enter__(self) -> "StopRequests":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.NAMES
+                              if signal.getsignal(s) is not signal.SIG_IGN}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    def _handle(self, number: int, frame) -> None:
+        # os.write, not print: a handler may run in the middle of a print to the same stream.
+        if self.signal is not None:
+            os.write(2, f"\n{self.NAMES[number]} again: stopped at once. {self.hint()}\n".encode())
+            os._exit(128 + number)
+        self.signal = number
+        os.write(2, f"\n{self.NAMES[number]}: stopping where the run's state is whole, after the chunk in "
+                    f"flight, and saving it (again to stop at once)\n".encode())
+
+    def interrupted(self, what: str) -> Interrupted:
+        """The error a run stopped by the signal raises; ``what``: how far it got, what is saved."""
+        return Interrupted(self.signal, f"interrupted by {self.NAMES[self.signal]} {what}")
+
+
+def apply_config_edits(training: AgentRun, checkpoints: Checkpoints, chunk: int, state):
+    """``state`` (restored from checkpoint ``chunk``) under the run's config.yaml, which may have
+    been edited since the checkpoint was written: a hyper-parameter its optimiser keeps in the
+    state (``config_base.in_state``, the learning rates) takes its new value there; a change a
+    resume cannot apply (one compiled into the program or shaping the state) is refused, naming
+    every such key, before anything is written. Keys of how the run is driven (``run.*``,
+    ``people.*``) are free (:func:`rlhf_jax.checkpoints.editable_on_resume`)."""
+    saved = checkpoints.saved_config(chunk)
+    if saved is None:  # a checkpoint from before configs were saved with them
+        return state
+    diff = config_diff(saved, to_dict(training.config))
+    refused = [f"{key}: {before} when saved, {now} now" for key, (before, now) in diff.items()
+               if not editable_on_resume(key)]
+    if refused:
+        raise ConfigError(
+            f"{checkpoints.run_dir / CONFIG_FILE} was changed since checkpoint {chunk} was written, in keys a resume "
+            f"cannot apply (they are compiled into the run or shape its state): {'; '.join(refused)}. Put those "
+            f"values back to resume, or start a new run with them. Nothing was overwritten: the run directory is "
+            f"as it was.")
+    where = training.optimizer_states()
+    for key, (before, now) in diff.items():
+        section = key.split(".")[0]
+        if is_in_state(ExperimentConfig, key) and section in where:
+            state = set_hyperparameter(state, where[section], before, now, key)
+            print(f"{key}: {before} when saved, {now} now: the resumed run uses {now}", flush=True)
+    return state
+
+
+def set_hyperparameter(state, prefix: str, before: float, now: float, key: str):
+    """``state`` with the in-state hyper-parameter ``key`` changed from ``before`` to ``now``:
+    in the optimiser states under path ``prefix``, every ``hyperparams`` value equal to ``before``
+    (one per ensemble member, say). Each optimiser holds one marked hyper-parameter, so the
+    value names it."""
+    found = 0
+
+    def replace(path, leaf):
+        nonlocal found
+        name = jax.tree_util.keystr(path)
+        if not name.startswith(prefix) or ".hyperparams" not in name:
+            return leaf
+        match = leaf == jnp.asarray(before, leaf.dtype)
+        found += int(match.sum())
+        return jnp.where(match, jnp.asarray(now, leaf.dtype), leaf)
+
+    state = jax.tree_util.tree_map_with_path(replace, state)
+    if not found:
+        raise ConfigError(f"{key} was changed, but the checkpoint holds no optimiser state with its old value "
+                          f"{before}: put it back to resume")
+    return state
+
+
 def train(config: ExperimentConfig | None = None, resume: str | Path | None = None, progress: bool = True) -> Path:
     """Train from scratch (``config``) or continue the run in ``resume``; returns the run directory.
 
     A run resumed before its first checkpoint starts again from the beginning, in the same
     directory (with people, the queries they have answered meanwhile are kept). A resume
-    restores before it writes anything, so one that cannot (config.yaml edited to other
-    shapes) leaves the run directory as it was. A run stops with a :class:`RunError`, its
+    restores before it writes anything, so one that cannot (config.yaml edited in keys a resume
+    cannot apply) leaves the run directory as it was. A run stops with a :class:`RunError`, its
     last checkpoint intact, when a file cannot be written (disk full) or a loss stops being
-    finite (the state after that chunk is not saved)."""
+    finite (the state after that chunk is not saved), and with an :class:`Interrupted` after
+    Ctrl-C or SIGTERM, the state after its last chunk saved (:class:`StopRequests`)."""
+    with StopRequests() as stop:
+        return _train(config, resume, progress, stop)
+
+
+def _train(config: ExperimentConfig | None, resume: str | Path | None, progress: bool, stop: StopRequests) -> Path:
     if resume is not None:
         run_dir = Path(resume)
         config = load_run_config(run_dir)
@@ -410,37 +591,41 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
     if resume is None:
         run_dir = new_run_dir(config)
     checkpoints = Checkpoints(run_dir, config=to_dict(config))
+    stop.hint = checkpoints.resume_hint
     if resume is not None and checkpoints.latest() is None:
         resume = None
         print(f"{run_dir} has no checkpoint yet: starting it from the beginning", flush=True)
-    if config.labeler == "people":
-        connect_people(training, run_dir)
     first_chunk = 0
     if resume is not None:
         saved_chunk, runner = checkpoints.restore(jax.eval_shape(training.init_runner, jax.random.PRNGKey(config.seed)))
+        runner = apply_config_edits(training, checkpoints, saved_chunk, runner)
         first_chunk = saved_chunk + 1
-    log = MetricsLog(run_dir, tensorboard=config.run.tensorboard)
-    if resume is None:
-        log.truncate_after(0)  # rows of an attempt that never reached a checkpoint
-        runner = training.init_runner(jax.random.PRNGKey(config.seed))
-    else:
-        if training.env.spec.backend.startswith("envpool"):
-            # The saved handle points into a pool that died with the old process.
-            runner = training.reset_env(runner, jax.random.PRNGKey(config.seed))
-        log.truncate_after(int(runner.env_steps))
-    print(f"run directory: {run_dir}", flush=True)
-    runner = training.prepare(runner, first_chunk)
-
-    from tqdm import tqdm
-
-    total_steps = training.total_iterations * training.steps_per_iteration
-    bar = tqdm(total=total_steps, initial=int(runner.env_steps), unit="step", unit_scale=True,
-               disable=not progress, dynamic_ncols=True)
-    every = max(1, config.run.checkpoint_every_updates // training.chunk_iterations)
-    state_chunk = saved_chunk = first_chunk - 1  # the chunk `runner` holds the state after
     with stop_on_write_failure(checkpoints, f"to {run_dir}"):
+        if config.labeler == "people":
+            connect_people(training, run_dir)
+        log = MetricsLog(run_dir, tensorboard=config.run.tensorboard)
+        if resume is None:
+            log.truncate_after(0)  # rows of an attempt that never reached a checkpoint
+            runner = training.init_runner(jax.random.PRNGKey(config.seed))
+        else:
+            if training.env.spec.backend.startswith("envpool"):
+                # The saved handle points into a pool that died with the old process.
+                runner = training.reset_env(runner, jax.random.PRNGKey(config.seed))
+            log.truncate_after(int(runner.env_steps))
+        print(f"run directory: {run_dir}", flush=True)
+        runner = training.prepare(runner, first_chunk, stop.requested)
+
+        from tqdm import tqdm
+
+        total_steps = training.total_iterations * training.steps_per_iteration
+        bar = tqdm(total=total_steps, initial=int(runner.env_steps), unit="step", unit_scale=True,
+                   disable=not progress, dynamic_ncols=True)
+        schedule = SaveSchedule(config.run, training.chunk_iterations, training.num_chunks)
+        saved_chunk = first_chunk - 1  # the newest chunk whose state is saved
         try:
             for chunk in range(first_chunk, training.num_chunks):
+                if stop.requested():
+                    break
                 start = time.perf_counter()
                 runner, metrics = training.run_chunk(runner, chunk)
                 row = summarize(metrics)
@@ -450,32 +635,32 @@ def train(config: ExperimentConfig | None = None, resume: str | Path | None = No
                     check_finite(row, chunk, training.unmeasured(row))
                 except RunError as error:
                     raise RunError(f"{error}, so its state was not saved. {stopped_diverging(checkpoints)}") from None
-                state_chunk = chunk
                 bar.update(int(row["env_steps"]) - bar.n)
                 shown = {"steps_per_s": f"{row['steps_per_second']:.3g}", "true_return": f"{row['episode_return']:.4g}"}
                 if "labels" in row:
                     shown["labels"] = int(row["labels"])
                 bar.set_postfix(shown)
-                if (chunk + 1) % every == 0 or chunk + 1 == training.num_chunks:
+                if schedule.due(chunk) or stop.requested():
+                    started = schedule.clock()
                     checkpoints.save(chunk, runner)
                     training.checkpoint_saved(chunk)
+                    schedule.saved(started)
                     saved_chunk = chunk
-        except KeyboardInterrupt:
-            bar.close()
-            # Save the newest whole state, unless the interrupt came while its buffers were
-            # being handed to the next chunk (they are donated), where the last save stands.
-            if state_chunk > saved_chunk and not any(x.is_deleted() for x in jax.tree.leaves(runner)):
-                checkpoints.save(state_chunk, jax.block_until_ready(runner))
-                training.checkpoint_saved(state_chunk)
-            print(f"interrupted: resume with  rlhf-jax train --resume {run_dir}", flush=True)
-            raise
+            if stop.requested():
+                done = (f"after {saved_chunk + 1} of its {training.num_chunks} chunks" if saved_chunk >= first_chunk
+                        else "before it finished a chunk")
+                raise stop.interrupted(f"{done}. {checkpoints.resume_hint()}")
         finally:
             bar.close()
             log.close()
             checkpoints.close()
         title = f"{config.agent} on {config.env.id}" + {"preferences": " from preferences", "ibt": " from IBT marks"}.get(config.reward, "")
-        plot_learning_curve(log.rows(), run_dir / "learning_curve.png", title)
+        rows = log.rows()
+        write_atomically(run_dir / "learning_curve.png", lambda path: plot_learning_curve(rows, path, title))
         training.save_outputs(runner, run_dir)
+        if not training.finish(stop.requested):
+            raise stop.interrupted(f"after the run's last chunk, while the clips of its last queries were made "
+                                   f"for people: rlhf-jax train --resume {run_dir} makes the rest")
     return run_dir
 
 

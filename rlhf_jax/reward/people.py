@@ -54,6 +54,10 @@ class AsyncLabeler(Protocol):
     def where(self) -> str:
         """Where a person answers, for the messages a waiting run prints."""
 
+    def wait_for_renders(self, stopped) -> bool:
+        """Block until every query asked has reached people (the end of a run), or until
+        ``stopped()``; whether every one has."""
+
 
 class HostLabels:
     """A loop's bookkeeping of the queries it has put to a host labeler.
@@ -90,12 +94,12 @@ class HostLabels:
         return max(asked, next_id)
 
 
-def wait_for_answers(host: HostLabels, state, exchange, poll_s: float = 1.0, say=print):
+def wait_for_answers(host: HostLabels, state, exchange, poll_s: float = 1.0, say=print, stopped=lambda: False):
     """``exchange(state) -> state`` again and again until every query put to ``host`` has
-    its answer: the paper's start, where RL begins once the initial labels are in."""
+    its answer (or ``stopped()``): the paper's start, where RL begins once the initial labels are in."""
     total = len(host.pending)
     last_said = None
-    while host.pending:
+    while host.pending and not stopped():
         waiting = len(host.pending)
         if waiting != last_said:
             say(f"waiting for people: {total - waiting} of {total} initial queries answered "
@@ -131,6 +135,10 @@ class SimulatedPerson:
 
     def where(self) -> str:
         return "a simulated person answers"
+
+    def wait_for_renders(self, stopped) -> bool:
+        """Nothing to render: a query is with the simulated person as soon as it is asked."""
+        return True
 
     def answers(self) -> list[Answer]:
         arrived = []
