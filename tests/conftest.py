@@ -1,10 +1,56 @@
-"""Shared test set-up: a persistent XLA compilation cache, because compiling is most of a test's time on 2 cores."""
+"""Shared test set-up: a persistent XLA compilation cache, because compiling is most of a test's time on 2 cores;
+real small filesystems for the disk tests."""
 import os
+import subprocess
 from pathlib import Path
 
 import jax
+import pytest
 
 CACHE = Path(os.environ.get("RLHF_JAX_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "jax"))
 jax.config.update("jax_compilation_cache_dir", str(CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+class SmallDisks:
+    """Real small filesystems (tmpfs mounts) for the tests of full and read-only disks."""
+
+    def __init__(self, base: Path):
+        self.base, self.mounted = base, []
+
+    def mount(self, options: str = "size=4m") -> Path:
+        """A fresh tmpfs with mount ``options``; the test is skipped where none can be mounted."""
+        if os.geteuid() != 0:
+            pytest.skip("a real small filesystem is a tmpfs mount, which needs root")
+        path = self.base / f"disk{len(self.mounted)}"
+        path.mkdir()
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                                 capture_output=True, text=True)
+        if mounted.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        self.mounted.append(path)
+        return path
+
+    @staticmethod
+    def fill(disk: Path, leave: int = 0) -> Path:
+        """Fill ``disk`` with the file it returns, then give ``leave`` bytes back."""
+        filler = disk / "filler"
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(bytes(1 << 16))
+            except OSError:
+                f.truncate(max(0, f.tell() - leave))
+        return filler
+
+    def unmount_all(self) -> None:
+        for path in self.mounted:
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def small_disks(tmp_path):
+    disks = SmallDisks(tmp_path)
+    yield disks
+    disks.unmount_all()

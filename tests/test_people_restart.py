@@ -1,8 +1,11 @@
-"""Killing the web app and the training run in the middle of labeling loses no answer.
+"""Killing the web app and the training run in the middle of labeling loses no answer and no query.
 
 Real processes: ``rlhf-jax train`` with ``labeler=people`` and ``rlhf-jax label``, answered
 over HTTP as the page would; both are killed with SIGKILL after two of the four initial
-queries are answered, started again, and the run trains on every answer given.
+queries are answered, started again, training is killed again right after its first
+checkpoint (while the clips of the queries it counts as asked are still being made), started
+again, and the run asks every query of its budget once and trains on every answer given.
+SIGTERM stops a people run cleanly.
 """
 import json
 import os
@@ -107,6 +110,21 @@ def test_a_killed_app_and_training_run_lose_no_answered_query(tmp_path):
         for row in db("SELECT query_id, choice FROM answers"):
             assert row in zip(answered, ["left", "cant_tell"])  # still there after both restarted
 
+        # RL starts once the initial queries are answered; kill training as soon as its first
+        # checkpoint exists: it counts the queries of chunk 0 as asked, whose clips are still
+        # being made (those queries were lost, and a normal end dropped the ones not yet made).
+        first_checkpoint = run_dir / "checkpoints" / "0"
+
+        def answer_until_saved():
+            if not first_checkpoint.exists():
+                answer_one(url, "right")
+            return first_checkpoint.exists()
+
+        wait_for(answer_until_saved, "the first checkpoint", 400, logs)
+        train.send_signal(signal.SIGKILL)
+        train.wait()
+        train = start("train", "--resume", str(run_dir), log=train_log)
+
         def keep_answering():
             answer_one(url, "right")
             return train.poll() is not None
@@ -121,7 +139,7 @@ def test_a_killed_app_and_training_run_lose_no_answered_query(tmp_path):
     # The restarted run asked no query twice and trained on every answer but "can't tell" that
     # reached it: those its last checkpoint holds (an answer given while the finished run was
     # still writing its files arrives too late, and stays in the store for a resume).
-    assert [q for q, in db("SELECT id FROM queries ORDER BY id")] == list(range(len(db("SELECT id FROM queries"))))
+    assert [q for q, in db("SELECT id FROM queries ORDER BY id")] == list(range(16))  # the budget, each once
     trained = [q for q, choice in db("SELECT query_id, choice FROM answers WHERE in_checkpoint") if choice != "cant_tell"]
     with np.load(run_dir / "labels.npz") as labels:
         assert len(labels["mu"]) == len(trained)
@@ -130,6 +148,24 @@ def test_a_killed_app_and_training_run_lose_no_answered_query(tmp_path):
                 matches = [np.array_equal(query["obs"], pair) for pair in labels["obs"]]
             assert sum(matches) == 1, f"query {query_id} is not among the trained labels exactly once"
     assert answered[0] in trained
+
+
+def test_sigterm_stops_a_people_run_cleanly(tmp_path):
+    """SDL (pygame draws the clips) took SIGTERM for itself, and a people run went on training."""
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    train = start("train", "configs/rlhf_cartpole_people.yaml", f"run.dir={run_dir}", *OVERRIDES, log=log)
+    try:
+        clips = run_dir / "clips"
+        wait_for(lambda: clips.is_dir() and len(list(clips.glob("*.mp4"))) >= 2, "the first clips", 300, [log])
+        train.send_signal(signal.SIGTERM)
+        assert train.wait(timeout=60) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+    finally:
+        if train.poll() is None:
+            train.kill()
+    text = log.read_text()
+    assert "rlhf-jax train: stopped: interrupted by SIGTERM before it finished a chunk. No checkpoint was saved " \
+           f"yet: rlhf-jax train --resume {run_dir.resolve()} starts the run again from the beginning." in text
+    assert "Traceback" not in text
 
 
 def test_a_checkpoint_marks_only_the_answers_that_arrived_before_it():

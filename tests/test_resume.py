@@ -1,30 +1,33 @@
 """Runs that survive: a run killed with SIGKILL at any moment and resumed ends exactly like one
 never interrupted (DQN with its replay memory; the preference and IBT loops with their reward
-models, labels, segments and keys); a kill in the middle of a checkpoint's write leaves the one before it
-restorable; a full disk, a diverged loss and a config edited before a resume each stop with
-a message that says what is intact and how to go on."""
+models, labels, segments and keys), also a run saved by the clock alone; a kill in the middle of a
+checkpoint's write leaves the one before it restorable; Ctrl-C and SIGTERM save the newest state
+and exit cleanly; a damaged checkpoint is passed over for the newest intact one, which rotation
+keeps; an edited learning rate is applied on resume and other edits are refused; a full disk
+(a real one), a diverged loss and a config edited to other shapes each stop with a message that
+says what is intact and how to go on."""
 import errno
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 import yaml
 
-from rlhf_jax.checkpoints import TMP_SUFFIX, Checkpoints, config_changes, os_error
+from rlhf_jax.checkpoints import DAMAGED_SUFFIX, TMP_SUFFIX, Checkpoints, config_changes, os_error
 from rlhf_jax.cli import main
-from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
+from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, RunConfig, load_config
 from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.reward.preference_learner import PreferenceLearner
-from rlhf_jax.trainer import Training, check_finite, load_run_config, make_training, restore_latest, train
+from rlhf_jax.trainer import (SaveSchedule, Training, check_finite, load_run_config, make_training, restore_latest,
+                              train)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,6 +58,21 @@ SUBPROCESS_ENV = dict(
     JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="1.0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
 )
+
+# A real SIGKILL at a known moment: the process kills itself as soon as checkpoint {after} is
+# complete (a watcher polling from here missed that moment while this process compiled).
+KILL_AFTER_CHECKPOINT = """
+import os, signal, sys
+from rlhf_jax import checkpoints
+save = checkpoints.Checkpoints.save
+def save_and_die(self, chunk, state):
+    save(self, chunk, state)
+    if chunk >= {after}:
+        os.kill(os.getpid(), signal.SIGKILL)
+checkpoints.Checkpoints.save = save_and_die
+from rlhf_jax.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
 
 # For the kill during a write: os.rename is the last thing orbax does to a checkpoint (its
 # folder `2.orbax-checkpoint-tmp` becomes `2`); die at the first rename inside checkpoint 2.
@@ -94,30 +112,25 @@ def saved_chunks(run_dir) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
 
 
-def run_and_kill(argv, run_dir: Path, after_chunk: int, script: str | None = None, meanwhile=None):
-    """Start ``rlhf-jax train ARGV`` in a process of its own and SIGKILL it once checkpoint
-    ``after_chunk`` is complete (or let ``script`` kill it). ``meanwhile()`` runs here in the
-    mean time, on the other core. Returns the newest complete checkpoint left and what
-    ``meanwhile`` returned."""
+def start_training(argv, run_dir: Path, script: str | None = None) -> tuple[subprocess.Popen, Path]:
+    """``rlhf-jax train ARGV run.dir=RUN_DIR`` in a process of its own (run by ``script``, if
+    given, as ``python -c``); returns it and its log (stdout and stderr)."""
     command = ["-c", script] if script else ["-m", "rlhf_jax.cli"]
     log_path = run_dir.parent / f"{run_dir.name}.log"
     with log_path.open("w") as log:
         process = subprocess.Popen([sys.executable, *command, "train", *argv, f"run.dir={run_dir}"],
                                    cwd=ROOT, env=SUBPROCESS_ENV, stdout=log, stderr=subprocess.STDOUT)
+    return process, log_path
 
-    def kill_once_saved():
-        deadline = time.monotonic() + 150
-        while process.poll() is None and time.monotonic() < deadline:
-            if max(saved_chunks(run_dir), default=-1) >= after_chunk:
-                process.send_signal(signal.SIGKILL)
-                return
-            time.sleep(0.02)
 
-    killer = threading.Thread(target=kill_once_saved, daemon=True)
-    if not script:
-        killer.start()
+def run_and_kill(argv, run_dir: Path, after_chunk: int, script: str | None = None, meanwhile=None):
+    """Start ``rlhf-jax train ARGV`` in a process of its own, which SIGKILLs itself once
+    checkpoint ``after_chunk`` is complete (or is killed by ``script``). ``meanwhile()`` runs
+    here in the mean time, on the other core. Returns the newest complete checkpoint left
+    and what ``meanwhile`` returned."""
+    process, log_path = start_training(argv, run_dir, script or KILL_AFTER_CHECKPOINT.format(after=after_chunk))
     result = meanwhile() if meanwhile else None
-    returncode = process.wait(timeout=150)
+    returncode = process.wait(timeout=300)
     assert returncode == -signal.SIGKILL, f"the run was not killed (exit {returncode}):\n{log_path.read_text()[-3000:]}"
     return max(saved_chunks(run_dir), default=-1), result
 
@@ -209,29 +222,45 @@ def test_a_kill_in_the_middle_of_a_metrics_row_does_not_stop_the_resume(killed_a
     assert steps == [200.0, 400.0, 600.0]
 
 
-def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(dqn_whole, tmp_path, monkeypatch):
-    save = ocp.CheckpointManager.save
-    calls = []
+# The disk fills up right after checkpoint 0: 32 KiB stay free, room for metrics rows but not
+# for checkpoint 1.
+FILL_DISK_AFTER_CHECKPOINT_0 = """
+import sys
+from rlhf_jax import checkpoints
+save = checkpoints.Checkpoints.save
+def save_then_fill(self, chunk, state):
+    save(self, chunk, state)
+    if chunk == 0:
+        with open(self.run_dir.parent / "filler", "wb", buffering=0) as filler:
+            try:
+                while True:
+                    filler.write(bytes(1 << 16))
+            except OSError:
+                filler.truncate(filler.tell() - (32 << 10))
+checkpoints.Checkpoints.save = save_then_fill
+from rlhf_jax.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
 
-    def full_on_second_save(self, *args, **kwargs):
-        calls.append(args[0])
-        if len(calls) == 2:
-            (Path(self.directory) / f"{args[0]}{TMP_SUFFIX}").mkdir()  # as orbax leaves it
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return save(self, *args, **kwargs)
 
-    monkeypatch.setattr(ocp.CheckpointManager, "save", full_on_second_save)
-    run_dir = tmp_path / "full"
-    with pytest.raises(RunError) as stopped:
-        train(config_of([*DQN, f"run.dir={run_dir}"]), progress=False)
-    monkeypatch.setattr(ocp.CheckpointManager, "save", save)
-    message = str(stopped.value)
-    assert f"cannot write checkpoint 1 in {run_dir.resolve() / 'checkpoints'}" in message
+def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(dqn_whole, small_disks):
+    """A real 4 MiB filesystem fills up after checkpoint 0: checkpoint 1 fails, and all the user
+    reads is one line (orbax and asyncio used to print 26 tracebacks before it)."""
+    disk = small_disks.mount("size=4m")
+    run_dir = disk / "run"
+    process, log = start_training(DQN, run_dir, FILL_DISK_AFTER_CHECKPOINT_0)
+    assert process.wait(timeout=300) == 1, log.read_text()[-3000:]
+    output = [line for line in log.read_text().replace("\r", "\n").splitlines()
+              if line.strip() and "step/s" not in line and not line.startswith("run directory")]
+    assert len(output) == 1, "\n".join(output[:40])
+    message = output[0]
+    assert message.startswith(f"rlhf-jax train: stopped: cannot write checkpoint 1 in {run_dir / 'checkpoints'}")
     assert "No space left on device: the disk is full" in message
-    assert f"The last checkpoint, 0 ({run_dir.resolve() / 'checkpoints' / '0'}), is intact" in message
-    assert f"free some space, then resume from it with  rlhf-jax train --resume {run_dir.resolve()}" in message
+    assert f"The last checkpoint, 0 ({run_dir / 'checkpoints' / '0'}), is intact" in message
+    assert f"free some space, then resume from it with  rlhf-jax train --resume {run_dir}" in message
     assert saved_chunks(run_dir) == [0] and not list((run_dir / "checkpoints").glob(f"*{TMP_SUFFIX}*"))
     assert final_state(run_dir)[0] == 0
+    (disk / "filler").unlink()
     assert main(["train", "--resume", str(run_dir)]) == 0  # once there is space again
     (_, resumed), (_, whole) = final_states(run_dir, dqn_whole)
     assert_same_trees(resumed, whole)
@@ -315,3 +344,162 @@ def test_an_old_checkpoint_without_its_config_still_gets_a_hint(tmp_path):
     checkpoints.close()
     with pytest.raises(ConfigError, match="written by a config with other shapes"):
         Checkpoints(tmp_path, config={"env": {"num_envs": 8}}).restore({"w": np.zeros((8, 2), np.float32)})
+
+
+# ------------------------------------------------------------------ saved by the clock
+def test_checkpoints_come_every_few_updates_every_few_minutes_and_at_the_end():
+    now = [0.0]
+    run = RunConfig(checkpoint_every_updates=400, checkpoint_every_minutes=2.0)
+    schedule = SaveSchedule(run, chunk_iterations=200, num_chunks=20, clock=lambda: now[0])
+    assert [chunk for chunk in range(20) if schedule.due(chunk)] == [1, 3, 5, 7, 9, 11, 13, 15, 17, 19]
+    run = RunConfig(checkpoint_every_updates=10_000, checkpoint_every_minutes=2.0)
+    schedule = SaveSchedule(run, chunk_iterations=200, num_chunks=20, clock=lambda: now[0])
+    assert not schedule.due(0)
+    now[0] = 119.0
+    assert not schedule.due(5)
+    now[0] = 120.0
+    assert schedule.due(6)
+    now[0] = 130.0  # a save that took 10 s: the next timed one waits 19 x 10 s, saving 5% of the time
+    schedule.saved(started=120.0)
+    now[0] = 130.0 + 189.0
+    assert not schedule.due(8) and schedule.due(19)  # the end is always saved
+    now[0] = 130.0 + 190.0
+    assert schedule.due(9)
+    # The built-in default run (4,000 updates, 10,000 between checkpoints) is saved by the clock.
+    default = load_config(ExperimentConfig, None, [], default=DEFAULT_EXPERIMENT).run
+    assert 0 < default.checkpoint_every_minutes <= 5
+    never = SaveSchedule(RunConfig(checkpoint_every_minutes=0), 200, 20, clock=lambda: 1e9)
+    assert not never.due(0)
+
+
+def test_a_run_saved_by_the_clock_alone_resumes_after_sigkill(dqn_whole, tmp_path):
+    """No checkpoint by updates before the end; the clock saves chunk 0, then the kill comes."""
+    run_dir = tmp_path / "killed"
+    by_clock = [*DQN, "run.checkpoint_every_updates=1000000", "run.checkpoint_every_minutes=0.00001"]
+    assert run_and_kill(by_clock, run_dir, after_chunk=0)[0] == 0
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    (_, resumed), (_, whole) = final_states(run_dir, dqn_whole)
+    assert_same_trees(resumed, whole)
+
+
+# ----------------------------------------------------------------- damaged checkpoints
+def damage(checkpoint: Path, how: str) -> None:
+    """Change one byte in the middle of the checkpoint's largest data file, or cut the file short."""
+    data = max((p for p in (checkpoint / "default").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    content = bytearray(data.read_bytes())
+    if how == "byte":
+        content[len(content) // 2] ^= 0x10
+    else:
+        content = content[:len(content) // 2]
+    data.write_bytes(bytes(content))
+
+
+@pytest.mark.parametrize("how", ["byte", "cut"])
+def test_a_damaged_checkpoint_is_passed_over_for_the_newest_intact_one(how, dqn_whole, tmp_path, monkeypatch, capsys):
+    """Checkpoints 1 and 2 saved, 2 then damaged: the resume says so, restores 1, keeps it while
+    it saves 3 to 7 (rotation never deletes the checkpoint a restore verified), and ends exactly
+    like a run never interrupted."""
+    run_chunk = Training.run_chunk
+
+    def killed_in_chunk_3(self, runner, chunk):
+        if chunk == 3:
+            raise Killed
+        return run_chunk(self, runner, chunk)
+
+    monkeypatch.setattr(Training, "run_chunk", killed_in_chunk_3)
+    run_dir = tmp_path / "damaged"
+    with pytest.raises(Killed):
+        train(config_of([*DQN, f"run.dir={run_dir}"]), progress=False)
+    monkeypatch.setattr(Training, "run_chunk", run_chunk)
+    assert saved_chunks(run_dir) == [1, 2]
+    damage(run_dir / "checkpoints" / "2", how)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    why = "its arrays differ from the checksums written with them" if how == "byte" else "it cannot be read"
+    assert f"checkpoint 2 ({run_dir.resolve() / 'checkpoints' / '2'}) is damaged: {why}" in out
+    assert "Restored checkpoint 1, the newest intact one" in out
+    assert saved_chunks(run_dir) == [1, 6, 7]
+    assert (run_dir / "checkpoints" / f"2{DAMAGED_SUFFIX}").is_dir()  # set aside, never restored
+    (_, resumed), (_, whole) = final_states(run_dir, dqn_whole)
+    assert_same_trees(resumed, whole)
+
+
+def test_a_run_whose_every_checkpoint_is_damaged_says_so(dqn_whole, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(dqn_whole, run_dir)
+    for chunk in (6, 7):
+        damage(run_dir / "checkpoints" / str(chunk), "byte")
+    assert main(["eval", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"no checkpoint in {run_dir.resolve() / 'checkpoints'} is intact: 7 is damaged: its arrays differ" in err
+    assert "; 6 is damaged: " in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------- an edited config
+def test_an_edited_learning_rate_is_applied_on_resume_and_other_edits_are_refused(tmp_path, monkeypatch, capsys):
+    run_chunk = Training.run_chunk
+
+    def killed_in_chunk_3(self, runner, chunk):
+        if chunk == 3:
+            raise Killed
+        return run_chunk(self, runner, chunk)
+
+    monkeypatch.setattr(Training, "run_chunk", killed_in_chunk_3)
+    run_dir = tmp_path / "edited"
+    with pytest.raises(Killed):
+        train(config_of([*DQN, f"run.dir={run_dir}"]), progress=False)
+    monkeypatch.setattr(Training, "run_chunk", run_chunk)
+    config_file = run_dir / "config.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    config["dqn"]["gamma"] = 0.9  # compiled into the loss: a resume cannot apply it
+    config["dqn"]["learning_rate"] = 0.0005
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir.resolve() / 'config.yaml'} was changed since checkpoint 2 was written, in keys a resume " \
+           "cannot apply (they are compiled into the run or shape its state): dqn.gamma: 0.99 when saved, 0.9 now. " \
+           "Put those values back to resume, or start a new run with them. Nothing was overwritten" in err
+    assert "dqn.learning_rate" not in err and "Traceback" not in err
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()} == before
+
+    config["dqn"]["gamma"] = 0.99
+    config["run"]["checkpoint_every_updates"] = 2  # how the run is saved: free to change
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert "dqn.learning_rate: 0.001 when saved, 0.0005 now: the resumed run uses 0.0005" in capsys.readouterr().out
+    _, state = final_state(run_dir)
+    rates = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(state.opt_state)
+             if "hyperparams" in jax.tree_util.keystr(path)]
+    assert rates == [np.float32(0.0005)]
+
+
+# ------------------------------------------------------------------- Ctrl-C and SIGTERM
+@pytest.mark.parametrize("number, name", [(signal.SIGINT, "Ctrl-C (SIGINT)"), (signal.SIGTERM, "SIGTERM")],
+                         ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_and_sigterm_save_the_newest_state_and_exit_cleanly(number, name, dqn_whole, tmp_path):
+    """A real signal to a real run that saves only at its end: it stops after the chunk in
+    flight, saves it, says so and exits with 128 + the signal's number; resumed, it ends
+    exactly like a run never interrupted."""
+    run_dir = tmp_path / "stopped"
+    process, log = start_training([*DQN, "run.checkpoint_every_updates=1000000", "run.checkpoint_every_minutes=0"],
+                                  run_dir)
+    metrics = run_dir / "metrics.csv"
+    deadline = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:  # 2 chunks done
+            os.kill(process.pid, number)
+            break
+        time.sleep(0.02)
+    assert process.wait(timeout=120) == 128 + number, log.read_text()[-3000:]
+    text = log.read_text()
+    (chunk,) = saved_chunks(run_dir)
+    assert 1 <= chunk < 7, "the run ended before the signal came"
+    assert f"rlhf-jax train: stopped: interrupted by {name} after {chunk + 1} of its 8 chunks. The last " \
+           f"checkpoint, {chunk} ({run_dir.resolve() / 'checkpoints' / str(chunk)}), is intact" in text
+    assert "Traceback" not in text
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    (_, resumed), (_, whole) = final_states(run_dir, dqn_whole)
+    assert_same_trees(resumed, whole)

@@ -1,5 +1,5 @@
 """``rlhf-jax sweep``: the grid, one vmapped program, the same runs on 4 devices, on two
-processes, and after a SIGKILL."""
+processes, and after a SIGKILL (on this process's devices, and on 4 forced CPU devices)."""
 import csv
 import os
 import signal
@@ -43,7 +43,10 @@ def load_state(directory: Path):
     return jax.device_get(manager.restore(step, args=ocp.args.StandardRestore(target)))
 
 
-def run_cli(*words, devices: int = 1, log: Path) -> subprocess.Popen:
+def run_cli(*words, devices: int | None = None, log: Path) -> subprocess.Popen:
+    """``rlhf-jax WORDS`` in a process of its own on ``devices`` CPU devices (default: as many as
+    this process has, so that its results can be compared bit for bit with this process's)."""
+    devices = devices or jax.device_count()
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "rlhf_jax.cli", *words], cwd=ROOT, env=env,
@@ -65,10 +68,19 @@ def assert_same(a, b, **tolerance) -> None:
 
 @pytest.fixture(scope="module")
 def local_sweep(tmp_path_factory) -> Path:
-    """The sweep run in this process, on its one CPU device."""
+    """The sweep run in this process, on its CPU device(s): one, unless XLA_FLAGS forces more."""
     directory = tmp_path_factory.mktemp("sweeps") / "local"
     _, _, swept = split_sweep_words([SWEPT])
     Sweep.create(directory, base_config(), swept, seeds=2).run(progress=False)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def four_device_sweep(tmp_path_factory) -> Path:
+    """The same sweep in a process of its own, sharded over 4 forced CPU devices."""
+    directory = tmp_path_factory.mktemp("sweeps") / "four"
+    log = directory.parent / "four.log"
+    assert run_cli(*sweep_words(directory), devices=4, log=log).wait(timeout=300) == 0, log.read_text()[-3000:]
     return directory
 
 
@@ -180,12 +192,10 @@ def test_each_member_is_the_run_rlhf_jax_train_makes(local_sweep, tmp_path):
     assert_same(member["params"], jax.device_get(alone.params), rtol=1e-4, atol=1e-6)
 
 
-def test_four_devices_and_two_processes_compute_the_same_runs(local_sweep, tmp_path):
+def test_four_devices_and_two_processes_compute_the_same_runs(local_sweep, four_device_sweep, tmp_path):
     """The same sweep sharded over 4 CPU devices, then over 2 processes of 2 devices each
     (``jax.distributed`` on localhost): the same results as one device."""
     log = tmp_path / "log.txt"
-    four = run_cli(*sweep_words(tmp_path / "four"), devices=4, log=log)
-    assert four.wait(timeout=300) == 0, log.read_text()[-3000:]
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
@@ -194,28 +204,34 @@ def test_four_devices_and_two_processes_compute_the_same_runs(local_sweep, tmp_p
     assert [p.wait(timeout=300) for p in processes] == [0, 0], log.read_text()[-3000:]
 
     one = load_state(local_sweep / "group0" / "checkpoints")
-    sharded = load_state(tmp_path / "four" / "group0" / "checkpoints")
+    sharded = load_state(four_device_sweep / "group0" / "checkpoints")
     distributed = load_state(tmp_path / "two_hosts" / "group0" / "checkpoints")
     assert_same(sharded, distributed)  # one member per device either way: bit for bit
     # One device runs the 4 members as one batch, 4 devices 1 each: float32 rounding apart.
     assert_same(one, sharded, rtol=1e-4, atol=1e-5)
-    assert (tmp_path / "two_hosts" / "results.md").read_text() == (tmp_path / "four" / "results.md").read_text()
+    assert (tmp_path / "two_hosts" / "results.md").read_text() == (four_device_sweep / "results.md").read_text()
 
 
-def test_a_sweep_killed_with_sigkill_resumes_to_the_same_end(local_sweep, tmp_path):
+@pytest.mark.parametrize("uninterrupted, devices", [("local_sweep", None), ("four_device_sweep", 4)],
+                         ids=["devices_of_this_process", "4_devices"])
+def test_a_sweep_killed_with_sigkill_resumes_to_the_same_end(uninterrupted, devices, request, tmp_path):
+    """Killed after its first checkpoint and resumed, on the devices of the uninterrupted sweep
+    it is compared with: bit for bit. (On another number of devices the programs are compiled
+    for other shapes and agree to float32 rounding only: see the test above.)"""
+    uninterrupted = request.getfixturevalue(uninterrupted)
     log = tmp_path / "log.txt"
     directory = tmp_path / "killed"
-    process = run_cli(*sweep_words(directory), log=log)
+    process = run_cli(*sweep_words(directory), devices=devices, log=log)
     first = directory / "group0" / "checkpoints" / "0"
     deadline = time.monotonic() + 300
     while not first.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, log.read_text()[-3000:]  # killed before the end
-    resumed = run_cli("sweep", "--resume", str(directory), log=log)
+    resumed = run_cli("sweep", "--resume", str(directory), devices=devices, log=log)
     assert resumed.wait(timeout=300) == 0, log.read_text()[-3000:]
-    assert_same(load_state(directory / "group0" / "checkpoints"), load_state(local_sweep / "group0" / "checkpoints"))
-    assert (directory / "results.md").read_text() == (local_sweep / "results.md").read_text()
+    assert_same(load_state(directory / "group0" / "checkpoints"), load_state(uninterrupted / "group0" / "checkpoints"))
+    assert (directory / "results.md").read_text() == (uninterrupted / "results.md").read_text()
 
 
 # ------------------------------------------------------------------- Atari

@@ -1,6 +1,8 @@
-"""`rlhf-jax train` and `eval`: run directories, checkpoints, resume after SIGKILL, user errors."""
+"""`rlhf-jax train` and `eval`: run directories, checkpoints, resume after SIGKILL, user errors,
+run directories that cannot be written (a real full or read-only filesystem)."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import yaml
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.cli import main
 from rlhf_jax.config import ExperimentConfig, load_config
+from rlhf_jax.errors import ConfigError
 from rlhf_jax.trainer import Training, load_run_config
 
 # The A2C CartPole example on the true reward, made small.
@@ -144,3 +147,34 @@ def test_dqn_on_atari_ends_episodes_at_life_loss_on_the_true_reward(overrides, l
     config = experiment(["env.id=envpool/Breakout-v5", *overrides])
     assert true_reward_env_config(config).episodic_life is life_episodes
     assert true_reward_env_config(experiment(["agent=dqn"])).episodic_life is False
+
+
+@pytest.mark.parametrize("where", ["/proc", "read-only disk", "full disk"])
+def test_a_run_that_cannot_write_its_directory_stops_in_one_line_leaving_nothing(where, small_disks, capsys):
+    if where == "/proc":
+        run_dir, reason = Path("/proc/x"), "[Errno 2] No such file or directory"
+    elif where == "read-only disk":
+        run_dir, reason = small_disks.mount("ro,size=1m") / "run", "[Errno 30] Read-only file system"
+    else:
+        disk = small_disks.mount("size=1m")
+        small_disks.fill(disk)
+        run_dir, reason = disk / "run", "[Errno 28] No space left on device: the disk is full"
+    assert main(["train", *SMALL, f"run.dir={run_dir}"]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines[:20]
+    assert lines[0].startswith(f"rlhf-jax train: stopped: cannot start a run in {run_dir}: {reason}")
+    assert lines[0].endswith("Nothing was written: make room, or choose another run.dir, and start it again")
+    assert not run_dir.exists()  # no half-written config.yaml for a resume to mistake for a run
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_run_config_that_cannot_be_read_is_an_error_never_the_defaults(finished_run, tmp_path, capsys):
+    run_dir = tmp_path / "empty"
+    shutil.copytree(finished_run, run_dir)
+    (run_dir / "config.yaml").write_text("")  # what a full disk left before config.yaml was written whole
+    with pytest.raises(ConfigError, match="empty"):
+        load_run_config(run_dir)
+    assert main(["eval", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert str(run_dir / "config.yaml") in err and "empty" in err
