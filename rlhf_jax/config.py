@@ -40,9 +40,10 @@ class RunConfig:
     # DQN: num_envs / gcd(num_envs, update_period) gradient steps).
     checkpoint_every_updates: int = positive(10_000, INT32_MAX)
     # Also checkpoint once this much wall-clock time has passed since the last checkpoint (or
-    # the start), so that a run shorter than checkpoint_every_updates can resume too; but a
-    # run spends at most about 5% of its time saving. 0: by updates only.
-    checkpoint_every_minutes: float = non_negative(1.0)
+    # the start), so that a run shorter than checkpoint_every_updates can resume too (the
+    # default run takes about a minute); but a run spends at most about 5% of its time
+    # saving. 0: by updates only.
+    checkpoint_every_minutes: float = non_negative(0.5)
     # How a chunk's iterations are driven: "scan" compiles them into one loop; "python"
     # dispatches one compiled iteration at a time. "auto" picks "python" for convolutional
     # networks on the CPU, where XLA runs convolution gradients inside a loop about 10x

@@ -10,7 +10,7 @@ logs, draws the progress bar and checkpoints. A resumed run restores the whole r
 (parameters, optimiser state, environment state, random key) at a chunk boundary, so
 on CPU it ends with the same parameters as a run never interrupted. EnvPool's pools
 live outside JAX and cannot be restored: a resumed EnvPool run starts fresh episodes.
-Checkpoints come every so many updates and every few minutes (:class:`SaveSchedule`); Ctrl-C
+Checkpoints come every so many updates and every half minute (:class:`SaveSchedule`); Ctrl-C
 and SIGTERM stop a run after the chunk in flight, saved (:class:`StopRequests`); a resume
 applies an edited learning rate and refuses other edits (:func:`apply_config_edits`).
 """
