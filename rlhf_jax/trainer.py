@@ -67,7 +67,7 @@ def new_run_dir(config: ExperimentConfig) -> Path:
             path.rmdir()
         full = out_of_space(error)
         raise RunError(f"cannot start a run in {path}: {error}{': ' + full if full else ''}. Nothing was "
-                       f"written: make room, or choose another run.dir, and start it again") from None
+                       f"written: {'make room or ' if full else ''}choose another run.dir, and start it again") from None
     return path
 
 
