@@ -12,7 +12,6 @@ verifies, and rotation never deletes the checkpoint a restore verified.
 from __future__ import annotations
 
 import errno
-import gc
 import hashlib
 import json
 import logging
@@ -20,7 +19,6 @@ import os
 import re
 import shutil
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -299,7 +297,8 @@ def _save_failure_noise_held():
     futures it left unread, and TensorStore's callbacks find orbax's event loop closed: a
     full disk made 26 tracebacks before the one line that matters. Hold those reports back
     during the save; drop them if it failed for a write error (the caller says that in one
-    line), show them otherwise."""
+    line, and :func:`_drop_late_reports_of_failed_writes` drops what comes later), show them
+    otherwise."""
     held, unraisable = [], []
 
     class Hold(logging.Filter):
@@ -317,19 +316,49 @@ def _save_failure_noise_held():
         yield
     except BaseException as error:
         failed_writing = os_error(error) is not None
-        if failed_writing:
-            time.sleep(0.2)  # orbax's threads and TensorStore's callbacks finish reporting
-            gc.collect()  # asyncio reports a future never read when it is collected
         raise
     finally:
         for logger in loggers:
             logger.removeFilter(hold)
         sys.unraisablehook = previous_hook
-        if not failed_writing:
+        if failed_writing:
+            _drop_late_reports_of_failed_writes()
+        else:
             for record in held:
                 logging.getLogger(record.name).handle(record)
             for report in unraisable:
                 previous_hook(report)
+
+
+class _UnreadWriteFailure(logging.Filter):
+    """Asyncio's report of a future orbax left unread, whose exception is a failed write."""
+
+    def filter(self, record):
+        error = record.exc_info[1] if record.exc_info else None
+        return not ("never retrieved" in record.getMessage() and error is not None and os_error(error) is not None)
+
+
+_UNREAD_WRITE_FAILURE = _UnreadWriteFailure()
+
+
+def _drop_late_reports_of_failed_writes() -> None:
+    """After a failed write: asyncio reports the futures orbax left unread when it collects
+    them, as late as the interpreter's exit, and TensorStore's last callbacks find the event
+    loop closed. The run has reported the failure in one line: drop those two reports from now
+    on (nothing else)."""
+    asyncio_logger = logging.getLogger("asyncio")
+    if _UNREAD_WRITE_FAILURE not in asyncio_logger.filters:
+        asyncio_logger.addFilter(_UNREAD_WRITE_FAILURE)
+    if getattr(sys.unraisablehook, "drops_closed_loop", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(report):
+        if not (isinstance(report.exc_value, RuntimeError) and str(report.exc_value) == "Event loop is closed"):
+            previous(report)
+
+    hook.drops_closed_loop = True
+    sys.unraisablehook = hook
 
 
 def out_of_space(error: OSError) -> str | None:
