@@ -82,10 +82,10 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import yaml
 
 from benchmarks.common import RESULTS, enable_compilation_cache, write_result
 from rlhf_jax.config import ExperimentConfig, flat_keys, load_config, to_dict
+from rlhf_jax.config_base import read_yaml
 from rlhf_jax.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ MIN_POINTS = 10  # a run with fewer chunks gets smaller ones, so that every curv
 
 def read_ablations(path: str | Path = ABLATIONS_FILE) -> dict[str, list[str]]:
     """Section 3.3's ablations from ``configs/paper/ablations.yaml``: name -> overrides, in order."""
-    data = yaml.safe_load(Path(path).read_text())
+    data = read_yaml(path)
     if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
         raise ConfigError(f"{path}: expected a mapping of ablation names to lists of key=value overrides")
     return {str(name): [str(item) for item in overrides] for name, overrides in data.items()}

@@ -93,8 +93,9 @@ class Checkpoints:
         except OSError as error:  # it makes the folder: a read-only run directory, say
             raise RunError(f"cannot write checkpoints in {self.directory}: {error}") from None
 
-    def save(self, chunk: int, state) -> None:
-        """Write the state after ``chunk``; a write that fails (disk full, quota, permissions)
+    def save(self, chunk: int, state, notes: dict | None = None) -> None:
+        """Write the state after ``chunk``, with ``notes`` (plain JSON: what the run must know
+        on a restore besides the state, read back by :meth:`notes`); a write that fails (disk full, quota, permissions)
         stops the run with a :class:`RunError` that says which checkpoint is still intact."""
         try:
             self._set_aside_damaged()
@@ -103,6 +104,8 @@ class Checkpoints:
             metadata = {"checksums": checksums(state)}
             if self.config is not None:
                 metadata["config"] = self.config
+            if notes:
+                metadata["notes"] = notes
             with _save_failure_noise_held():
                 self._manager.save(chunk, args=ocp.args.StandardSave(state), custom_metadata=metadata)
                 self._manager.wait_until_finished()
@@ -160,6 +163,10 @@ class Checkpoints:
     def saved_config(self, chunk: int) -> dict | None:
         """The config checkpoint ``chunk`` was written with (``None``: not recorded, or unreadable)."""
         return self._custom_metadata(chunk).get("config")
+
+    def notes(self, chunk: int) -> dict:
+        """The ``notes`` checkpoint ``chunk`` was saved with (``{}``: none)."""
+        return self._custom_metadata(chunk).get("notes", {})
 
     def _custom_metadata(self, chunk: int) -> dict:
         try:

@@ -249,11 +249,17 @@ class _Loader(yaml.SafeLoader):
         return node
 
 
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, reading numbers as :class:`_Loader` does, so that it quotes a
+    string such as ``"1e5"`` that the loader would read back as a number."""
+
+
 # YAML 1.2's floats: a dot or an exponent, so 3e-4 and 1e9 are numbers (PyYAML's 1.1 regexp
 # wants a dot); plain integers still resolve to int, whose resolver PyYAML tries first.
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$"),
-    list("-+.0123456789"))
+for _yaml_class in (_Loader, _Dumper):
+    _yaml_class.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$"),
+        list("-+.0123456789"))
 
 
 def _expanded_size(node, sizes: dict) -> int:
@@ -269,6 +275,11 @@ def _expanded_size(node, sizes: dict) -> int:
 def parse_yaml(text: str):
     """The one YAML loader of configs and ``key=value`` overrides (module docstring)."""
     return yaml.load(text, Loader=_Loader)
+
+
+def dump_yaml(data, **options) -> str:
+    """YAML text that :func:`parse_yaml` reads back as ``data`` (keys in their order)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, **options)
 
 
 def _one_line(error: yaml.YAMLError) -> str:

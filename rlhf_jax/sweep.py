@@ -45,13 +45,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import yaml
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
-from rlhf_jax.config_base import is_in_state
+from rlhf_jax.config_base import dump_yaml, is_in_state, parse_yaml
 from rlhf_jax.errors import ConfigError, RunError
 
 SWEEP_FILE = "sweep.yaml"
@@ -66,7 +65,7 @@ class Member:
     values: tuple[tuple[str, object], ...]
 
     def overrides(self) -> list[str]:
-        return [f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+        return [f"{key}={dump_yaml(value, default_flow_style=True).strip().removesuffix('...').strip()}"
                 for key, value in self.values] + [f"seed={self.seed}"]
 
     def label(self) -> str:
@@ -84,7 +83,7 @@ def split_sweep_words(words: list[str]) -> tuple[str | None, list[str], dict[str
         if "," in text:
             if key in swept:
                 raise ConfigError(f"{key} is swept twice")
-            swept[key] = [yaml.safe_load(part) for part in text.split(",")]
+            swept[key] = [parse_yaml(part) for part in text.split(",")]
         else:
             overrides.append(word)
     if "seed" in swept:
@@ -231,8 +230,7 @@ class Sweep:
             if (directory / SWEEP_FILE).exists():
                 raise ConfigError(f"{directory} already holds a sweep; resume it with --resume {directory}")
             directory.mkdir(parents=True, exist_ok=True)
-            (directory / SWEEP_FILE).write_text(yaml.safe_dump(
-                {"base": base, "swept": swept, "seeds": seeds}, sort_keys=False))
+            (directory / SWEEP_FILE).write_text(dump_yaml({"base": base, "swept": swept, "seeds": seeds}))
         return sweep
 
     @classmethod

@@ -29,14 +29,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import yaml
 
 from rlhf_jax.agents import get_agent
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.checkpoints import (Checkpoints, config_diff, editable_on_resume, out_of_space, stop_on_write_failure,
                                   write_atomically)
 from rlhf_jax.config import ExperimentConfig, RunConfig, build, to_dict
-from rlhf_jax.config_base import CONFIG_FILE, is_in_state, read_run_config
+from rlhf_jax.config_base import CONFIG_FILE, dump_yaml, is_in_state, read_run_config
 from rlhf_jax.envs import ATARI_NAMES, EnvConfig, make
 from rlhf_jax.errors import ConfigError, Interrupted, RunError
 from rlhf_jax.evaluation import evaluate
@@ -60,7 +59,7 @@ def new_run_dir(config: ExperimentConfig) -> Path:
     created = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        text = yaml.safe_dump(to_dict(config), sort_keys=False)
+        text = dump_yaml(to_dict(config))
         write_atomically(path / CONFIG_FILE, lambda temporary: temporary.write_text(text))
     except OSError as error:
         if created and path.is_dir() and not any(path.iterdir()):
@@ -171,9 +170,9 @@ class AgentRun:
     def restore_latest(self, run_dir: Path):
         return restore_latest(self, run_dir)
 
-    def prepare(self, runner, first_chunk: int, stopped=lambda: False):
-        """Anything a run does once before its first chunk (fresh or resumed), unless
-        ``stopped()``: nothing here."""
+    def prepare(self, runner, first_chunk: int, stopped=lambda: False, notes: dict | None = None):
+        """Anything a run does once before its first chunk (fresh, or resumed from a
+        checkpoint saved with ``notes``), unless ``stopped()``: nothing here."""
         return runner
 
     def finish(self, stopped=lambda: False) -> bool:
@@ -186,8 +185,12 @@ class AgentRun:
         a path prefix, as ``jax.tree_util.keystr`` writes paths (``""``: the whole state)."""
         return {self.config.agent: ""}
 
-    def checkpoint_saved(self, chunk: int) -> None:
-        """Called once the state after ``chunk`` is safely on disk: nothing to tell here."""
+    def checkpoint_notes(self) -> dict:
+        """What a checkpoint records besides the state, for :meth:`prepare` on a resume: nothing here."""
+        return {}
+
+    def checkpoint_saved(self) -> None:
+        """Called once the state is safely on disk: nothing to tell here."""
 
     def unmeasured(self, row: dict) -> set[str]:
         """The losses in a chunk's ``row`` that a NaN leaves unmeasured rather than diverged: none here."""
@@ -283,17 +286,18 @@ class LearnedRewardTraining(AgentRun):
             return self._fit_and_refresh_from_python(state, steps)
         return self._fit_and_refresh(state, steps)
 
-    def prepare(self, state: LoopState, first_chunk: int, stopped=lambda: False) -> LoopState:
-        """Before the first chunk a run (fresh or resumed) drives: with people, take back the
-        queries the label store still holds; before RL, put the initial queries to them,
+    def prepare(self, state: LoopState, first_chunk: int, stopped=lambda: False, notes: dict | None = None) -> LoopState:
+        """Before the first chunk a run (fresh, or resumed from a checkpoint saved with
+        ``notes``) drives: with people, take back the queries whose answers the state does
+        not hold; before RL, put the initial queries to them,
         wait for their answers (``people.wait_for_initial_labels``, until ``stopped()``) and
         pretrain on them."""
         if self.people is None:
             return state
-        state = self.people.restore(state)
+        state = self.people.restore(state, (notes or {}).get("answers_in_state"))
         if first_chunk > 0:
             return state
-        state = self.people.exchange(state, max(0, self.learner.budget.initial - int(state.asked)), -1)
+        state = self.people.exchange(state, max(0, self.learner.budget.initial - int(state.asked)))
         if self.config.people.wait_for_initial_labels:
             state = self.people.wait_for_answers(state, stopped)
         if stopped():  # the run stops before its first chunk: nothing to pretrain for
@@ -312,7 +316,7 @@ class LearnedRewardTraining(AgentRun):
         state, metrics = self._collect(state, length)
         wanted = max(0, self.rlhf.due_after(chunk) - int(state.asked))
         if self.people is not None:
-            state = self.people.exchange(state, wanted, chunk)
+            state = self.people.exchange(state, wanted)
             state, learned = self.fit_and_refresh(state, self.rlhf.fit_steps)
         elif self.fit_from_python:
             state = self._ask(state, jnp.int32(wanted), self.rlhf.max_queries)
@@ -331,10 +335,15 @@ class LearnedRewardTraining(AgentRun):
         state, metrics, learned = self.rlhf.chunk(state, length, wanted)
         return state, {**metrics, **{k: jnp.full(length, v) for k, v in learned.items()}}
 
-    def checkpoint_saved(self, chunk: int) -> None:
-        """The answers people gave up to ``chunk`` are in the checkpoint just saved."""
+    def checkpoint_notes(self) -> dict:
+        """With people: the ids of the answers the state holds (a restore tells the label
+        store, even if the run died before :meth:`checkpoint_saved` could)."""
+        return {} if self.people is None else {"answers_in_state": self.people.host.in_state()}
+
+    def checkpoint_saved(self) -> None:
+        """With people: the answers in the state just saved need never be delivered again."""
         if self.people is not None:
-            self.people.host.checkpoint_saved(chunk)
+            self.people.host.checkpoint_saved()
 
     def unmeasured(self, row: dict) -> set[str]:
         return self.learner.unmeasured(row)
@@ -361,13 +370,13 @@ class PeopleSeam:
         self._propose = jax.jit(loop.propose, static_argnums=1, donate_argnums=0)
         self._store = jax.jit(loop.store, donate_argnums=0)
 
-    def restore(self, state: LoopState) -> LoopState:
-        """After a restart: the queries the labeler still holds count as asked."""
-        return state._replace(asked=jnp.int32(self.host.restore(int(state.asked))))
+    def restore(self, state: LoopState, in_state: list[int] | None) -> LoopState:
+        """After a restart from a state holding the answers ``in_state`` (``None``: not
+        recorded): the queries the labeler still holds count as asked."""
+        return state._replace(asked=jnp.int32(self.host.restore(int(state.asked), in_state)))
 
-    def exchange(self, state: LoopState, wanted: int, chunk: int) -> LoopState:
-        """Ask people ``wanted`` more queries and store whatever answers arrived
-        (during ``chunk``; -1: before RL)."""
+    def exchange(self, state: LoopState, wanted: int) -> LoopState:
+        """Ask people ``wanted`` more queries and store whatever answers arrived."""
         while wanted > 0:  # at most `size` queries per proposal
             state, queries = self._propose(state, self.size)
             queries = jax.device_get(queries)
@@ -377,7 +386,7 @@ class PeopleSeam:
             self.host.ask(asked)
             state = state._replace(asked=state.asked + len(asked))
             wanted -= len(asked)
-        arrived = self.host.arrived(chunk)
+        arrived = self.host.arrived()
         for start in range(0, len(arrived), self.size):
             batch, answers = zip(*arrived[start:start + self.size])
             padding = self.size - len(batch)
@@ -388,7 +397,7 @@ class PeopleSeam:
 
     def wait_for_answers(self, state: LoopState, stopped=lambda: False) -> LoopState:
         """The paper's start: RL begins once every initial query has its answer."""
-        return wait_for_answers(self.host, state, lambda s: self.exchange(s, 0, -1), stopped=stopped)
+        return wait_for_answers(self.host, state, lambda s: self.exchange(s, 0), stopped=stopped)
 
     def finish(self, stopped) -> bool:
         """The end of a run: wait until every query asked has reached people (or ``stopped()``);
@@ -613,7 +622,7 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
                 runner = training.reset_env(runner, jax.random.PRNGKey(config.seed))
             log.truncate_after(int(runner.env_steps))
         print(f"run directory: {run_dir}", flush=True)
-        runner = training.prepare(runner, first_chunk, stop.requested)
+        runner = training.prepare(runner, first_chunk, stop.requested, checkpoints.notes(first_chunk - 1) if resume else None)
 
         from tqdm import tqdm
 
@@ -642,8 +651,8 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
                 bar.set_postfix(shown)
                 if schedule.due(chunk) or stop.requested():
                     started = schedule.clock()
-                    checkpoints.save(chunk, runner)
-                    training.checkpoint_saved(chunk)
+                    checkpoints.save(chunk, runner, training.checkpoint_notes())
+                    training.checkpoint_saved()
                     schedule.saved(started)
                     saved_chunk = chunk
             if stop.requested():

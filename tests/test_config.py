@@ -4,6 +4,7 @@ import dataclasses
 import pytest
 
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, load_config, to_dict
+from rlhf_jax.config_base import dump_yaml, parse_yaml
 from rlhf_jax.errors import ConfigError
 
 
@@ -21,6 +22,13 @@ def test_yaml_and_overrides(tmp_path):
 def test_round_trip_through_a_dict():
     config = load_config(ExperimentConfig, None, ["env.id=envpool/Pong-v5", "env.hide_score=true"])
     assert build(ExperimentConfig, to_dict(config)) == config
+
+
+def test_config_yaml_reads_back_what_was_written():
+    """A name such as 1e5 was written unquoted and read back as the number 100000.0."""
+    config = load_config(ExperimentConfig, None, ["name='1e5'", "a2c.learning_rate=3e-4"])
+    assert config.name == "1e5"
+    assert build(ExperimentConfig, parse_yaml(dump_yaml(to_dict(config)))) == config
 
 
 def test_an_int_is_accepted_for_a_float():

@@ -130,6 +130,15 @@ def test_answers_reach_training_once_and_again_after_a_restart_until_a_checkpoin
     assert sorted(a.id for a in restarted.answers()) == [1, 3]  # delivered again; 0 is in the checkpoint
     assert rows(run_dir, "SELECT query_id, in_checkpoint FROM answers ORDER BY query_id") == [(0, 1), (1, 0), (3, 0)]
 
+    # Killed after saving a checkpoint that holds 0 and 3, before telling the store: the
+    # checkpoint's own record wins; killed again, a restore from an older one (only 3) undoes 0.
+    again = PeopleLabeler(run_dir, fake_render, fps=50.0)
+    assert [q.id for q in again.restore([0, 3])[0]] == [1, 2]
+    assert sorted(a.id for a in again.answers()) == [1]
+    older = PeopleLabeler(run_dir, fake_render, fps=50.0)
+    assert [q.id for q in older.restore([3])[0]] == [0, 1, 2]
+    assert sorted(a.id for a in older.answers()) == [0, 1]
+
 
 def test_an_episode_to_annotate_lasts_long_enough_to_mark_and_a_pair_plays_in_real_time(tmp_path):
     """50 CartPole steps at the environment's 50 fps made a 1 s clip, over before anyone could

@@ -208,7 +208,7 @@ def test_people_mark_episodes_at_their_own_pace():
     for chunk in range(training.num_chunks):
         state, metrics = training.run_chunk(state, chunk)
     time.sleep(0.3)
-    state = training.people.exchange(state, 0, training.num_chunks)
+    state = training.people.exchange(state, 0)
     assert int(state.asked) == 40 and not training.people.host.pending
     assert int(annotated(state).count) == 40 - 40 // 5  # every 5th came back unmarked
     marks = np.asarray(annotated(state).marks[:int(annotated(state).count)])

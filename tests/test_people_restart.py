@@ -168,10 +168,12 @@ def test_sigterm_stops_a_people_run_cleanly(tmp_path):
     assert "Traceback" not in text
 
 
-def test_a_checkpoint_marks_only_the_answers_that_arrived_before_it():
+def test_a_checkpoint_names_the_answers_its_state_holds_and_a_restore_tells_the_labeler():
+    """A run killed after writing checkpoint 0 but before telling the store was given the
+    answers in it again on its resume, and trained on them twice (10 labels from 7 answers)."""
     class Recorder:
         def __init__(self):
-            self.ready, self.saved = [], []
+            self.ready, self.saved, self.restored = [], [], []
 
         def ask(self, queries):
             pass
@@ -181,27 +183,35 @@ def test_a_checkpoint_marks_only_the_answers_that_arrived_before_it():
             return ready
 
         def checkpoint_saved(self, ids):
-            self.saved.append(sorted(ids))
+            self.saved.append(ids)
+
+        def restore(self, in_checkpoint):
+            self.restored.append(in_checkpoint)
+            return [], 0
 
     recorder = Recorder()
     host = HostLabels(recorder)
     empty = np.zeros((2, 3, 1), np.float32)
     host.ask([Query(i, "compare", empty, empty, empty) for i in range(4)])
-    recorder.ready = [Answer(0, 1.0), Answer(1, 0.0), Answer(9, 1.0)]  # 9 was never asked: ignored
-    assert [q.id for q, _ in host.arrived(chunk=3)] == [0, 1]
+    recorder.ready = [Answer(1, 0.0), Answer(0, 1.0), Answer(9, 1.0)]  # 9 was never asked: ignored
+    assert [q.id for q, _ in host.arrived()] == [1, 0]
+    assert host.in_state() == [0, 1]
+    host.checkpoint_saved()
     recorder.ready = [Answer(2, 0.5)]
-    host.arrived(chunk=5)
-    host.checkpoint_saved(4)  # the state after chunk 4 holds answers 0 and 1, not 2
-    host.checkpoint_saved(5)
-    assert recorder.saved == [[0, 1], [2]]
-    assert set(host.pending) == {3}
+    host.arrived()
+    host.checkpoint_saved()
+    assert recorder.saved == [[0, 1], [0, 1, 2]] and set(host.pending) == {3}
+
+    restarted = HostLabels(recorder)
+    restarted.restore(4, [0, 1])  # the checkpoint restored holds answers 0 and 1
+    assert recorder.restored == [[0, 1]] and restarted.in_state() == [0, 1]
 
 
 @pytest.mark.parametrize("asked, next_id, expected", [(5, 8, 8), (9, 8, 9)])
 def test_a_restored_run_numbers_queries_after_every_query_the_store_holds(asked, next_id, expected):
     class Durable:
-        def restore(self):
+        def restore(self, in_checkpoint):
             return [Query(7, "compare", None, None, None)], next_id
 
     host = HostLabels(Durable())
-    assert host.restore(asked) == expected and set(host.pending) == {7}
+    assert host.restore(asked, None) == expected and set(host.pending) == {7}

@@ -134,7 +134,7 @@ def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
     for chunk in range(1, training.num_chunks):
         state, metrics = training.run_chunk(state, chunk)
     time.sleep(1.0)
-    state = training.people.exchange(state, 0, training.num_chunks)
+    state = training.people.exchange(state, 0)
     assert int(state.asked) == 40 and not training.people.host.pending  # the whole budget, all answered
     stored = int(state.learner.labels.count)
     assert stored == 40 - 40 // 3  # every third answer was "can't tell"

@@ -86,10 +86,11 @@ def four_device_sweep(tmp_path_factory) -> Path:
 
 # ------------------------------------------------------------------ the grid
 def test_words_split_into_config_overrides_and_swept_values():
-    config, overrides, swept = split_sweep_words(["x.yaml", "env.num_envs=8", "a2c.learning_rate=0.1,0.01",
+    config, overrides, swept = split_sweep_words(["x.yaml", "env.num_envs=8", "a2c.learning_rate=0.1,0.01,3e-4",
                                                   "preferences.selection=random,disagreement"])
     assert config == "x.yaml" and overrides == ["env.num_envs=8"]
-    assert swept == {"a2c.learning_rate": [0.1, 0.01], "preferences.selection": ["random", "disagreement"]}
+    # 3e-4 is a number, as in a config file (PyYAML's own loader reads the string "3e-4")
+    assert swept == {"a2c.learning_rate": [0.1, 0.01, 3e-4], "preferences.selection": ["random", "disagreement"]}
     with pytest.raises(ConfigError, match="--seeds"):
         split_sweep_words(["seed=0,1"])
     with pytest.raises(ConfigError, match="key=value"):

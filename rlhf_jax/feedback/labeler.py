@@ -8,9 +8,9 @@ whatever people have answered since (the web app, ``rlhf-jax label RUN_DIR``, wr
 
 Nothing answered is lost when either side restarts. An answer stays "not in a
 checkpoint" until training has saved a checkpoint whose labels hold it
-(:meth:`checkpoint_saved`); a restarted training run restores its newest checkpoint and
-gets every later answer delivered again (:meth:`restore`), and the web app keeps no
-state of its own beyond the store.
+(:meth:`checkpoint_saved`); a restarted training run restores a checkpoint, which names the
+answers it holds, and gets every other answer delivered again (:meth:`restore`), and the
+web app keeps no state of its own beyond the store.
 
 Nor is a query lost. :meth:`ask` saves each query's arrays before it returns, so a checkpoint
 that counts a query as asked never outlives its arrays; the renderer publishes queries in the
@@ -103,14 +103,17 @@ class PeopleLabeler:
 
     # --------------------------------------------------------- surviving restarts
     def checkpoint_saved(self, query_ids) -> None:
-        """Training saved a checkpoint holding the answers to ``query_ids``."""
-        self.store.mark_in_checkpoint(query_ids)
+        """Training saved a checkpoint holding exactly the answers to ``query_ids``."""
+        self.store.set_in_checkpoint(query_ids)
         self._delivered.difference_update(query_ids)
 
-    def restore(self) -> tuple[list[Query], int]:
-        """After a restart: the queries whose labels no checkpoint holds (their answers, if
-        any, will be delivered again), and the next free query id. Queries asked but never
-        rendered (saved beyond the store's newest) are queued for rendering again."""
+    def restore(self, in_checkpoint=None) -> tuple[list[Query], int]:
+        """After a restart from a checkpoint holding exactly the answers to ``in_checkpoint``
+        (``None``: as the store last heard): the queries whose labels it does not hold (their
+        answers, if any, will be delivered again), and the next free query id. Queries asked
+        but never rendered (saved beyond the store's newest) are queued for rendering again."""
+        if in_checkpoint is not None:
+            self.store.set_in_checkpoint(in_checkpoint)
         in_store = [self._load(row) for row in self.store.queries_not_in_checkpoint()]
         newest = self.store.last_query_id()
         saved = (re.fullmatch(r"q(\d+)\.npz", path.name) for path in (self.run_dir / QUERIES_DIR).iterdir())

@@ -211,11 +211,15 @@ class LabelStore:
         return [QueryRow(i, kind, json.loads(clips), segments, frames, fps)
                 for i, kind, clips, segments, frames, fps in rows]
 
-    def mark_in_checkpoint(self, query_ids) -> None:
-        """Training saved a checkpoint holding these answers: they need never be delivered again."""
+    def set_in_checkpoint(self, query_ids) -> None:
+        """Training's checkpoint holds exactly these answers: they need never be delivered
+        again, and every other answer must be (a restore may go back to an older checkpoint)."""
         ids = [(int(i),) for i in query_ids]
         with self._connect() as db:
-            db.executemany("UPDATE answers SET in_checkpoint = 1 WHERE query_id = ?", ids)
+            db.execute("CREATE TEMP TABLE IF NOT EXISTS saved (query_id INTEGER PRIMARY KEY)")
+            db.execute("DELETE FROM saved")
+            db.executemany("INSERT OR IGNORE INTO saved VALUES (?)", ids)
+            db.execute("UPDATE answers SET in_checkpoint = (query_id IN (SELECT query_id FROM saved))")
 
     def last_query_id(self) -> int:
         """The highest query id ever stored (-1 for none): a resumed run numbers on from here."""

@@ -44,12 +44,14 @@ class AsyncLabeler(Protocol):
         """The answers that arrived since the last call (possibly none); must return at once."""
 
     def checkpoint_saved(self, query_ids: list[int]) -> None:
-        """The answers to ``query_ids`` are in a saved checkpoint: a labeler that keeps answers
-        on disk (:class:`rlhf_jax.feedback.labeler.PeopleLabeler`) need not deliver them again."""
+        """The newest saved checkpoint holds exactly the answers to ``query_ids``: a labeler
+        that keeps answers on disk (:class:`rlhf_jax.feedback.labeler.PeopleLabeler`) need
+        not deliver them again."""
 
-    def restore(self) -> tuple[list[Query], int]:
-        """After a restart: the queries still waiting for an answer, and the next query id
-        (``([], 0)`` for a labeler that keeps nothing)."""
+    def restore(self, in_checkpoint: list[int] | None) -> tuple[list[Query], int]:
+        """After a restart from a checkpoint holding exactly the answers to ``in_checkpoint``
+        (``None``: not recorded): the queries still waiting for an answer, and the next
+        query id (``([], 0)`` for a labeler that keeps nothing)."""
 
     def where(self) -> str:
         """Where a person answers, for the messages a waiting run prints."""
@@ -62,34 +64,43 @@ class AsyncLabeler(Protocol):
 class HostLabels:
     """A loop's bookkeeping of the queries it has put to a host labeler.
 
-    It pairs each answer with its query, and remembers in which chunk each answer reached
-    the loop, so that :meth:`checkpoint_saved` can tell a durable labeler which answers a
-    saved checkpoint now holds."""
+    It pairs each answer with its query, and keeps the ids of the answers the loop's state
+    holds, which a checkpoint records (:meth:`in_state`): a restart then tells a durable
+    labeler exactly which answers the restored state holds, even if the run was killed
+    between writing a checkpoint and telling the labeler about it."""
 
     def __init__(self, labeler: AsyncLabeler):
         self.labeler = labeler
         self.pending: dict[int, Query] = {}  # asked, not yet answered
-        self._arrived_in_chunk: dict[int, list[int]] = {}
+        self._in_state: set[int] = set()  # answered, and handed to the loop
 
     def ask(self, queries: list[Query]) -> None:
         self.labeler.ask(queries)
         self.pending.update((q.id, q) for q in queries)
 
-    def arrived(self, chunk: int) -> list[tuple[Query, Answer]]:
-        """The answers that came in since the last call, each with its query."""
+    def arrived(self) -> list[tuple[Query, Answer]]:
+        """The answers that came in since the last call, each with its query (the loop stores
+        them in its state at once)."""
         arrived = [a for a in self.labeler.answers() if a.id in self.pending]
-        self._arrived_in_chunk.setdefault(chunk, []).extend(a.id for a in arrived)
+        self._in_state.update(a.id for a in arrived)
         return [(self.pending.pop(a.id), a) for a in arrived]
 
-    def checkpoint_saved(self, chunk: int) -> None:
-        """The state after ``chunk`` is saved: the answers that arrived up to then are in it."""
-        saved = [c for c in self._arrived_in_chunk if c <= chunk]
-        self.labeler.checkpoint_saved([i for c in saved for i in self._arrived_in_chunk.pop(c)])
+    def in_state(self) -> list[int]:
+        """The ids of every answer the loop's state holds."""
+        return sorted(self._in_state)
 
-    def restore(self, asked: int) -> int:
-        """After a restart: take back the queries the labeler still holds; returns how many
-        queries have been asked in all (at least ``asked``, the restored checkpoint's count)."""
-        queries, next_id = self.labeler.restore()
+    def checkpoint_saved(self) -> None:
+        """The state is saved: the labeler need never deliver the answers it holds again."""
+        self.labeler.checkpoint_saved(self.in_state())
+
+    def restore(self, asked: int, in_state: list[int] | None) -> int:
+        """After a restart from a checkpoint whose state holds the answers ``in_state`` (``None``:
+        not recorded; the labeler's own record stands): take back the queries the labeler still
+        holds; returns how many queries have been asked in all (at least ``asked``, the
+        restored checkpoint's count)."""
+        if in_state is not None:
+            self._in_state = set(in_state)
+        queries, next_id = self.labeler.restore(in_state)
         self.pending.update((q.id, q) for q in queries)
         return max(asked, next_id)
 
@@ -130,7 +141,7 @@ class SimulatedPerson:
     def checkpoint_saved(self, query_ids: list[int]) -> None:
         """Nothing kept on disk: nothing to forget."""
 
-    def restore(self) -> tuple[list[Query], int]:
+    def restore(self, in_checkpoint: list[int] | None) -> tuple[list[Query], int]:
         return [], 0
 
     def where(self) -> str:
