@@ -188,3 +188,24 @@ def test_reproduce_records_each_run_and_skips_finished_ones(tmp_path):
     assert result["cartpole"]["target"]["final_return"] == 30.0 and result["cartpole"]["target"]["seeds"] == 2
     reproduce.plot(reproduce.load_ledger(ledger_path), figure, ["cartpole"], tmp_path / "fig.png", quick=True)
     assert (tmp_path / "fig.png").stat().st_size > 0
+
+
+# Appendix A.1: "trajectory segments that last 1.5 seconds, which varies from 15 to 60 timesteps
+# depending on the task": 1.5 s at each task's clip frame rate (rlhf_jax.envs.core.MUJOCO_SEGMENT_FPS:
+# Reacher and the pendulums 10 fps, HalfCheetah and Ant 20, Walker2d 30, Hopper and Swimmer 40).
+# At the simulation's own rate Hopper's clips would be 188 steps (8 ms a step) and Reacher's 75,
+# more than its 50-step episode.
+PAPER_SEGMENT_STEPS = {"reacher": 15, "halfcheetah": 30, "hopper": 60, "walker2d": 45, "swimmer": 60,
+                       "ant": 30, "invertedpendulum": 15, "inverteddoublependulum": 15}
+
+
+@pytest.mark.parametrize("backend", ["envpool", "mjx"])
+@pytest.mark.parametrize("task", MUJOCO)
+def test_mujoco_segments_are_the_papers_15_to_60_steps(task, backend):
+    from rlhf_jax.envs import make
+
+    config = load(PAPER / f"mujoco/{task}.yaml", [f"env.id={backend}/{MUJOCO[task]}-v5", "env.num_envs=1"])
+    spec = make(config.env).spec
+    assert resolve(config.preferences, spec).segment_length == PAPER_SEGMENT_STEPS[task]
+    simulated = dataclasses.replace(spec, segment_fps=0.0, max_episode_steps=1000)  # 1.5 s of simulated time
+    assert resolve(config.preferences, simulated).segment_length == round(1.5 * spec.fps)

@@ -118,9 +118,24 @@ class EnvSpec:
     observation_dtype: str
     action_space: ActionSpace
     # Simulated frames per second of real time: turns "1.5 s segments" into steps
-    # and sets the frame rate of clips shown to people.
+    # (unless segment_fps says otherwise) and sets the frame rate of clips shown to people.
     fps: float
     max_episode_steps: int
+    # The frame rate the paper counted a task's "1.5 s" segments at, where it is not ``fps``
+    # (0: ``fps``): the MuJoCo tasks, :data:`MUJOCO_SEGMENT_FPS`.
+    segment_fps: float = 0.0
+
+
+# Appendix A.1: "We compare trajectory segments that last 1.5 seconds, which varies from 15 to
+# 60 timesteps depending on the task." Seconds of the clips as they were shown, not of simulated
+# time: 1.5 s of Hopper's simulated time (8 ms a step) is 188 steps, of Reacher's (20 ms) 75,
+# more than its 50-step episode. These are the frame rates of the clips in the public reference
+# implementation (github.com/nottombrown/rl-teacher, rl_teacher/envs.py), which give exactly
+# the paper's range: 15 steps (Reacher, the pendulums) to 60 (Hopper, Swimmer).
+MUJOCO_SEGMENT_FPS = {
+    "Reacher-v5": 10.0, "HalfCheetah-v5": 20.0, "Hopper-v5": 40.0, "Walker2d-v5": 30.0,
+    "Swimmer-v5": 40.0, "Ant-v5": 20.0, "InvertedPendulum-v5": 10.0, "InvertedDoublePendulum-v5": 10.0,
+}
 
 
 class EnvState(NamedTuple):

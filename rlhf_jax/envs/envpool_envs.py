@@ -36,7 +36,7 @@ from jax.custom_batching import custom_vmap
 from jax.experimental import io_callback
 
 from rlhf_jax.envs.atari_masks import hide_score
-from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
+from rlhf_jax.envs.core import MUJOCO_SEGMENT_FPS, Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 from rlhf_jax.errors import ConfigError
 
@@ -262,6 +262,7 @@ class MujocoPoolEnv(EnvPoolEnv):
             action_space=Box(float(np.min(space.low)), float(np.max(space.high)), tuple(space.shape)),
             fps=1.0 / (float(defaults.frame_skip) * _timestep(name)),
             max_episode_steps=int(pool.config.max_episode_steps),
+            segment_fps=MUJOCO_SEGMENT_FPS.get(name, 0.0),
         )
         super().__init__(config, spec, members, **options)
         n = config.num_envs * members

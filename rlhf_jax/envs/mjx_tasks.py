@@ -76,7 +76,7 @@ import numpy as np
 with contextlib.redirect_stdout(io.StringIO()):
     from mujoco import mjx
 
-from rlhf_jax.envs.core import Box, EnvSpec, EnvState, Environment, TimeStep, first_timestep
+from rlhf_jax.envs.core import MUJOCO_SEGMENT_FPS, Box, EnvSpec, EnvState, Environment, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 
 logger = logging.getLogger(__name__)
@@ -507,6 +507,7 @@ class MjxEnv(Environment):
             action_space=Box(self.ctrl_low, self.ctrl_high, (self.mj_model.nu,)),
             fps=1.0 / self.task.dt,
             max_episode_steps=self.max_episode_steps,
+            segment_fps=MUJOCO_SEGMENT_FPS[task.name],
         )
 
     def _index_joints(self):

@@ -36,7 +36,8 @@ class PreferenceConfig:
     # 2e6 (MuJoCo), 1.25e6 on Atari (the paper's 5e6 frames at a frame skip of 4).
     label_decay_steps: int = non_negative(0, INT32_MAX)
     online: bool = True  # false: the "no online queries" ablation, all labels up front
-    # Steps per segment: 25 on Atari (1.7 s at 15 fps), 1.5 s of simulated time elsewhere.
+    # Steps per segment: 25 on Atari (1.7 s at 15 fps), 1.5 s elsewhere: on MuJoCo at the paper's
+    # clip frame rates (EnvSpec.segment_fps; 15 to 60 steps), else of simulated time.
     segment_length: int = non_negative(0, 1_000)
     segment_capacity: int = in_range(1_000, 2, 100_000)  # recent segments that candidate pairs are drawn from
     label_capacity: int = non_negative(0, 1_000_000)  # the newest labels kept: 3,000 on Atari, all of them elsewhere
@@ -73,7 +74,7 @@ def resolve(config: PreferenceConfig, spec: EnvSpec) -> ResolvedPreferences:
         initial = config.initial_labels
     else:
         initial = initial_labels(config.labels, atari)
-    length = config.segment_length or (25 if atari else max(1, round(1.5 * spec.fps)))
+    length = config.segment_length or (25 if atari else max(1, round(1.5 * (spec.segment_fps or spec.fps))))
     check_fits_episode("preferences.segment_length", length, spec)
     return ResolvedPreferences(
         labels=config.labels,
