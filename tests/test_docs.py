@@ -59,3 +59,19 @@ def test_docs_build_fails_on_a_broken_link(tmp_path):
     result = build(copy, tmp_path / "site")
     assert result.returncode != 0
     assert "no-such-page.md" in result.stderr
+
+
+def test_readme_is_short_and_its_links_resolve():
+    """The README stays a front page (at most 200 lines) whose relative links all exist in the
+    repository; the manual and the notes live in docs/."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    for link in links:
+        if link.startswith(("http://", "https://")):
+            continue
+        target = (ROOT / link.split("#")[0]).resolve()
+        assert target.is_relative_to(ROOT) and target.exists(), link
