@@ -1,0 +1,44 @@
+"""Every script in examples/ runs, at a tiny budget, and does what its docstring says.
+
+The examples import only names exported in ``__all__`` of the package's ``__init__`` files.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.py")), ids=lambda p: p.name)
+def test_examples_use_only_public_names(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rlhf_jax"):
+            public = importlib.import_module(node.module).__all__
+            for alias in node.names:
+                assert alias.name in public, f"{path.name}: {node.module}.{alias.name} is not in __all__"
+
+
+def test_ibt_on_your_episodes(capsys):
+    correlation = load("ibt_on_your_episodes").main(["--steps", "60", "--episodes", "16", "--length", "30"])
+    assert correlation > 0.5
+    assert "IBT loss" in capsys.readouterr().out
+
+
+def test_teachers_label_your_pairs(capsys):
+    agreement = load("teachers_label_your_pairs").main(["--pairs", "400", "--length", "10"])
+    assert agreement["perfect oracle (the paper's)"] == 1.0
+    assert 0.8 < agreement["10% mistakes"] < 0.97
+    assert agreement["Boltzmann, temperature 0.5"] < 1.0
+    assert "cross-entropy" in capsys.readouterr().out
