@@ -86,6 +86,8 @@ import numpy as np
 from benchmarks.common import RESULTS, enable_compilation_cache, write_result
 from rlhf_jax.config import ExperimentConfig, flat_keys, load_config, to_dict
 from rlhf_jax.config_base import read_yaml
+from rlhf_jax.envs import make
+from rlhf_jax.reward.config import resolve
 from rlhf_jax.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,10 +230,22 @@ def run_config(run: Run, steps: int, points: int, runs_dir: Path) -> ExperimentC
     elif total // chunk < MIN_POINTS:
         chunk = max(1, total // MIN_POINTS)
     overrides.append(f"run.chunk_env_steps={chunk}")
+    overrides += pinned_segment_length(config)
     config = load_config(ExperimentConfig, run.config_path, overrides)
     fingerprint = hashlib.sha1(json.dumps(to_dict(config), sort_keys=True).encode()).hexdigest()[:10]
     run_dir = runs_dir / run.task / slug(run.line) / f"seed{run.seed}-{fingerprint}"
     return dataclasses.replace(config, run=dataclasses.replace(config.run, dir=str(run_dir)))
+
+
+def pinned_segment_length(config: ExperimentConfig) -> list[str]:
+    """The clip length a preference run resolves to, as an override: so that a run's command
+    says it and its fingerprint covers it. The default rule changed once (MuJoCo clips were
+    1.5 s of simulated time, 188 steps on Hopper, before they were the paper's 15 to 60
+    steps), and a cell finished under the old rule was then taken for a finished one."""
+    if config.reward != "preferences" or config.preferences.segment_length:
+        return []
+    spec = make(dataclasses.replace(config.env, num_envs=1)).spec
+    return [f"preferences.segment_length={resolve(config.preferences, spec).segment_length}"]
 
 
 def fingerprint_of(config: ExperimentConfig) -> str:

@@ -24,6 +24,10 @@ def test_cells_run_rl_and_700_labels_first_on_envpool():
     assert config.env.hide_episode_end and not config.env.control_cost and config.preferences.labels == 700
     assert config.trpo.batch_size == 5_000 and config.trpo.entropy_coef == 0.01  # the paper's, as on MJX
     assert config.run.chunk_env_steps == 5_000 and config.run.checkpoint_every_updates == 1
+    # The clip length is pinned, so a change of the default rule makes a new cell (a cell
+    # with Hopper's 188-step clips was once taken for a finished one after the rule changed).
+    assert config.preferences.segment_length == 60
+    assert reproduce.cell_config(cells[2], 20_000, 4, Path("/tmp/unused")).preferences.segment_length == 0  # RL
 
 
 def fake_sweep(calls, interrupt_at=None):
