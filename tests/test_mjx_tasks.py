@@ -274,18 +274,17 @@ def test_control_cost_removed(hide_rollout, hopper_step):
     info = ts.info
     healthy = ~info["unhealthy"][:, 0]
     assert healthy[:3].all()
-    # While healthy the oracle's reward is the true v5 reward plus exactly the control cost.
+    # While healthy the oracle's reward is the task's true reward, neither paying the control cost.
     expected_cost = 1e-3 * np.sum(np.square(actions[:, 0]), axis=-1)
     np.testing.assert_allclose(info["ctrl_cost"][:, 0], expected_cost, rtol=1e-6)
-    np.testing.assert_allclose(ts.reward[healthy, 0], info["true_reward"][healthy, 0] + expected_cost[healthy],
-                               atol=1e-6)
+    np.testing.assert_allclose(ts.reward[healthy, 0], info["true_reward"][healthy, 0], atol=1e-6)
     # And the same step under the default options pays the cost.
     default_env, step = hopper_step
     n = default_env.num_envs
     _, default_ts = step(default_env.state_from_qpos_qvel(qpos[0], qvel[0]),
                          jnp.broadcast_to(jnp.asarray(actions[0, 0]), (n, 3)))
     np.testing.assert_allclose(default_ts.reward, ts.reward[0, 0] - expected_cost[0], atol=1e-5)
-    np.testing.assert_allclose(default_ts.info["true_reward"], info["true_reward"][0, 0], atol=1e-5)
+    np.testing.assert_allclose(default_ts.info["true_reward"], info["true_reward"][0, 0] - expected_cost[0], atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------

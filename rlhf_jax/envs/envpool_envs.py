@@ -228,14 +228,15 @@ class MujocoPoolEnv(EnvPoolEnv):
     Appendix A's modifications, as :mod:`rlhf_jax.envs.mjx_tasks` defines them:
 
     * ``control_cost=False``: "the OpenAI Gym continuous control tasks penalize large
-      torques ... so we removed them". The pool never computes the control cost; it is
-      ``ctrl_cost_weight * sum(action**2)`` of the (clipped) action, computed here and paid
-      in the true reward, and in the oracle's unless the option removes it.
+      torques ... so we removed them" (from the tasks: neither the oracle's reward nor the
+      true reward that scores a run pays them, as in the paper's curves). The pool never
+      computes the control cost; it is ``ctrl_cost_weight * sum(action**2)`` of the
+      (clipped) action, computed here and paid unless the option removes it.
     * ``hide_episode_end``: fixed-length episodes. The tasks that end when unhealthy run on
       (:data:`RUN_ON`); every step in an unhealthy state costs the oracle
       ``termination_penalty``, the healthy bonus is paid only while healthy, and the true
-      reward (Gymnasium's v5 reward) stops counting after the first unhealthy step, so the
-      true return is the unmodified episode's.
+      reward (the task's) stops counting after the first unhealthy step, so the true return
+      is the unmodified episode's.
 
     ``members`` runs of a sweep share one pool of ``members x num_envs`` copies
     (:func:`shared_by_members`); the pool is stepped through an ordered ``io_callback``
@@ -316,13 +317,13 @@ class MujocoPoolEnv(EnvPoolEnv):
         if self._run_on and self._run_on.bonus_always:
             reward = reward - self._healthy_reward * ~healthy  # v5 pays it only while healthy
         ctrl_cost = self._ctrl_cost_weight * jnp.sum(jnp.square(action), axis=-1)
-        v5_reward = jnp.where(reset_step, 0.0, reward - ctrl_cost)
-        oracle = v5_reward if self._config.control_cost else jnp.where(reset_step, 0.0, reward)
+        # The task's reward: Gymnasium's v5 reward, without its torque cost if the option removed it.
+        task_reward = jnp.where(reset_step, 0.0, reward - ctrl_cost * self._config.control_cost)
+        oracle = true_reward = task_reward
         failed = inner.failed
-        true_reward = v5_reward
         if self._run_on:
             oracle = oracle - self._config.termination_penalty * (~healthy & ~reset_step)
-            true_reward = jnp.where(failed, 0.0, v5_reward)  # the unmodified episode has ended
+            true_reward = jnp.where(failed, 0.0, task_reward)  # the unmodified episode has ended
             failed = (failed | ~healthy) & ~game_over & ~reset_step
         info = {"true_reward": true_reward, "true_done": game_over, "unhealthy": ~healthy & ~reset_step}
         timestep = TimeStep(obs, oracle, terminated, truncated & ~terminated, obs, reset_step, info)

@@ -16,8 +16,9 @@ How a step works (``MjxEnv._step``), for a batch of ``num_envs`` copies:
    (:class:`RewardTerms`), and whether the new state is healthy;
 3. combine the terms under the options of appendix A (``control_cost``,
    ``hide_episode_end``, ``termination_penalty``) into ``TimeStep.reward``,
-   ``TimeStep.terminated`` / ``truncated`` and the unmodified ``info["true_reward"]`` /
-   ``info["true_done"]``;
+   ``TimeStep.terminated`` / ``truncated`` and the unmodified episode's
+   ``info["true_reward"]`` (the task's reward: without the torque cost where
+   ``control_cost`` removed it, as the paper's tasks) / ``info["true_done"]``;
 4. reset the copies whose (agent-visible) episode ended, with fresh reset noise.
    The returned observation of such a copy is the first one of its new episode;
    the last observation of the old one is ``TimeStep.final_obs``.
@@ -688,9 +689,10 @@ class MjxEnv(Environment):
         steps = inner.steps + 1
         at_limit = steps >= self.max_episode_steps
 
-        # Gymnasium's v5 reward; 0 on a step where the simulation diverged.
-        v5_reward = jnp.where(diverged, 0.0, terms.reward - terms.ctrl_cost)
-        oracle = terms.reward - (terms.ctrl_cost if config.control_cost else 0.0)
+        # The task's reward: Gymnasium's v5 reward, without its torque cost if the option
+        # removed it (appendix A); 0 on a step where the simulation diverged.
+        task_reward = jnp.where(diverged, 0.0, terms.reward - terms.ctrl_cost * config.control_cost)
+        oracle = task_reward
         if config.hide_episode_end:
             # Fixed-length episodes: the simulation runs on after failure; the oracle pays
             # the penalty for every step in a terminal state; the unmodified evaluation
@@ -698,14 +700,14 @@ class MjxEnv(Environment):
             # A diverged copy restarts unannounced (final_obs keeps what it reached).
             agent_terminated, agent_truncated = jnp.zeros_like(at_limit), at_limit
             oracle = oracle - config.termination_penalty * terminated
-            true_reward = jnp.where(inner.failed, 0.0, v5_reward)
+            true_reward = jnp.where(inner.failed, 0.0, task_reward)
             failed = inner.failed | terminated
             true_done = at_limit
             reset = at_limit | diverged
         else:
             agent_terminated, agent_truncated = terminated, at_limit & ~terminated
             failed = jnp.zeros_like(inner.failed)
-            true_reward = v5_reward
+            true_reward = task_reward
             true_done = reset = terminated | at_limit
         done = agent_terminated | agent_truncated
         oracle = jnp.where(diverged, 0.0, oracle)
