@@ -26,6 +26,11 @@ from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, torso_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
 
+# The agent contract (rlhf_jax.agents.base), and the pieces a sweep of your own reads.
+__all__ = [
+    "A2CConfig", "ActorCritic", "Runner", "env_steps_per_iteration", "init_runner", "make_iteration",
+    "make_optimizer", "make_policy", "make_train", "n_step_targets", "num_iterations",
+]
 
 @dataclasses.dataclass(frozen=True)
 class A2CConfig:
@@ -58,6 +63,8 @@ class A2CConfig:
 
 
 class ActorCritic(nn.Module):
+    """The policy (softmax, or Gaussian for boxes) and the value, on one torso or two."""
+
     spec: EnvSpec
     config: A2CConfig
 
@@ -77,6 +84,8 @@ class ActorCritic(nn.Module):
 
 
 class Runner(NamedTuple):
+    """All state of a run, a pytree: stack runners to vmap over runs (the sweep example does)."""
+
     params: Any
     opt_state: Any
     env_state: EnvState
@@ -86,14 +95,18 @@ class Runner(NamedTuple):
 
 
 def env_steps_per_iteration(config: A2CConfig, env: Environment) -> int:
+    """Env steps of one iteration: ``num_steps`` on each of ``env.num_envs`` environments."""
     return config.num_steps * env.num_envs
 
 
 def num_iterations(config: A2CConfig, env: Environment) -> int:
+    """Iterations in ``total_env_steps`` (at least one)."""
     return max(1, config.total_env_steps // env_steps_per_iteration(config, env))
 
 
 def make_optimizer(config: A2CConfig, env: Environment) -> optax.GradientTransformation:
+    """Clipped RMSProp whose learning rate lives in the state (``opt_state[1].hyperparams``),
+    decayed linearly to zero: runs differing only in ``learning_rate`` share one program."""
     decay_steps = (config.lr_decay_env_steps or config.total_env_steps) // env_steps_per_iteration(config, env)
     # RMSProp at a rate held in the state (a sweep vmaps over it), decayed linearly to 0.
     return optax.chain(
@@ -104,7 +117,9 @@ def make_optimizer(config: A2CConfig, env: Environment) -> optax.GradientTransfo
     )
 
 
-def init_runner(key, config: A2CConfig, env: Environment) -> Runner:
+def init_runner(key: jax.Array, config: A2CConfig, env: Environment) -> Runner:
+    """A fresh run: initial parameters, optimiser state (holding ``config.learning_rate``),
+    and environments reset with ``key``."""
     net_key, env_key, key = jax.random.split(key, 3)
     env_state, timestep = env.reset(env_key)
     params = ActorCritic(env.spec, config).init(net_key, timestep.obs[:1])
@@ -142,6 +157,9 @@ def n_step_targets(config: A2CConfig, rewards, timesteps: TimeStep, final_values
 
 
 def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
+    """``iteration(runner, reward_params) -> (runner, metrics, transitions)``: ``num_steps`` on
+    every environment, rewards from ``reward_fn``, then one update (Algorithm S3). Pure, so
+    ``jax.lax.scan`` repeats it and ``jax.vmap`` runs it over stacked runners."""
     network = ActorCritic(env.spec, config)
     optimizer = make_optimizer(config, env)
     act = make_policy(config, env.spec)

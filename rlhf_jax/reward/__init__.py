@@ -13,10 +13,25 @@ _EXPORTS = {
     # Preferences between segments (Christiano et al. 2017, equation 1).
     "preference_probability": "rlhf_jax.reward.preference",
     "preference_loss": "rlhf_jax.reward.preference",
-    # The synthetic oracle and the noisy simulated teachers.
+    # The synthetic oracle and the noisy simulated teachers, and the label database D.
     "TeacherConfig": "rlhf_jax.reward.labelers",
     "oracle_answers": "rlhf_jax.reward.labelers",
     "teacher_returns": "rlhf_jax.reward.labelers",
+    "add_labels": "rlhf_jax.reward.labelers",
+    "Segments": "rlhf_jax.reward.data",
+    "Labels": "rlhf_jax.reward.data",
+    "empty_labels": "rlhf_jax.reward.data",
+    # The ensemble of reward predictors (section 2.2.3): init, fit, reward.
+    "RewardModelConfig": "rlhf_jax.reward.ensemble",
+    "EnsembleState": "rlhf_jax.reward.ensemble",
+    "init_ensemble": "rlhf_jax.reward.ensemble",
+    "set_input_statistics": "rlhf_jax.reward.ensemble",
+    "fit": "rlhf_jax.reward.ensemble",
+    "member_returns": "rlhf_jax.reward.ensemble",
+    "normalized_reward": "rlhf_jax.reward.ensemble",
+    "update_normalization": "rlhf_jax.reward.ensemble",
+    # Which pairs to ask about (section 2.2.4).
+    "select_queries": "rlhf_jax.reward.queries",
     # IBT: Algorithm 1's loss and equation 2's reward.
     "UtilityMLP": "rlhf_jax.reward.ibt",
     "ibt_loss": "rlhf_jax.reward.ibt",

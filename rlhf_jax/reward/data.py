@@ -46,6 +46,12 @@ def action_shape_dtype(spec: EnvSpec) -> tuple[tuple[int, ...], jnp.dtype]:
 
 
 class Segments(NamedTuple):
+    """A batch (or ring buffer) of ``S`` segments of ``k`` steps: what queries are drawn from.
+
+    Rows below ``count`` are valid. To query segments of your own, build one directly, e.g.
+    ``Segments(obs, action, oracle_reward, count=jnp.int32(S), next=jnp.int32(0))``.
+    """
+
     obs: jax.Array  # [S, k, *observation_shape]
     action: jax.Array  # [S, k, *action_shape]
     oracle_reward: jax.Array  # [S, k] float32: the reward a synthetic oracle judges by
