@@ -10,9 +10,16 @@
   slower inside loops (one scanned 64-pair step had not finished after 9 minutes on 2
   cores), so on CPU the scan is not measured. A 64-pair step pushes 3 x 64 x 2 x 25 =
   9,600 frames through the CNN and back: on CPU ``--quick`` uses 4-pair minibatches
-  (``cnn_batch_size``) to stay under a minute. (On 2 cores a 4-pair step of one member
-  takes 0.37 s, of three vmapped members 3.1 s: XLA:CPU's grouped convolutions, which
-  vmapping a convolution over members produces, are slow there.)
+  (``cnn_batch_size``) to stay under a minute.
+* Members written out against members vmapped (``mlp_members_*``, ``cnn_members_*``): the
+  library runs each member's network in turn (``ensemble.over_members``); "before" is the
+  same program with the members vmapped (a grouped convolution on XLA:CPU, several times
+  slower there), traced with ``over_members`` swapped for ``jax.vmap``. The two compiled
+  fits alternate, before, after, before, after, over ``rounds`` rounds, compiling
+  excluded; each side's pairs/s is the median over rounds with ``[min, max]``, the ratio
+  (after over before) the median of the rounds' ratios, and the load average is recorded
+  around every round. ``mlp_pairs_per_s`` and ``cnn_loop_pairs_per_s`` are the "after"
+  medians.
 * ``ensemble_fit_over_imitation``: our MLP figure over HumanCompatibleAI ``imitation``'s
   ``EnsembleTrainer`` (PyTorch, CPU) doing the same work, when ``imitation`` imports
   (target >= 10).
@@ -27,8 +34,10 @@ Adam at 3e-4, l2 penalty 1e-3, and the 10% random-answer likelihood.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import statistics
 import tempfile
 import time
 
@@ -84,6 +93,90 @@ def measure_fit(spec: EnvSpec, config: ensemble.RewardModelConfig, capacity: int
         jax.block_until_ready(metrics)
 
     return steps_per_second(run, steps * config.batch_size, repeats)
+
+
+def _vmapped_members(fn, *stacked):
+    """The ensemble's members as they ran before: one network call vmapped over the member axis."""
+    return jax.vmap(fn)(*stacked)
+
+
+@contextlib.contextmanager
+def _members(way: str):
+    """Trace the ensemble with its members ``"written_out"`` (the library) or ``"vmapped"`` (before)."""
+    library = ensemble.over_members
+    ensemble.over_members = library if way == "written_out" else _vmapped_members
+    try:
+        yield
+    finally:
+        ensemble.over_members = library
+
+
+def compiled_fit(spec: EnvSpec, config: ensemble.RewardModelConfig, labels: Labels, state, chunk: int, way: str):
+    """``fit`` of ``chunk`` steps compiled ahead of time (state donated) with the members run ``way``."""
+    def fit(state, labels, key):  # a new function per call: no trace is shared between the two ways
+        return ensemble.fit(state, config, spec, labels, key, chunk)
+
+    with _members(way):
+        return jax.jit(fit, donate_argnums=0).lower(state, labels, jax.random.key(1)).compile()
+
+
+def alternate_members(spec: EnvSpec, config: ensemble.RewardModelConfig, capacity: int, steps: int, rounds: int,
+                      loop: bool) -> dict:
+    """Pairs per second of ``fit`` with the members vmapped ("before") and written out ("after"),
+    timed alternately in ``rounds`` rounds of ``steps`` steps each (one scan, or a Python loop of
+    1-step fits). Returns medians, [min, max], per-round figures, the ratio and the load."""
+    labels = random_labels(spec, capacity)
+    init = jax.jit(ensemble.init_ensemble, static_argnums=(1, 2))
+    chunk = 1 if loop else steps
+    key = jax.random.key(1)
+    sides = {}
+    for name, way in (("before", "vmapped"), ("after", "written_out")):
+        state = init(jax.random.key(0), config, spec)
+        start = time.perf_counter()
+        fit = compiled_fit(spec, config, labels, state, chunk, way)
+        state, _ = jax.block_until_ready(fit(state, labels, key))  # first run: allocations, caches
+        sides[name] = {"fit": fit, "state": state, "compile_s": time.perf_counter() - start, "pairs_per_s": []}
+        print(f"{spec.id}: members {way}: compiled and ran once in {sides[name]['compile_s']:.1f} s", flush=True)
+    loads = [round(os.getloadavg()[0], 2)]
+    for _ in range(rounds):
+        for side in sides.values():
+            start = time.perf_counter()
+            for _ in range(steps // chunk):
+                side["state"], metrics = side["fit"](side["state"], labels, key)
+            jax.block_until_ready(metrics)
+            side["pairs_per_s"].append(steps * config.batch_size / (time.perf_counter() - start))
+            loads.append(round(os.getloadavg()[0], 2))
+        print(f"{spec.id}: round {len(loads) // len(sides)}: pairs/s before {sides['before']['pairs_per_s'][-1]:.2f}, "
+              f"after {sides['after']['pairs_per_s'][-1]:.2f}, load {loads[-1]}", flush=True)
+    before, after = sides["before"]["pairs_per_s"], sides["after"]["pairs_per_s"]
+    ratios = [a / b for a, b in zip(after, before)]
+    result = {"rounds": rounds, "steps_per_round": steps, "load_1min": loads}
+    for name, side in sides.items():
+        figures = side["pairs_per_s"]
+        result[f"{name}_pairs_per_s"] = statistics.median(figures)
+        result[f"{name}_pairs_per_s_min_max"] = [min(figures), max(figures)]
+        result[f"{name}_pairs_per_s_rounds"] = figures
+        result[f"{name}_compile_s"] = side["compile_s"]
+    result["after_over_before"] = statistics.median(ratios)
+    result["after_over_before_min_max"] = [min(ratios), max(ratios)]
+    return result
+
+
+def _rounded(value):
+    if isinstance(value, float):
+        return round(value, 4) if abs(value) < 100 else round(value, 1)
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def torch_note() -> str:
+    """Whether torch imports: a PyTorch twin of the CNN fit is not timed here (not written yet)."""
+    try:
+        import torch  # noqa: F401
+    except Exception as error:
+        return f"torch not importable ({type(error).__name__}: {error}): no PyTorch twin of the CNN fit timed"
+    return f"torch {_version('torch')} imports, but no PyTorch twin of the CNN fit is timed yet"
 
 
 def measure_imitation(pairs: int, repeats: int) -> tuple[float | None, str]:
@@ -150,13 +243,20 @@ def main() -> None:
     results: dict = {}
 
     start = time.perf_counter()
-    results["mlp_pairs_per_s"] = measure_fit(CARTPOLE, CONFIG, 1_000, 100 if quick else 1_000, repeats, loop=False)
+    rounds = 3 if quick else 5
+    mlp = alternate_members(CARTPOLE, CONFIG, 1_000, 100 if quick else 1_000, rounds, loop=False)
+    results["mlp_pairs_per_s"] = mlp["after_pairs_per_s"]
+    for key, value in mlp.items():
+        print(f"mlp_members_{key}: {_rounded(value)}", flush=True)
 
     cpu = jax.default_backend() == "cpu"
     cnn_config = dataclasses.replace(CONFIG, batch_size=4) if quick and cpu else CONFIG
-    cnn_steps = (2 if quick else 3) if cpu else (10 if quick else 100)
+    cnn_steps = 1 if cpu else (10 if quick else 100)
     # 200 labels keep the buffer at 0.28 GB; the gather per step does not depend on it.
-    results["cnn_loop_pairs_per_s"] = measure_fit(ATARI, cnn_config, 200, cnn_steps, repeats, loop=True)
+    cnn = alternate_members(ATARI, cnn_config, 200, cnn_steps, rounds, loop=True)
+    for key, value in cnn.items():
+        print(f"cnn_members_{key}: {_rounded(value)}", flush=True)
+    results["cnn_loop_pairs_per_s"] = cnn["after_pairs_per_s"]
     if not cpu:
         results["cnn_scan_pairs_per_s"] = measure_fit(ATARI, cnn_config, 200, cnn_steps, repeats, loop=False)
     results["cnn_pairs_per_s"] = max(v for k, v in results.items() if k.startswith("cnn_"))
@@ -168,8 +268,11 @@ def main() -> None:
 
     write_result("reward_fit", {
         "quick": quick, "ensemble_size": CONFIG.ensemble_size, "batch_size": CONFIG.batch_size,
-        "cnn_batch_size": cnn_config.batch_size, "segment_length": SEGMENT, "imitation": note, "seconds": round(time.perf_counter() - start, 1),
+        "cnn_batch_size": cnn_config.batch_size, "segment_length": SEGMENT, "imitation": note,
+        "torch": torch_note(), "seconds": round(time.perf_counter() - start, 1),
         **{k: round(v, 4) if "over" in k else round(v, 1) for k, v in results.items()},
+        **{f"mlp_members_{k}": _rounded(v) for k, v in mlp.items()},
+        **{f"cnn_members_{k}": _rounded(v) for k, v in cnn.items()},
     }, headline=headline)
 
 
@@ -184,7 +287,13 @@ def headline(result: dict) -> list[Headline]:
                  Target.on(r, "ensemble_fit_over_imitation", ">=", 10.0)),
         Headline(f"Reward ensemble fit, pairs/s, Atari CNN (minibatch {r['cnn_batch_size']} pairs)",
                  r["cnn_pairs_per_s"]),
-    ]
+    ] + ([
+        # Not a peer: the same fit with the members vmapped, as the library ran it before.
+        Headline(f"Reward ensemble fit, pairs/s, Atari CNN, {r['ensemble_size']} members written out vs vmapped "
+                 f"(minibatch {r['cnn_batch_size']} pairs; median of {r['cnn_members_rounds']} alternating rounds)",
+                 r["cnn_members_after_pairs_per_s"], r["cnn_members_before_pairs_per_s"],
+                 r["cnn_members_after_over_before"]),
+    ] if "cnn_members_after_over_before" in r else [])
 
 
 if __name__ == "__main__":

@@ -205,6 +205,104 @@ def test_validation_losses_and_adaptation(trained):
     assert ensemble.adapt_l2(state.l2, train, val, CONFIG)[1] == state.l2[1]
 
 
+# --- Members written out, not vmapped ------------------------------------------------
+
+
+def _vmapped(fn, *stacked):
+    """The ensemble as it was: every network call vmapped over the member axis."""
+    return jax.vmap(fn)(*stacked)
+
+
+def _ensemble_outputs(state, config, spec, labels, obs, action, key):
+    """Predictions, one fit step (new state and losses) and validation losses, traced afresh
+    (new functions, so no trace cached under the other way of running the members is reused)."""
+    predict = jax.jit(lambda state, obs, action: ensemble.member_returns(state, config, spec, obs, action))
+    step = jax.jit(lambda state, labels, key: ensemble.fit(state, config, spec, labels, key, 1))
+    losses = jax.jit(lambda state, labels, key: ensemble.validation_losses(state, config, spec, labels, key, 10**6))
+    fitted, metrics = step(state, labels, key)
+    return {"predicted": predict(state, obs, action), "fitted": fitted, "loss": metrics["loss"],
+            "validation": losses(state, labels, key)}
+
+
+def _atari_labels(key, count, capacity):
+    """Random frames, actions and answers for the CNN: stacks of 4 rebuilt from k + 3 frames."""
+    k_frames, k_act, k_mu, k_hold = jax.random.split(key, 4)
+    labels = empty_labels(ATARI_SPEC, capacity, LENGTH, CONFIG.ensemble_size)
+    return labels.replace(
+        frames=jax.random.randint(k_frames, labels.frames.shape, 0, 256).astype(jnp.uint8),
+        action=jax.random.randint(k_act, labels.action.shape, 0, 2),
+        mu=jax.random.bernoulli(k_mu, 0.5, (capacity,)).astype(jnp.float32),
+        holdout=jax.random.bernoulli(k_hold, 1 / math.e, (capacity, CONFIG.ensemble_size)),
+        count=jnp.asarray(count, jnp.int32),
+    )
+
+
+@pytest.mark.parametrize("network", ["mlp", "cnn"])
+def test_members_written_out_match_the_vmapped_ensemble(network, monkeypatch):
+    """``over_members`` (each member's call written out in turn) gives what vmapping the members
+    gave, on the same parameters and keys: each member's own rows, dropout key and batch
+    statistics. The MLP with dropout on; the CNN (dropout and batch norm) on 2-pair minibatches."""
+    if network == "mlp":
+        config, spec = dataclasses.replace(CONFIG, mlp_dropout=0.5, batch_size=16), SPEC
+        labels = toy_labels(jax.random.key(1), 40, capacity=48)
+        obs, action, _ = random_pairs(jax.random.key(3), 6)
+    else:
+        config, spec = dataclasses.replace(CONFIG, batch_size=2), ATARI_SPEC
+        labels = _atari_labels(jax.random.key(1), 6, capacity=8)
+        obs = labels.observations(jnp.arange(2))
+        action = labels.action[:2]
+    state = init_ensemble(jax.random.key(0), config, spec)
+    state = state._replace(norm_mean=jnp.array([0.1, -0.2, 0.3]), l2=jnp.array([1e-3, 2e-3, 0.0]))
+    key = jax.random.key(2)
+    written_out = _ensemble_outputs(state, config, spec, labels, obs, action, key)
+    with monkeypatch.context() as patch:
+        patch.setattr(ensemble, "over_members", _vmapped)
+        vmapped = _ensemble_outputs(state, config, spec, labels, obs, action, key)
+    assert written_out["predicted"].shape == (3, *action.shape)
+    assert jax.tree.structure(written_out) == jax.tree.structure(vmapped)
+    theirs_by_path = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(vmapped)}
+    largest = {moment: max(float(np.abs(leaf).max()) for name, leaf in theirs_by_path.items() if moment in name)
+               for moment in (".mu[", ".nu[")}  # gradients are rounded to the scale of the largest
+    for path, ours in jax.tree_util.tree_leaves_with_path(written_out):
+        name = jax.tree_util.keystr(path)
+        ours, theirs = np.asarray(ours), np.asarray(theirs_by_path[name])
+        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, name
+        moment = next((moment for moment in largest if moment in name), None)
+        if moment:  # Adam's moments: the gradient, and its square
+            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5 * largest[moment], err_msg=name)
+        elif name.startswith("['fitted'].params"):
+            # Adam's first step is lr * g / (|g| + 1e-8): about lr * sign(g), whatever |g|. A weight
+            # whose gradient is zero but for rounding (a hidden unit's bias where the leaky ReLU
+            # never changes side shifts every step's reward alike, which the loss ignores) can
+            # move by up to lr either way; every other weight must agree at float32 tolerance.
+            mu = np.asarray(theirs_by_path[name.replace("['fitted'].params", "['fitted'].opt_state.inner_state[0].mu")])
+            real = np.abs(mu) > 1e-4 * largest[".mu["]
+            np.testing.assert_allclose(ours[real], theirs[real], rtol=1e-5, atol=1e-6, err_msg=name)
+            assert np.all(np.abs(ours - theirs) <= 2 * config.learning_rate * (1 + 1e-5)), name
+        else:
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6, err_msg=name)
+    # The step moved every member, each its own way.
+    moved = jax.tree.leaves(jax.tree.map(lambda new, old: jnp.abs(new - old).reshape(3, -1).max(1),
+                                         written_out["fitted"].params, state.params))
+    assert np.all(np.max(np.stack(moved), axis=0) > 0)
+    members = np.asarray(written_out["predicted"]).reshape(3, -1)
+    assert not np.allclose(members[0], members[1]) and not np.allclose(members[1], members[2])
+
+
+def test_over_members_is_vmap_and_checks_the_member_axis():
+    params = {"w": jnp.arange(6.0).reshape(3, 2), "b": jnp.array([1.0, 2.0, 3.0])}
+    keys = jax.random.split(jax.random.key(0), 3)
+
+    def member(params, key):
+        return {"y": params["w"] * params["b"] + jax.random.normal(key, (2,)), "s": params["b"].sum()}
+
+    out = ensemble.over_members(member, params, keys)
+    jax.tree.map(np.testing.assert_array_equal, out, jax.vmap(member)(params, keys))
+    assert ensemble.over_members(lambda p: {}, params) == {}
+    with pytest.raises(ValueError, match="member axis"):
+        ensemble.over_members(member, params, jax.random.split(jax.random.key(0), 2))
+
+
 # --- Networks ------------------------------------------------------------------------
 
 
