@@ -112,6 +112,10 @@ class RewardModelConfig:
 
 
 class EnsembleState(NamedTuple):
+    """The reward ensemble of ``M`` members, each leaf stacked over a leading member axis:
+    what :func:`init_ensemble` makes, :func:`fit` trains, and :func:`normalized_reward`
+    reads. Members share nothing but their inputs' standardisation."""
+
     params: Any  # every leaf [M, ...]
     batch_stats: Any  # every leaf [M, ...]; {} when the network has no batch norm
     opt_state: Any  # every leaf [M, ...]
