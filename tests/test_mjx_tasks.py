@@ -255,9 +255,11 @@ def test_hide_episode_end_unhealthy_hopper_keeps_running(hide_rollout):
     assert np.all(np.abs(np.diff(ts.final_obs[episode, 1], axis=0)).max(axis=1) > 0)
     # The oracle's reward: forward reward, no healthy bonus, no control cost, minus the penalty.
     np.testing.assert_allclose(ts.reward[episode, 1], info["x_velocity"][episode, 1] - 1.0, atol=1e-5)
-    # The unmodified evaluation: Gymnasium's episode ends after one step with reward r;
-    # true_reward is r and then 0, so the true episode return is r.
+    # The unmodified evaluation: Gymnasium's episode ends after one step with reward r (less
+    # its control cost: the task has none); true_reward is r and then 0, so the true episode
+    # return is r.
     _, r, terminated, _ = gymnasium_step("Hopper-v5", qpos[1], qvel[1], actions[0, 1])
+    r = r + info["ctrl_cost"][0, 1]
     assert terminated
     np.testing.assert_allclose(info["true_reward"][0, 1], r, atol=1e-4)
     np.testing.assert_array_equal(info["true_reward"][1:HIDE_LIMIT, 1], 0.0)

@@ -65,8 +65,8 @@ KILL_AFTER_CHECKPOINT = """
 import os, signal, sys
 from rlhf_jax import checkpoints
 save = checkpoints.Checkpoints.save
-def save_and_die(self, chunk, state):
-    save(self, chunk, state)
+def save_and_die(self, chunk, state, *notes):
+    save(self, chunk, state, *notes)
     if chunk >= {after}:
         os.kill(os.getpid(), signal.SIGKILL)
 checkpoints.Checkpoints.save = save_and_die
@@ -205,10 +205,10 @@ def test_a_kill_in_the_middle_of_a_metrics_row_does_not_stop_the_resume(killed_a
     resume starts from the beginning (from checkpoint 0) and logs every row once."""
     save = Checkpoints.save
 
-    def killed_while_saving(self, chunk, state):
+    def killed_while_saving(self, chunk, state, *notes):
         if chunk == killed_at_save:
             raise Killed
-        save(self, chunk, state)
+        save(self, chunk, state, *notes)
 
     monkeypatch.setattr(Checkpoints, "save", killed_while_saving)
     run_dir = tmp_path / "killed"
@@ -228,8 +228,8 @@ FILL_DISK_AFTER_CHECKPOINT_0 = """
 import sys
 from rlhf_jax import checkpoints
 save = checkpoints.Checkpoints.save
-def save_then_fill(self, chunk, state):
-    save(self, chunk, state)
+def save_then_fill(self, chunk, state, *notes):
+    save(self, chunk, state, *notes)
     if chunk == 0:
         with open(self.run_dir.parent / "filler", "wb", buffering=0) as filler:
             try:
