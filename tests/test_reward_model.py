@@ -205,6 +205,22 @@ def test_validation_losses_and_adaptation(trained):
     assert ensemble.adapt_l2(state.l2, train, val, CONFIG)[1] == state.l2[1]
 
 
+def test_validation_scores_each_label_held_once(trained):
+    """Each member's mean pair loss over its own training rows and its held-out rows, worked
+    out from the members' returns on all 150 rows at once (3 batches of 64); the buffer holds
+    256, and its last batch, past the 150th row, is not scored (the cost followed the capacity)."""
+    state, _, labels = trained
+    labels = labels.replace(count=jnp.asarray(150, jnp.int32))
+    train, val = validation_losses(state, CONFIG, SPEC, labels, jax.random.key(5), CAPACITY)
+    obs, action = labels.observations(jnp.arange(150)), labels.action[:150]
+    returns = np.asarray(ensemble.member_returns(state, CONFIG, SPEC, obs, action)).sum(-1)  # [M, 150, 2]
+    losses = np.stack([np.asarray(preference_loss(r[:, 0], r[:, 1], labels.mu[:150], CONFIG.random_answer_prob))
+                       for r in returns])  # [M, 150]
+    held_out = np.asarray(labels.holdout[:150]).T
+    np.testing.assert_allclose(train, [l[~h].mean() for l, h in zip(losses, held_out)], rtol=1e-5)
+    np.testing.assert_allclose(val, [l[h].mean() for l, h in zip(losses, held_out)], rtol=1e-5)
+
+
 # --- Members written out, not vmapped ------------------------------------------------
 
 

@@ -491,8 +491,9 @@ def validation_losses(
     * otherwise a uniform random sample of ``max_rows`` valid rows, with replacement,
       shared by all members; each member weights it by its own split.
 
-    Rows go through the network ``batch_size`` pairs at a time (``lax.map``), so memory
-    does not grow with ``max_rows``.
+    Rows go through the network ``batch_size`` pairs at a time, so memory does not grow
+    with ``max_rows``, and only as many batches as hold a valid row are scored: the cost
+    follows the labels held, not the buffer's capacity (3,000 on Atari).
 
     Returns:
       ``(train_loss [M], val_loss [M])``. A member with no held-out (or no training)
@@ -501,36 +502,39 @@ def validation_losses(
     chex.assert_shape(labels.holdout, (labels.capacity, config.ensemble_size))
     network = _network(config, spec)
     batch = config.batch_size
-    if max_rows >= labels.capacity:
+    exact = max_rows >= labels.capacity
+    if exact:
         rows = jnp.arange(labels.capacity, dtype=jnp.int32)
     else:
         nobody = jnp.zeros((labels.capacity,), bool)
         rows, _ = sample_training_rows(key, nobody, labels.count, max_rows)
     chunks = -(-rows.shape[0] // batch)
-    padded = jnp.concatenate([rows, jnp.zeros((chunks * batch - rows.shape[0],), jnp.int32)])
-    valid = (jnp.arange(chunks * batch) < rows.shape[0]) & (padded < labels.count)
+    padded = jnp.concatenate([rows, jnp.zeros((chunks * batch - rows.shape[0],), jnp.int32)]).reshape(chunks, batch)
+    # Exact: rows are in order, so the first ceil(count / batch) batches hold every valid one.
+    scored = jnp.minimum(-(-labels.count // batch), chunks) if exact else jnp.where(labels.count > 0, chunks, 0)
 
-    def chunk_losses(chunk_rows):  # [batch] -> [M, batch]
+    def add_chunk(i, sums):  # sums: (train_sum, train_n, val_sum, val_n), each [M]
+        chunk_rows = padded[i]
         obs, action, leading = _flatten_steps(spec, _standardize(state, spec, labels.observations(chunk_rows)),
                                               labels.action[chunk_rows])
 
-        def member(params, batch_stats):
+        def member_losses(params, batch_stats):  # [batch]
             rewards = _predict(network, params, batch_stats, obs, action).reshape(leading)
             return _pair_losses(config, rewards, labels, chunk_rows)
 
-        return over_members(member, state.params, state.batch_stats)
+        losses = over_members(member_losses, state.params, state.batch_stats)  # [M, batch]
+        valid = ((i * batch + jnp.arange(batch)) < rows.shape[0]) & (chunk_rows < labels.count)
+        held_out = labels.holdout[chunk_rows].T  # [M, batch]
+        train_w = (valid[None] & ~held_out).astype(jnp.float32)
+        val_w = (valid[None] & held_out).astype(jnp.float32)
+        train_sum, train_n, val_sum, val_n = sums
+        return (train_sum + (losses * train_w).sum(1), train_n + train_w.sum(1),
+                val_sum + (losses * val_w).sum(1), val_n + val_w.sum(1))
 
-    losses = jax.lax.map(chunk_losses, padded.reshape(chunks, batch))  # [chunks, M, batch]
-    losses = losses.transpose(1, 0, 2).reshape(config.ensemble_size, -1)  # [M, rows]
-    held_out = labels.holdout[padded].T  # [M, rows]
-    train_w = (valid[None] & ~held_out).astype(jnp.float32)
-    val_w = (valid[None] & held_out).astype(jnp.float32)
-
-    def mean_or_nan(weights):
-        total = weights.sum(axis=1)
-        return jnp.where(total > 0, (losses * weights).sum(axis=1) / jnp.maximum(total, 1.0), jnp.nan)
-
-    return mean_or_nan(train_w), mean_or_nan(val_w)
+    zeros = jnp.zeros((config.ensemble_size,), jnp.float32)
+    train_sum, train_n, val_sum, val_n = jax.lax.fori_loop(0, scored, add_chunk, (zeros, zeros, zeros, zeros))
+    mean_or_nan = lambda total, n: jnp.where(n > 0, total / jnp.maximum(n, 1.0), jnp.nan)
+    return mean_or_nan(train_sum, train_n), mean_or_nan(val_sum, val_n)
 
 
 def adapt_l2(l2: jax.Array, train_loss: jax.Array, val_loss: jax.Array, config: RewardModelConfig) -> jax.Array:
