@@ -80,7 +80,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "agents' env steps/s, against Stable-Baselines3 and raw EnvPool",
               ("--quick",), (), "agent_throughput", "agent_throughput", 2, 15),
     Benchmark("reward_fit", "Reward fitting vs imitation", "fitting the reward ensemble, against imitation",
-              ("--quick",), (), "reward_fit", "reward_fit", 1, 5),
+              ("--quick",), (), "reward_fit", "reward_fit", 3, 16),
     Benchmark("ibt", "IBT", "IBT loss throughput and reward quality against AR and preferences", ("--quick",), (),
               "ibt", "ibt_quick", 3, 10),
     Benchmark("rlhf_overhead", "RLHF overhead", "the RLHF loop against RL on the true reward", ("--quick",), (),
