@@ -138,6 +138,12 @@ def test_answers_reach_training_once_and_again_after_a_restart_until_a_checkpoin
     older = PeopleLabeler(run_dir, fake_render, fps=50.0)
     assert [q.id for q in older.restore([3])[0]] == [0, 1, 2]
     assert sorted(a.id for a in older.answers()) == [0, 1]
+    # A checkpoint that names no answers (written before checkpoints did) leaves the store's
+    # record as it stands, and a save after it adds to that record, never takes from it.
+    unnamed = PeopleLabeler(run_dir, fake_render, fps=50.0)
+    assert [q.id for q in unnamed.restore(None)[0]] == [0, 1, 2]
+    unnamed.checkpoint_saved([1])
+    assert rows(run_dir, "SELECT query_id, in_checkpoint FROM answers ORDER BY query_id") == [(0, 0), (1, 1), (3, 1)]
 
 
 def test_an_episode_to_annotate_lasts_long_enough_to_mark_and_a_pair_plays_in_real_time(tmp_path):

@@ -103,8 +103,10 @@ class PeopleLabeler:
 
     # --------------------------------------------------------- surviving restarts
     def checkpoint_saved(self, query_ids) -> None:
-        """Training saved a checkpoint holding exactly the answers to ``query_ids``."""
-        self.store.set_in_checkpoint(query_ids)
+        """Training saved a checkpoint holding the answers to ``query_ids``. Marked, never
+        unmarked: a state restored from a checkpoint that named no answers (written before
+        checkpoints did) still holds those the store had marked."""
+        self.store.mark_in_checkpoint(query_ids)
         self._delivered.difference_update(query_ids)
 
     def restore(self, in_checkpoint=None) -> tuple[list[Query], int]:

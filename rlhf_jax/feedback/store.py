@@ -211,6 +211,12 @@ class LabelStore:
         return [QueryRow(i, kind, json.loads(clips), segments, frames, fps)
                 for i, kind, clips, segments, frames, fps in rows]
 
+    def mark_in_checkpoint(self, query_ids) -> None:
+        """Training saved a checkpoint holding these answers: they need never be delivered again."""
+        ids = [(int(i),) for i in query_ids]
+        with self._connect() as db:
+            db.executemany("UPDATE answers SET in_checkpoint = 1 WHERE query_id = ?", ids)
+
     def set_in_checkpoint(self, query_ids) -> None:
         """Training's checkpoint holds exactly these answers: they need never be delivered
         again, and every other answer must be (a restore may go back to an older checkpoint)."""

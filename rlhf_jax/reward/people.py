@@ -44,9 +44,9 @@ class AsyncLabeler(Protocol):
         """The answers that arrived since the last call (possibly none); must return at once."""
 
     def checkpoint_saved(self, query_ids: list[int]) -> None:
-        """The newest saved checkpoint holds exactly the answers to ``query_ids``: a labeler
-        that keeps answers on disk (:class:`rlhf_jax.feedback.labeler.PeopleLabeler`) need
-        not deliver them again."""
+        """The newest saved checkpoint holds the answers to ``query_ids``: a labeler that
+        keeps answers on disk (:class:`rlhf_jax.feedback.labeler.PeopleLabeler`) need not
+        deliver them again."""
 
     def restore(self, in_checkpoint: list[int] | None) -> tuple[list[Query], int]:
         """After a restart from a checkpoint holding exactly the answers to ``in_checkpoint``
