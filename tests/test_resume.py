@@ -383,6 +383,21 @@ def test_a_run_saved_by_the_clock_alone_resumes_after_sigkill(dqn_whole, tmp_pat
 
 
 # ----------------------------------------------------------------- damaged checkpoints
+def train_killed_in_chunk_3(run_dir: Path, monkeypatch) -> None:
+    """The DQN run in ``run_dir``, killed while it runs chunk 3 (checkpoints 1 and 2 saved)."""
+    run_chunk = Training.run_chunk
+
+    def killed_in_chunk_3(self, runner, chunk):
+        if chunk == 3:
+            raise Killed
+        return run_chunk(self, runner, chunk)
+
+    monkeypatch.setattr(Training, "run_chunk", killed_in_chunk_3)
+    with pytest.raises(Killed):
+        train(config_of([*DQN, f"run.dir={run_dir}"]), progress=False)
+    monkeypatch.setattr(Training, "run_chunk", run_chunk)
+
+
 def damage(checkpoint: Path, how: str) -> None:
     """Change one byte in the middle of the checkpoint's largest data file, or cut the file short."""
     data = max((p for p in (checkpoint / "default").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
@@ -399,18 +414,8 @@ def test_a_damaged_checkpoint_is_passed_over_for_the_newest_intact_one(how, dqn_
     """Checkpoints 1 and 2 saved, 2 then damaged: the resume says so, restores 1, keeps it while
     it saves 3 to 7 (rotation never deletes the checkpoint a restore verified), and ends exactly
     like a run never interrupted."""
-    run_chunk = Training.run_chunk
-
-    def killed_in_chunk_3(self, runner, chunk):
-        if chunk == 3:
-            raise Killed
-        return run_chunk(self, runner, chunk)
-
-    monkeypatch.setattr(Training, "run_chunk", killed_in_chunk_3)
     run_dir = tmp_path / "damaged"
-    with pytest.raises(Killed):
-        train(config_of([*DQN, f"run.dir={run_dir}"]), progress=False)
-    monkeypatch.setattr(Training, "run_chunk", run_chunk)
+    train_killed_in_chunk_3(run_dir, monkeypatch)
     assert saved_chunks(run_dir) == [1, 2]
     damage(run_dir / "checkpoints" / "2", how)
     capsys.readouterr()
@@ -438,18 +443,8 @@ def test_a_run_whose_every_checkpoint_is_damaged_says_so(dqn_whole, tmp_path, ca
 
 # ----------------------------------------------------------------- an edited config
 def test_an_edited_learning_rate_is_applied_on_resume_and_other_edits_are_refused(tmp_path, monkeypatch, capsys):
-    run_chunk = Training.run_chunk
-
-    def killed_in_chunk_3(self, runner, chunk):
-        if chunk == 3:
-            raise Killed
-        return run_chunk(self, runner, chunk)
-
-    monkeypatch.setattr(Training, "run_chunk", killed_in_chunk_3)
     run_dir = tmp_path / "edited"
-    with pytest.raises(Killed):
-        train(config_of([*DQN, f"run.dir={run_dir}"]), progress=False)
-    monkeypatch.setattr(Training, "run_chunk", run_chunk)
+    train_killed_in_chunk_3(run_dir, monkeypatch)
     config_file = run_dir / "config.yaml"
     config = yaml.safe_load(config_file.read_text())
     config["dqn"]["gamma"] = 0.9  # compiled into the loss: a resume cannot apply it
