@@ -5,6 +5,7 @@ import csv
 import math
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 
 class MetricsLog:
@@ -70,8 +71,35 @@ class MetricsLog:
             self._writer.close()
 
 
-def plot_learning_curve(rows: list[dict], path: Path, title: str) -> None:
-    """True episode return against env steps, as a PNG."""
+_LABEL_MARK = "label-arrival"  # the marks' matplotlib id, by which the figure is read back
+
+
+class LearningCurve(NamedTuple):
+    """What :func:`plot_learning_curve` drew, read back from the figure."""
+
+    label_marks: tuple[float, ...]  # env steps of the marks: the chunks in which labels arrived
+
+
+class LabelArrival(NamedTuple):
+    env_steps: float  # the end of the chunk in which they arrived
+    labels: float  # the labels held from then on
+
+
+def label_arrivals(rows: list[dict]) -> list[LabelArrival]:
+    """The chunks whose ``labels`` count rose: people's answers arrived during them (in the
+    first chunk, also those answered before it)."""
+    arrivals, held = [], 0.0
+    for row in rows:
+        labels = row.get("labels", math.nan)
+        if labels > held:  # False for NaN: a row without the count
+            arrivals.append(LabelArrival(row["env_steps"], labels))
+            held = labels
+    return arrivals
+
+
+def plot_learning_curve(rows: list[dict], path: Path, title: str, mark_labels: bool = False) -> LearningCurve:
+    """True episode return against env steps, as a PNG; with ``mark_labels`` (a people run),
+    a faint vertical line at the end of each chunk in which labels arrived."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -81,11 +109,19 @@ def plot_learning_curve(rows: list[dict], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     if points:
         steps, returns = zip(*points)
-        ax.plot(steps, returns)
+        ax.plot(steps, returns, label="true episode return")
+    arrivals = label_arrivals(rows) if mark_labels else []
+    for i, arrival in enumerate(arrivals):
+        ax.axvline(arrival.env_steps, color="tab:orange", alpha=0.4, linewidth=0.8, gid=_LABEL_MARK,
+                   label=f"labels arrived ({int(arrivals[-1].labels)} in all)" if i == 0 else None)
+    if arrivals:
+        ax.legend(fontsize=8)
     ax.set_xlabel("env steps")
     ax.set_ylabel("true episode return")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    drawn = LearningCurve(tuple(float(line.get_xdata()[0]) for line in ax.lines if line.get_gid() == _LABEL_MARK))
     plt.close(fig)
+    return drawn

@@ -665,7 +665,9 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
             checkpoints.close()
         title = f"{config.agent} on {config.env.id}" + {"preferences": " from preferences", "ibt": " from IBT marks"}.get(config.reward, "")
         rows = log.rows()
-        write_atomically(run_dir / "learning_curve.png", lambda path: plot_learning_curve(rows, path, title))
+        # People answer at their own pace: their run's curve marks when the answers arrived.
+        write_atomically(run_dir / "learning_curve.png",
+                         lambda path: plot_learning_curve(rows, path, title, mark_labels=config.labeler == "people"))
         training.save_outputs(runner, run_dir)
         if not training.finish(stop.requested):
             raise stop.interrupted(f"after the run's last chunk, while the clips of its last queries were made "
