@@ -50,6 +50,15 @@ class RunConfig:
     # slower than outside one (jax-ml/jax#12868), and "scan" everywhere else.
     loop: Literal["auto", "scan", "python"] = "auto"
     tensorboard: bool = True
+    # Weights & Biases (rlhf_jax.wandb_log; pip install 'rlhf_jax[wandb]'): the metrics, the
+    # config and the learning curve to a W&B run as well; a sweep logs one per member.
+    wandb: bool = False
+    wandb_project: str = "rlhf-jax"
+    wandb_entity: str = ""  # "": your default W&B entity
+    wandb_tags: tuple[str, ...] = ()
+    # "offline" writes the W&B run under the run directory, for `wandb sync` to upload later;
+    # "online" streams it to the W&B server (after `wandb login`).
+    wandb_mode: Literal["offline", "online"] = "offline"
     eval_episodes: int = positive(32, MAX_ENVS)  # one copy of the environment each
     eval_max_steps: int = non_negative(0, INT32_MAX)  # 0: the environment's episode limit
 

@@ -1,18 +1,24 @@
-"""A run's metrics: one CSV row per compiled chunk, the same scalars to TensorBoard, and a PNG curve."""
+"""A run's metrics: one CSV row per compiled chunk, the same scalars to TensorBoard (and to
+Weights & Biases, :mod:`rlhf_jax.wandb_log`), and a PNG curve."""
 from __future__ import annotations
 
 import csv
 import math
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from rlhf_jax.wandb_log import WandbRun
 
 
 class MetricsLog:
-    """Appends rows to ``metrics.csv`` and TensorBoard; on resume, drops rows past the checkpoint."""
+    """Appends rows to ``metrics.csv``, TensorBoard and a W&B run (``wandb``, if given); on
+    resume, drops rows past the checkpoint from the CSV file."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, wandb: WandbRun | None = None):
         self.path = Path(run_dir) / "metrics.csv"
+        self._wandb = wandb
         self._writer = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -56,6 +62,8 @@ class MetricsLog:
                 if key != "env_steps" and not math.isnan(value):
                     self._writer.add_scalar(key, value, int(row["env_steps"]))
             self._writer.flush()
+        if self._wandb is not None:
+            self._wandb.log_row(row)
 
     def _write_all(self, rows: list[dict]) -> None:
         """Rewrite the file whole through a temporary one, so a kill meanwhile leaves the old one."""

@@ -34,6 +34,7 @@ again after a resume: the pool died with the old process).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import itertools
@@ -52,6 +53,7 @@ from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
 from rlhf_jax.config_base import dump_yaml, is_in_state, parse_yaml
 from rlhf_jax.errors import ConfigError, RunError
+from rlhf_jax.wandb_log import WandbRun, logging_to_wandb, require_wandb
 
 SWEEP_FILE = "sweep.yaml"
 
@@ -113,6 +115,7 @@ def make_groups(base: dict, swept: dict[str, list], seeds: int) -> list[list[Mem
 
 def member_config(base: dict, member: Member) -> ExperimentConfig:
     config = build(ExperimentConfig, apply_overrides(base, member.overrides()))
+    require_wandb(config.run)
     if config.labeler != "synthetic":
         raise ConfigError("a sweep's labels come from the synthetic labeler: people label one run (rlhf-jax train)")
     if config.env.backend == "envpool" and jax.process_count() > 1:
@@ -262,6 +265,19 @@ class Sweep:
             writer.writerows(rows)
         temporary.replace(self.rows_file)  # never a half-written file
 
+    def wandb_runs(self, program: GroupProgram, open_runs: contextlib.ExitStack) -> dict[int, WandbRun]:
+        """The W&B run of each member of ``program`` whose ``run.wandb`` is on, grouped under the
+        sweep's name and open until ``open_runs`` closes. Process 0 logs, as it writes the files."""
+        if jax.process_index() != 0:
+            return {}
+        runs = {}
+        for member, config in zip(program.members, program.configs):
+            run = open_runs.enter_context(logging_to_wandb(config, self.directory, f"{member.label()}, seed {member.seed}",
+                                                           member=member.index, group=self.directory.name))
+            if run is not None:
+                runs[member.index] = run
+        return runs
+
     # ------------------------------------------------------------- the run
     def run(self, progress: bool = True) -> Path:
         """Run (or go on with) every group; Ctrl-C and SIGTERM stop it after the chunk in
@@ -300,39 +316,43 @@ class Sweep:
             schedule = SaveSchedule(training.config.run, training.chunk_iterations, training.num_chunks)
             bar = tqdm(total=training.num_chunks, initial=first, unit="chunk", disable=not progress,
                        desc=f"group {g + 1}/{len(self.groups)} ({len(members)} runs)", dynamic_ncols=True)
-            stopping = False
-            for chunk in range(first, training.num_chunks):
-                start = time.perf_counter()
-                state, metrics = program.run_chunk(state, chunk)
-                metrics = gather(metrics)
-                seconds = time.perf_counter() - start
-                for m, member in enumerate(members):
-                    row = summarize(jax.tree.map(lambda x: x[m], metrics))
-                    row = {"group": g, "chunk": chunk, "member": member.index, "seed": member.seed,
-                           "label": member.label(), **row,
-                           "steps_per_second": len(members) * training.chunk_inputs(chunk)[0]
-                           * training.steps_per_iteration / seconds}
-                    rows.append(row)
-                    try:
-                        check_finite(row, chunk, training.unmeasured(row))
-                    except RunError as error:  # one diverging learning rate need not stop the others
-                        if member.index not in warned:
-                            warned.add(member.index)
-                            print(f"warning: run {member.index} ({member.label()}, seed {member.seed}): {error}",
-                                  flush=True)
-                self.write_rows(rows)
-                due, stopping = agree(schedule.due(chunk), stop.requested())
-                if due or stopping:
-                    started = schedule.clock()
-                    checkpoints.save(chunk, state)
-                    schedule.saved(started)
-                returns = [r["episode_return"] for r in rows if int(r["group"]) == g and int(r["chunk"]) == chunk]
-                bar.set_postfix(true_return=f"{np.nanmean(returns):.4g}")
-                bar.update()
-                if stopping:
-                    break
-            bar.close()
-            checkpoints.close()
+            with contextlib.ExitStack() as open_runs:
+                wandb_runs = self.wandb_runs(program, open_runs)
+                stopping = False
+                for chunk in range(first, training.num_chunks):
+                    start = time.perf_counter()
+                    state, metrics = program.run_chunk(state, chunk)
+                    metrics = gather(metrics)
+                    seconds = time.perf_counter() - start
+                    for m, member in enumerate(members):
+                        row = summarize(jax.tree.map(lambda x: x[m], metrics))
+                        row = {"group": g, "chunk": chunk, "member": member.index, "seed": member.seed,
+                               "label": member.label(), **row,
+                               "steps_per_second": len(members) * training.chunk_inputs(chunk)[0]
+                               * training.steps_per_iteration / seconds}
+                        rows.append(row)
+                        if member.index in wandb_runs:
+                            wandb_runs[member.index].log_row(row)
+                        try:
+                            check_finite(row, chunk, training.unmeasured(row))
+                        except RunError as error:  # one diverging learning rate need not stop the others
+                            if member.index not in warned:
+                                warned.add(member.index)
+                                print(f"warning: run {member.index} ({member.label()}, seed {member.seed}): {error}",
+                                      flush=True)
+                    self.write_rows(rows)
+                    due, stopping = agree(schedule.due(chunk), stop.requested())
+                    if due or stopping:
+                        started = schedule.clock()
+                        checkpoints.save(chunk, state)
+                        schedule.saved(started)
+                    returns = [r["episode_return"] for r in rows if int(r["group"]) == g and int(r["chunk"]) == chunk]
+                    bar.set_postfix(true_return=f"{np.nanmean(returns):.4g}")
+                    bar.update()
+                    if stopping:
+                        break
+                bar.close()
+                checkpoints.close()
             if stopping:
                 where = f"in group {g + 1} of {len(self.groups)}. {checkpoints.resume_hint()}"
                 if not stop.requested():  # the signal reached another process

@@ -46,6 +46,7 @@ from rlhf_jax.reward.people import HostLabels, Query, wait_for_answers
 from rlhf_jax.reward.preference_learner import PreferenceLearner
 from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.metrics_log import MetricsLog, plot_learning_curve
+from rlhf_jax.wandb_log import logging_to_wandb, require_wandb
 
 def new_run_dir(config: ExperimentConfig) -> Path:
     """The directory of a new run, holding its ``config.yaml`` (written whole or not at all:
@@ -596,6 +597,7 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
     if resume is not None:
         run_dir = Path(resume)
         config = load_run_config(run_dir)
+    require_wandb(config.run)  # before anything is written
     training = make_training(config)
     if resume is None:
         run_dir = new_run_dir(config)
@@ -609,10 +611,11 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
         saved_chunk, runner = checkpoints.restore(jax.eval_shape(training.init_runner, jax.random.PRNGKey(config.seed)))
         runner = apply_config_edits(training, checkpoints, saved_chunk, runner)
         first_chunk = saved_chunk + 1
-    with stop_on_write_failure(checkpoints, f"to {run_dir}"):
+    with (stop_on_write_failure(checkpoints, f"to {run_dir}"),
+          logging_to_wandb(config, run_dir, run_dir.name) as wandb_run):
         if config.labeler == "people":
             connect_people(training, run_dir)
-        log = MetricsLog(run_dir, tensorboard=config.run.tensorboard)
+        log = MetricsLog(run_dir, tensorboard=config.run.tensorboard, wandb=wandb_run)
         if resume is None:
             log.truncate_after(0)  # rows of an attempt that never reached a checkpoint
             runner = training.init_runner(jax.random.PRNGKey(config.seed))
@@ -672,6 +675,13 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
         if not training.finish(stop.requested):
             raise stop.interrupted(f"after the run's last chunk, while the clips of its last queries were made "
                                    f"for people: rlhf-jax train --resume {run_dir} makes the rest")
+        if wandb_run is not None:
+            wandb_run.log_image("learning_curve", run_dir / "learning_curve.png")
+            if config.labeler == "people":
+                from rlhf_jax.feedback.store import STORE_FILE, LabelStore
+
+                store = LabelStore(run_dir / STORE_FILE, config.people)
+                wandb_run.log_label_counts(store.counts(training.learner.kind))
     return run_dir
 
 
