@@ -285,6 +285,21 @@ def test_write_clip_keeps_every_frame_at_the_given_rate(fps, tmp_path):
     np.testing.assert_array_equal(decoded[:, 240, ::8, 0] > 127, frames[:, 240, ::8, 0] > 127)
 
 
+def test_write_clip_encodes_pictures_as_they_come(tmp_path):
+    """An iterable of pictures (a long video composed frame by frame) encodes as the array would;
+    a picture of another size stops it, leaving nothing behind."""
+    frames = np.zeros((6, 32, 48, 3), np.uint8)
+    frames[:, 8:24, 8:24] = 200
+    path = clips.write_clip((frame for frame in frames), tmp_path / "stream.mp4", 10)
+    meta, decoded = decode(path)
+    assert decoded.shape == frames.shape and np.abs(decoded.astype(np.float32) - frames).mean() < 12
+    with pytest.raises(ValueError, match="every frame must be 32x48 like the first; frame 2 is 32x50"):
+        clips.write_clip(iter([frames[0], frames[1], np.zeros((32, 50, 3), np.uint8)]), tmp_path / "mixed.mp4", 10)
+    with pytest.raises(ValueError, match="at least one picture"):
+        clips.write_clip(iter([]), tmp_path / "empty.mp4", 10)
+    assert os.listdir(tmp_path) == ["stream.mp4"]
+
+
 def test_write_clip_replaces_the_file_whole_or_not_at_all(tmp_path, monkeypatch):
     frames = np.zeros((3, 32, 48, 3), np.uint8)
     frames[:, 8:24, 8:24] = 200

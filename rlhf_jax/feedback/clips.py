@@ -4,7 +4,7 @@ People label segments by watching them (Christiano et al. 2017, appendix B), so 
 segment of observations becomes a short MP4 file:
 
     frames = render_frames(spec, obs)        # uint8 [k, H, W, 3], one picture per observation
-    write_clip(frames, path, fps=spec.fps)   # H.264 MP4, replaced atomically
+    write_clip(frames, path, fps=spec.fps)   # H.264 MP4, replaced atomically (frames: an array or an iterable)
     render_clip(spec, obs, path)             # both, at the environment's real frame rate (or fps=)
 
 ``obs`` is a NumPy array ``[k, *spec.observation_shape]`` (one segment of one copy), and
@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import os
 import subprocess
 import tempfile
@@ -126,8 +127,12 @@ def render_frames(spec: EnvSpec, obs) -> np.ndarray:
 
 
 def write_clip(frames, path, fps: float) -> Path:
-    """Encode ``frames`` (uint8 ``[k, H, W, 3]``, ``H`` and ``W`` even) as an H.264 MP4 at ``fps``
-    (libx264's default quality, CRF 23, and one frame per frame: none dropped or repeated).
+    """Encode ``frames`` as an H.264 MP4 at ``fps`` (libx264's default quality, CRF 23, and one
+    frame per frame: none dropped or repeated).
+
+    ``frames`` is uint8 ``[k, H, W, 3]`` (``k >= 1``, ``H`` and ``W`` even), or any iterable of
+    uint8 ``[H, W, 3]`` pictures of one size: they go to the encoder as they come, so a long
+    video (a whole evaluation episode) is never held in memory whole.
 
     The file appears at ``path`` complete or not at all: it is written under a hidden
     temporary name in the same folder (created if missing), then renamed over ``path``.
@@ -135,12 +140,11 @@ def write_clip(frames, path, fps: float) -> Path:
     """
     import imageio_ffmpeg
 
-    frames = np.asarray(frames)
-    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or frames.shape[0] < 1:
-        raise ValueError(f"frames must be uint8 [k, H, W, 3] with k >= 1; got {frames.dtype} {tuple(frames.shape)}")
-    k, height, width, _ = frames.shape
-    if height % 2 or width % 2:
-        raise ValueError(f"H.264 needs an even frame height and width; got {height}x{width}")
+    frames = iter(frames)
+    first = next(frames, None)
+    if first is None:
+        raise ValueError("frames must hold at least one picture (k >= 1)")
+    height, width = _picture_size(first)
     if not fps > 0:
         raise ValueError(f"fps must be positive, got {fps}")
     path = Path(path)
@@ -156,15 +160,33 @@ def write_clip(frames, path, fps: float) -> Path:
     descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     os.close(descriptor)
     try:
-        # close_fds=False lets Python start ffmpeg with posix_spawn rather than fork, which JAX
-        # warns about in its multithreaded processes (descriptors that Python opens are not
-        # inheritable anyway, PEP 446).
-        done = subprocess.run(
-            command + [partial], input=np.ascontiguousarray(frames).tobytes(), capture_output=True, close_fds=False
-        )
-        if done.returncode != 0:
-            message = done.stderr.decode(errors="replace").strip()
-            raise RuntimeError(f"ffmpeg could not encode {path.name} (exit status {done.returncode}): {message}")
+        # ffmpeg's messages go to a file, not a pipe: a pipe nobody reads while frames are
+        # written could fill up and stop both processes.
+        with tempfile.TemporaryFile() as messages:
+            # close_fds=False lets Python start ffmpeg with posix_spawn rather than fork, which JAX
+            # warns about in its multithreaded processes (descriptors that Python opens are not
+            # inheritable anyway, PEP 446).
+            encoder = subprocess.Popen(command + [partial], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                       stderr=messages, close_fds=False)
+            try:
+                for index, frame in enumerate(itertools.chain([first], frames)):
+                    if _picture_size(frame) != (height, width):
+                        raise ValueError(f"every frame must be {height}x{width} like the first; frame {index} is "
+                                         f"{np.shape(frame)[0]}x{np.shape(frame)[1]}")
+                    encoder.stdin.write(np.ascontiguousarray(frame).tobytes())
+            except BrokenPipeError:
+                pass  # ffmpeg stopped reading: its exit status and messages say why
+            except BaseException:
+                encoder.kill()
+                raise
+            finally:
+                with contextlib.suppress(BrokenPipeError):
+                    encoder.stdin.close()
+                status = encoder.wait()
+            messages.seek(0)
+            message = messages.read().decode(errors="replace").strip()
+        if status != 0:
+            raise RuntimeError(f"ffmpeg could not encode {path.name} (exit status {status}): {message}")
         os.chmod(partial, 0o644)  # mkstemp makes it private; a web server may run as another user
         os.replace(partial, path)
     except BaseException:
@@ -172,6 +194,18 @@ def write_clip(frames, path, fps: float) -> Path:
             os.unlink(partial)
         raise
     return path
+
+
+def _picture_size(frame) -> tuple[int, int]:
+    """``(H, W)`` of one picture to encode; a ``ValueError`` for one that H.264 cannot take."""
+    frame = np.asarray(frame)
+    if frame.ndim != 3 or frame.shape[-1] != 3 or frame.dtype != np.uint8:
+        raise ValueError(f"frames must be uint8 [k, H, W, 3] (or uint8 [H, W, 3] pictures); got a picture of "
+                         f"{frame.dtype} {tuple(frame.shape)}")
+    height, width = frame.shape[:2]
+    if height % 2 or width % 2:
+        raise ValueError(f"H.264 needs an even frame height and width; got {height}x{width}")
+    return height, width
 
 
 def render_clip(spec: EnvSpec, obs, path, fps: float | None = None) -> Path:
