@@ -64,10 +64,14 @@ def env_step(env: Environment, env_state, action):
 
     Returns ``(env_state, timestep, env_action)``.
     """
-    space = env.spec.action_space
-    env_action = jnp.clip(action, space.low, space.high) if isinstance(space, Box) else action
+    env_action = clip_action(env.spec.action_space, action)
     env_state, timestep = env.step(env_state, env_action)
     return env_state, timestep, env_action
+
+
+def clip_action(space, action: jax.Array) -> jax.Array:
+    """The action as every agent hands it to the environment: a continuous one clipped into ``space``'s bounds."""
+    return jnp.clip(action, space.low, space.high) if isinstance(space, Box) else action
 
 
 def rollout_rewards(reward_fn: RewardFn, reward_params, obs, env_action, timestep: TimeStep,
