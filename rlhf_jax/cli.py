@@ -77,7 +77,7 @@ def cmd_eval(args) -> None:
 
     from rlhf_jax.trainer import evaluate_run
 
-    print(json.dumps(evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed), indent=2))
+    print(json.dumps(evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed, videos=args.video), indent=2))
 
 
 def cmd_label(args) -> None:
@@ -137,6 +137,9 @@ def make_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("run_dir", metavar="RUN_DIR")
     evaluate.add_argument("--episodes", type=episodes, help="episodes to score (default: run.eval_episodes)")
     evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--video", type=episodes, nargs="?", const=1, default=0, metavar="N",
+                          help="also write the first N scored episodes (default 1) as RUN_DIR/eval/episode_<k>.mp4; "
+                               "put it after RUN_DIR")
     evaluate.set_defaults(run=cmd_eval)
 
     label = commands.add_parser("label", help="serve the web page where people label a run's queries")

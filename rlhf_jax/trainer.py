@@ -2,7 +2,8 @@
 
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.csv`` and
 ``tensorboard/`` (one row per chunk), ``checkpoints/`` (orbax), and at the end
-``learning_curve.png``; ``rlhf-jax eval`` adds ``eval.json``.
+``learning_curve.png``; ``rlhf-jax eval`` adds ``eval.json`` (and with ``--video``,
+``eval/episode_<k>.mp4``).
 
 The run is the agent's ``iteration`` scanned over chunks of iterations: one compiled
 call per chunk, nothing crossing to the host inside it. Between chunks the host
@@ -38,7 +39,7 @@ from rlhf_jax.config import ExperimentConfig, RunConfig, build, to_dict
 from rlhf_jax.config_base import CONFIG_FILE, dump_yaml, is_in_state, read_run_config
 from rlhf_jax.envs import ATARI_NAMES, EnvConfig, make
 from rlhf_jax.errors import ConfigError, Interrupted, RunError
-from rlhf_jax.evaluation import evaluate
+from rlhf_jax.evaluation import LearnedReward, evaluate, record_episodes
 from rlhf_jax.loop import Loop, LoopState
 from rlhf_jax.reward.ibt_learner import IBTLearner
 from rlhf_jax.reward.learner import Queries, RewardLearner
@@ -200,6 +201,10 @@ class AgentRun:
     def save_outputs(self, state, run_dir: Path) -> None:
         """What a finished run writes besides its checkpoints and metrics: nothing here."""
 
+    def learned_reward(self, runner) -> LearnedReward | None:
+        """The reward the run learned, as of ``runner``: none here (the agent learns from the true reward)."""
+        return None
+
 
 class Training(AgentRun):
     """The agent on the environment's reward: everything compiled, shared by a fresh start and a resume."""
@@ -354,6 +359,9 @@ class LearnedRewardTraining(AgentRun):
 
     def policy_params(self, state: LoopState):
         return state.runner.params
+
+    def learned_reward(self, state: LoopState) -> LearnedReward:
+        return LearnedReward(self.learner.reward_fn, self.learner.reward_params(state.learner))
 
     def save_outputs(self, state: LoopState, run_dir: Path) -> None:
         """The answers the run learned from, with their clips: ``labels.npz``."""
@@ -685,22 +693,37 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
     return run_dir
 
 
-def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0) -> dict:
-    """Score the run's latest policy on whole true episodes (the agent's evaluation protocol)."""
+def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0, videos: int = 0) -> dict:
+    """Score the run's latest policy on whole true episodes (the agent's evaluation protocol),
+    and write the first ``videos`` of them as MP4s (:mod:`rlhf_jax.episode_video`)."""
+    from rlhf_jax import episode_video
+
     run_dir = Path(run_dir)
     config = load_run_config(run_dir)
+    num_envs = episodes or config.run.eval_episodes
+    if videos:
+        episode_video.check_video_request(config.env.id, videos, num_envs)
     training = make_training(config)
     _, runner = restore_latest(training, run_dir)
-    num_envs = episodes or config.run.eval_episodes
     env = make(dataclasses.replace(config.env, num_envs=num_envs, seed=config.env.seed + 10_000))
     max_steps = config.run.eval_max_steps or env.spec.max_episode_steps + 1
     act = training.agent.make_policy(training.agent_config, env.spec)
-    score = jax.jit(lambda params, key: evaluate(act, params, env, key, max_steps))(training.policy_params(runner), jax.random.PRNGKey(seed))
+    params, key = training.policy_params(runner), jax.random.PRNGKey(seed)
+    score = jax.jit(lambda params, key: evaluate(act, params, env, key, max_steps))(params, key)
     finished = int(score["episodes"])
     result = {
         "env": config.env.id, "agent": config.agent, "env_steps": int(runner.env_steps),
         "episodes": finished,
         "mean_true_return": float(score["episode_return_sum"]) / finished if finished else None,
     }
+    if videos:
+        # The same key and environment as the score: the videos show episodes it counted.
+        learned = training.learned_reward(runner)  # None on the true reward: no r-hat panel
+        reward_fn, reward_params = (None, None) if learned is None else learned
+        record = jax.jit(lambda params, reward_params, key: record_episodes(
+            act, params, env, key, max_steps, videos, reward_fn, reward_params))
+        recording = record(params, reward_params, key)
+        written = episode_video.write_episode_videos(env.spec, recording, run_dir)
+        result["videos"] = [{**video._asdict(), "path": str(video.path)} for video in written]
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
