@@ -37,6 +37,7 @@ class IntervalEstimate(NamedTuple):
     iqm: float  # the interquartile mean
     iqm_low: float  # the IQM's stratified bootstrap confidence interval
     iqm_high: float
+    confidence: float  # the interval's coverage: 0.95 for a 95% interval
     runs: int
     tasks: int
 
@@ -48,6 +49,7 @@ class PerformanceProfile(NamedTuple):
     fraction: np.ndarray  # [k]
     low: np.ndarray  # [k]: the stratified bootstrap confidence interval at each threshold
     high: np.ndarray  # [k]
+    confidence: float
 
 
 def require_rliable():
@@ -83,7 +85,7 @@ def interval_estimate(scores: np.ndarray, replications: int = REPLICATIONS, conf
             confidence_interval_size=confidence)
     (low,), (high,) = interval["scores"]
     return IntervalEstimate(float(np.mean(scores)), float(point["scores"][0]), float(low), float(high),
-                            *scores.shape)
+                            confidence, *scores.shape)
 
 
 def performance_profile(scores: np.ndarray, thresholds: np.ndarray, replications: int = REPLICATIONS,
@@ -95,7 +97,7 @@ def performance_profile(scores: np.ndarray, thresholds: np.ndarray, replications
         fraction, interval = library.create_performance_profile(
             {"scores": scores}, thresholds, reps=replications, confidence_interval_size=confidence)
     low, high = interval["scores"]
-    return PerformanceProfile(thresholds, np.asarray(fraction["scores"], np.float64), low, high)
+    return PerformanceProfile(thresholds, np.asarray(fraction["scores"], np.float64), low, high, confidence)
 
 
 def _score_matrix(scores) -> np.ndarray:
@@ -116,3 +118,31 @@ def _global_numpy_seed(seed: int):
         yield
     finally:
         np.random.set_state(saved)
+
+
+# ---------------------------------------------------------------------- figures
+def draw_intervals(ax, names: list[str], estimates: list[IntervalEstimate], score: str) -> None:
+    """On matplotlib axes ``ax``: each method's IQM with its interval, and its plain mean."""
+    y = np.arange(len(names))
+    iqm = np.array([e.iqm for e in estimates])
+    below, above = iqm - [e.iqm_low for e in estimates], [e.iqm_high for e in estimates] - iqm
+    ax.errorbar(iqm, y, xerr=[below, above], fmt="o", capsize=4,
+                label=f"IQM, {estimates[0].confidence:.0%} interval" if estimates else None)
+    ax.plot([e.mean for e in estimates], y, "x", color="black", label="mean", zorder=3)
+    ax.set_yticks(y, names)
+    ax.set_ylim(-0.6, len(names) - 0.4)
+    ax.set_xlabel(score)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=8)
+
+
+def draw_profiles(ax, names: list[str], profiles: list[PerformanceProfile], score: str) -> None:
+    """On matplotlib axes ``ax``: each method's performance profile, its interval shaded."""
+    for name, profile in zip(names, profiles):
+        (line,) = ax.plot(profile.thresholds, profile.fraction, label=name)
+        ax.fill_between(profile.thresholds, profile.low, profile.high, color=line.get_color(), alpha=0.2)
+    ax.set_xlabel(f"{score} above")
+    ax.set_ylabel("fraction of runs")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)

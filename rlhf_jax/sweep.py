@@ -20,7 +20,9 @@ on its own devices, and process 0 writes the results.
 
 A sweep directory holds ``sweep.yaml`` (base config, swept values, seeds), ``members.csv``
 (one row per member per chunk), ``results.csv`` and ``results.md`` (one row per combination:
-mean and std over seeds of the last chunk's true return), ``curves.png``, and
+mean and std over seeds of the last chunk's true return, and its interquartile mean with a
+stratified bootstrap interval, :mod:`rlhf_jax.statistics`), ``curves.png``, ``statistics.png``
+(those intervals, and performance profiles), and
 ``group<g>/checkpoints/`` (orbax, the stacked state after each chunk): ``--resume`` skips
 finished groups and continues the current one from its newest checkpoint.
 
@@ -53,6 +55,8 @@ from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
 from rlhf_jax.config_base import dump_yaml, is_in_state, parse_yaml
 from rlhf_jax.errors import ConfigError, RunError
+from rlhf_jax.statistics import (CONFIDENCE, IntervalEstimate, draw_intervals, draw_profiles, interval_estimate,
+                                 performance_profile, require_rliable)
 from rlhf_jax.wandb_log import WandbRun, logging_to_wandb, require_wandb
 
 SWEEP_FILE = "sweep.yaml"
@@ -364,8 +368,10 @@ class Sweep:
 
 
 def write_results(directory: Path, rows: list[dict], swept_keys: list[str]) -> None:
-    """``results.csv``/``results.md``: per combination, the last chunk's true return over seeds;
-    ``curves.png``: true return against env steps, the mean over seeds with its range."""
+    """``results.csv``/``results.md``: per combination, the last chunk's true return over seeds
+    (their mean and std, and their IQM with its interval); ``curves.png``: true return against
+    env steps, the mean over seeds with its range; ``statistics.png``: the IQMs and the
+    performance profiles of the last chunk's true return (:mod:`rlhf_jax.statistics`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -396,15 +402,63 @@ def write_results(directory: Path, rows: list[dict], swept_keys: list[str]) -> N
     figure.savefig(directory / "curves.png", dpi=100)
     plt.close(figure)
 
+    finals = {label: final_returns(members) for label, members in by_label.items()}
+    estimates = write_statistics(directory, finals, swept_keys)
+    for row in table:
+        estimate = estimates.get(row["combination"])
+        row.update(final_true_return_iqm=estimate.iqm if estimate else math.nan,
+                   final_true_return_iqm_low=estimate.iqm_low if estimate else math.nan,
+                   final_true_return_iqm_high=estimate.iqm_high if estimate else math.nan)
     with (directory / "results.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, list(table[0]))
         writer.writeheader()
         writer.writerows(table)
-    lines = ["| combination | seeds | final true return (mean ± std) | env steps |", "|---|---|---|---|"]
+    lines = [f"| combination | seeds | final true return (mean ± std) | env steps | IQM [{CONFIDENCE:.0%} interval] |",
+             "|---|---|---|---|---|"]
     lines += [f"| {t['combination']} | {t['seeds']} | {t['final_true_return_mean']:.1f} ± "
-              f"{t['final_true_return_std']:.1f} | {t['env_steps']} |" for t in table]
+              f"{t['final_true_return_std']:.1f} | {t['env_steps']} | {shown_iqm(estimates.get(t['combination']))} |"
+              for t in table]
     (directory / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
+
+
+def final_returns(members: dict[int, list[dict]]) -> np.ndarray:
+    """Each member's true return in its last chunk, those whose last chunk ended no episode left out."""
+    returns = np.array([max(rows, key=lambda r: r["chunk"])["episode_return"] for rows in members.values()])
+    return returns[np.isfinite(returns)]
+
+
+def write_statistics(directory: Path, finals: dict[str, np.ndarray],
+                     swept_keys: list[str]) -> dict[str, IntervalEstimate]:
+    """``statistics.png`` and the IQM of each combination's final returns (one task: a matrix
+    ``[seeds, 1]`` each); nothing, with a note, without rliable."""
+    import matplotlib.pyplot as plt
+
+    try:
+        require_rliable()
+    except ImportError as error:
+        print(f"note: {error}; results have the mean and std only", flush=True)
+        return {}
+    scored = {label: returns[:, None] for label, returns in finals.items() if returns.size}
+    if not scored:
+        return {}
+    every = np.concatenate(list(scored.values()))
+    margin = 0.05 * (every.max() - every.min()) or 1.0  # so that each profile falls from 1 to 0
+    thresholds = np.linspace(every.min() - margin, every.max() + margin, 50)
+    estimates = {label: interval_estimate(scores) for label, scores in scored.items()}
+    profiles = {label: performance_profile(scores, thresholds) for label, scores in scored.items()}
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 0.5 * len(scored) + 3.5))
+    draw_intervals(left, list(estimates), list(estimates.values()), "final true return")
+    draw_profiles(right, list(profiles), list(profiles.values()), "final true return")
+    figure.suptitle(f"sweep over {', '.join(swept_keys) or 'seeds'}: the last chunk's true return over seeds")
+    figure.tight_layout()
+    figure.savefig(directory / "statistics.png", dpi=100)
+    plt.close(figure)
+    return estimates
+
+
+def shown_iqm(estimate: IntervalEstimate | None) -> str:
+    return f"{estimate.iqm:.1f} [{estimate.iqm_low:.1f}, {estimate.iqm_high:.1f}]" if estimate else "n/a"
 
 
 def sweep_directory(base: dict) -> Path:

@@ -18,7 +18,8 @@ import pytest
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, flat_keys, read_yaml, to_dict
 from rlhf_jax.config_base import is_in_state
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.sweep import Sweep, make_groups, member_config, split_sweep_words
+from rlhf_jax.statistics import interval_estimate
+from rlhf_jax.sweep import Sweep, make_groups, member_config, split_sweep_words, write_results
 from rlhf_jax.trainer import restore_latest, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -271,3 +272,43 @@ def test_an_atari_sweep_runs_its_members_on_one_shared_pool(tmp_path):
         ("0", "0", "20.0"), ("0", "1", "20.0"), ("1", "0", "40.0"), ("1", "1", "40.0")]
     assert rows[-1]["loss"] != rows[-2]["loss"]  # two runs, not one copied
     assert "| base | 2 |" in (directory / "results.md").read_text()
+
+
+# ------------------------------------------------------------- statistics
+def results_of(tmp_path, finals: dict[str, list[float]]) -> Path:
+    """``write_results`` of members whose last chunk (of two) scored ``finals``, per combination."""
+    rows, member = [], 0
+    for label, returns in finals.items():
+        for seed, final in enumerate(returns):
+            rows += [{"group": 0.0, "chunk": float(chunk), "member": float(member), "seed": float(seed), "label": label,
+                      "env_steps": 100.0 * (chunk + 1), "episode_return": value}
+                     for chunk, value in enumerate([1.0, final])]
+            member += 1
+    write_results(tmp_path, rows, ["a2c.learning_rate"])
+    return tmp_path
+
+
+def test_results_give_each_combinations_iqm_with_its_interval(tmp_path):
+    directory = results_of(tmp_path, {"a": [10.0, 20.0, 30.0, 1000.0], "b": [5.0, 5.0, np.nan, 5.0, 5.0]})
+    with (directory / "results.csv").open() as f:
+        table = {row["combination"]: row for row in csv.DictReader(f)}
+    # a: the middle half of 10 20 30 1000 is 20 30; its mean, pulled up by the 1000, is 265.
+    expected = interval_estimate(np.array([[10.0], [20.0], [30.0], [1000.0]]))
+    assert float(table["a"]["final_true_return_iqm"]) == pytest.approx(25.0) == pytest.approx(expected.iqm)
+    assert float(table["a"]["final_true_return_iqm_low"]) == pytest.approx(expected.iqm_low)
+    assert float(table["a"]["final_true_return_iqm_high"]) == pytest.approx(expected.iqm_high)
+    assert float(table["a"]["final_true_return_mean"]) == pytest.approx(265.0)
+    # b: the member whose last chunk ended no episode is left out; the rest agree exactly.
+    assert [float(table["b"][f"final_true_return_iqm{end}"]) for end in ("", "_low", "_high")] == [5.0] * 3
+    markdown = (directory / "results.md").read_text()
+    assert "IQM [95% interval]" in markdown
+    assert f"| 25.0 [{expected.iqm_low:.1f}, {expected.iqm_high:.1f}] |" in markdown
+    assert (directory / "statistics.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_without_rliable_results_say_so_and_keep_the_mean(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "rliable", None)
+    directory = results_of(tmp_path, {"a": [10.0, 20.0]})
+    assert "note: interquartile means with bootstrap intervals need rliable" in capsys.readouterr().out
+    assert "| a | 2 | 15.0 ± 5.0 | 200 | n/a |" in (directory / "results.md").read_text()
+    assert not (directory / "statistics.png").exists()
