@@ -8,6 +8,12 @@ episodes per seed, with its curves kept beside (``chunk_curves``). Two reference
 way with the same agent and budget: RL on the true reward with visible episode ends, and, where
 the task hides its ends from the agent, RL on the oracle's own reward with the ends hidden
 (unnormalised, unlike r̂). Then the six ablations of section 3.3 on CartPole with 500 labels.
+
+Beside each cell's mean, the statistics Agarwal et al. (2021) recommend for few seeds
+(:mod:`rlhf_jax.statistics`, with rliable): per task and budget, the interquartile mean (IQM)
+over seeds with its 95% stratified bootstrap interval; per budget, across tasks, the IQM of
+normalised returns (0: a uniformly random policy, 1: RL on the true reward, each a mean over
+its seeds) with its interval, and the performance profile of those normalised returns.
 Results are written after every cell (``benchmarks/results/labels_vs_return.json``, and a
 PNG beside it), so an interrupted run keeps what it finished; cells from earlier runs that
 this run does not repeat are kept, so tasks can be run one at a time.
@@ -18,8 +24,10 @@ import argparse
 import dataclasses
 import json
 import time
+from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import (RESULTS, Headline, enable_compilation_cache, stacked_runners, with_headline,
@@ -27,8 +35,10 @@ from benchmarks.common import (RESULTS, Headline, enable_compilation_cache, stac
 from benchmarks.reproduce import read_ablations
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
-from rlhf_jax.envs import make
+from rlhf_jax.envs import Discrete, make
 from rlhf_jax.evaluation import evaluate
+from rlhf_jax.statistics import (CONFIDENCE, REPLICATIONS, IntervalEstimate, PerformanceProfile, draw_intervals,
+                                 draw_profiles, interval_estimate, normalize, performance_profile, require_rliable)
 from rlhf_jax.trainer import AgentRun, make_training
 
 # Each task: overrides of the built-in default (A2C on CartPole from preferences).
@@ -63,12 +73,20 @@ def experiment(overrides: list[str]) -> ExperimentConfig:
     return build(ExperimentConfig, apply_overrides(DEFAULT_EXPERIMENT, overrides))
 
 
+def evaluation_env(env_config):
+    """``EVAL_EPISODES`` copies of the unmodified task (episode ends visible), seeded apart from training's."""
+    return make(dataclasses.replace(env_config, num_envs=EVAL_EPISODES, hide_episode_end=False,
+                                    seed=env_config.seed + 10_000))
+
+
 def evaluate_seeds(training, params, seed: int) -> list[float]:
     """Each seed's mean true return over ``EVAL_EPISODES`` whole episodes of the unmodified task."""
-    env_config = dataclasses.replace(training.config.env, num_envs=EVAL_EPISODES, hide_episode_end=False,
-                                     seed=training.config.env.seed + 10_000)
-    env = make(env_config)
-    act = training.agent.make_policy(training.agent_config, env.spec)
+    env = evaluation_env(training.config.env)
+    return score_seeds(env, training.agent.make_policy(training.agent_config, env.spec), params, seed)
+
+
+def score_seeds(env, act, params, seed: int) -> list[float]:
+    """:func:`evaluate_seeds` for a policy ``act`` and its parameters stacked over ``SEEDS``."""
     score = jax.jit(jax.vmap(lambda p, k: evaluate(act, p, env, k, env.spec.max_episode_steps + 1)))
     keys = jax.random.split(jax.random.PRNGKey(seed + 1), SEEDS)
     result = jax.device_get(score(params, keys))
@@ -122,28 +140,99 @@ def true_reward_cell(overrides: list[str], seed: int = 0, visible_ends: bool = T
     return {"returns": returns, "mean": float(np.mean(returns)), "seconds": round(time.perf_counter() - start, 1)}
 
 
+def uniform_random_policy(spec):
+    """``act(params, obs, key)`` drawing every action uniformly from the action space (no parameters)."""
+    space = spec.action_space
+
+    def act(params, obs, key):
+        shape = (obs.shape[0], *space.shape)
+        if isinstance(space, Discrete):
+            return jax.random.randint(key, shape, 0, space.n)
+        return jax.random.uniform(key, shape, minval=space.low, maxval=space.high)
+
+    return act
+
+
+def random_policy_cell(overrides: list[str], seed: int = 0) -> dict:
+    """The task's floor for normalised returns: uniformly random actions, scored as every cell is."""
+    env = evaluation_env(experiment(overrides).env)
+    returns = score_seeds(env, uniform_random_policy(env.spec), jnp.zeros(SEEDS), seed)
+    return {"returns": returns, "mean": float(np.mean(returns))}
+
+
 def hides_episode_ends(task: str) -> bool:
     return experiment(TASKS[task]).env.hide_episode_end
 
 
-def plot(result: dict, path) -> None:
+class LabelStatistics(NamedTuple):
+    """A result's statistics (module docstring), by label budget."""
+
+    per_task: dict[str, dict[int, IntervalEstimate]]  # task -> budget -> the IQM over its seeds
+    normalized_tasks: tuple[str, ...]  # the tasks with both references, which the aggregate spans
+    normalized: dict[int, IntervalEstimate]  # budget -> the IQM of normalised returns, seeds and tasks pooled
+    profiles: dict[int, PerformanceProfile]  # budget -> the performance profile of normalised returns
+
+
+# Normalised returns: 0 is a uniformly random policy's, 1 is RL on the true reward's.
+PROFILE_THRESHOLDS = np.linspace(-0.25, 1.25, 61)
+
+
+def label_statistics(result: dict, replications: int = REPLICATIONS) -> LabelStatistics:
+    """The IQMs, intervals and profiles of ``result``'s label cells (rliable; module docstring)."""
+    tasks = result["tasks"]
+    per_task = {task: {int(b): interval_estimate(np.array(cell["returns"])[:, None], replications)
+                       for b, cell in cells["labels"].items()} for task, cells in tasks.items()}
+    normalized_tasks = tuple(task for task, cells in tasks.items() if {"random_policy", "true_reward"} <= set(cells))
+    budgets = sorted(set.intersection(*(set(map(int, tasks[t]["labels"])) for t in normalized_tasks))
+                     if normalized_tasks else set())
+    low = [tasks[t]["random_policy"]["mean"] for t in normalized_tasks]
+    high = [tasks[t]["true_reward"]["mean"] for t in normalized_tasks]
+    normalized, profiles = {}, {}
+    for budget in budgets:
+        returns = np.array([tasks[t]["labels"][str(budget)]["returns"] for t in normalized_tasks]).T  # [seeds, tasks]
+        scores = normalize(returns, low, high)
+        normalized[budget] = interval_estimate(scores, replications)
+        profiles[budget] = performance_profile(scores, PROFILE_THRESHOLDS, replications)
+    return LabelStatistics(per_task, normalized_tasks, normalized, profiles)
+
+
+def statistics_json(stats: LabelStatistics) -> dict:
+    """``stats`` as the result file keeps them."""
+    as_lists = lambda profile: {k: np.asarray(v).tolist() for k, v in profile._asdict().items() if k != "thresholds"}
+    return {"per_task": {task: {str(b): e._asdict() for b, e in cells.items()} for task, cells in stats.per_task.items()},
+            "normalized": {"tasks": list(stats.normalized_tasks), "zero": "random_policy", "one": "true_reward",
+                           "budgets": {str(b): e._asdict() for b, e in stats.normalized.items()},
+                           "profile_thresholds": PROFILE_THRESHOLDS.tolist(),
+                           "profiles": {str(b): as_lists(p) for b, p in stats.profiles.items()}}}
+
+
+def plot(result: dict, stats: LabelStatistics | None, path) -> None:
+    """Each task's return against labels (the IQM over seeds with its interval, and the mean),
+    the ablations; below, across tasks, the normalised IQM per budget and the profiles."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tasks, names = list(result["tasks"]), list(result["ablations"])
-    columns = len(tasks) + bool(names)
-    fig, axes = plt.subplots(1, columns, figsize=(4 * columns, 3.4), squeeze=False)
-    axes = axes[0]
-    for ax, task in zip(axes, tasks):
+    columns = max(len(tasks) + bool(names), 2)
+    rows = 2 if stats and stats.normalized else 1
+    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.4 * rows), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
         cells = result["tasks"][task]
         budgets = sorted(int(b) for b in cells["labels"])
         if not budgets:
             continue
         means = [cells["labels"][str(b)]["mean"] for b in budgets]
-        spread = [np.std(cells["labels"][str(b)]["returns"]) for b in budgets]
-        ax.errorbar(budgets, means, yerr=spread, marker="o", capsize=3, label="preferences")
+        if stats:
+            estimates = [stats.per_task[task][b] for b in budgets]
+            iqm = np.array([e.iqm for e in estimates])
+            spread = [iqm - [e.iqm_low for e in estimates], [e.iqm_high for e in estimates] - iqm]
+            ax.errorbar(budgets, iqm, yerr=spread, marker="o", capsize=3,
+                        label=f"preferences: IQM, {CONFIDENCE:.0%} interval")
+            ax.plot(budgets, means, "x", color="tab:blue", label="mean")
+        else:
+            ax.plot(budgets, means, marker="o", label="preferences: mean")
         if "true_reward" in cells:
             ax.axhline(cells["true_reward"]["mean"], color="k", linestyle="--", label="true reward")
         if "oracle_reward" in cells:
@@ -152,13 +241,24 @@ def plot(result: dict, path) -> None:
         ax.set_xticks(budgets, [str(b) for b in budgets])
         ax.set_title(task)
         ax.set_xlabel("labels")
-    axes[0].set_ylabel(f"true return (mean of {SEEDS} seeds)")
-    axes[0].legend(fontsize=8)
+    axes[0][0].set_ylabel(f"true return ({SEEDS} seeds)")
+    axes[0][0].legend(fontsize=8)
+    for ax in axes[0][len(tasks) + bool(names):]:
+        ax.axis("off")
     if names:
-        ax = axes[-1]
+        ax = axes[0][len(tasks)]
         ax.barh(names, [result["ablations"][n]["mean"] for n in names])
         ax.set_title("cartpole, 500 labels: ablations")
         ax.set_xlabel("true return")
+    if rows == 2:
+        budgets = list(stats.normalized)
+        score = "normalised return (0: random policy, 1: RL on the true reward)"
+        draw_intervals(axes[1][0], [f"{b} labels" for b in budgets], list(stats.normalized.values()), score)
+        axes[1][0].set_title(f"all tasks ({', '.join(stats.normalized_tasks)}): IQM of seeds x tasks", fontsize=9)
+        draw_profiles(axes[1][1], [f"{b} labels" for b in budgets], list(stats.profiles.values()), "normalised return")
+        axes[1][1].set_title("performance profiles", fontsize=9)
+        for ax in axes[1][2:]:
+            ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -178,10 +278,26 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def statistics_table(stats: LabelStatistics) -> str:
+    """Per task, then across tasks (normalised), the IQM over seeds with its interval, by budget."""
+    budgets = sorted({b for cells in stats.per_task.values() for b in cells})
+    shown = lambda e: f"{e.iqm:.2f} [{e.iqm_low:.2f}, {e.iqm_high:.2f}]" if e else ""
+    lines = [f"| IQM [{CONFIDENCE:.0%} interval] | " + " | ".join(f"{b} labels" for b in budgets) + " |",
+             "| --- |" + " --- |" * len(budgets)]
+    for task, cells in stats.per_task.items():
+        lines.append(f"| {task} | " + " | ".join(shown(cells.get(b)) for b in budgets) + " |")
+    if stats.normalized:
+        lines.append(f"| all tasks, normalised ({', '.join(stats.normalized_tasks)}) | "
+                     + " | ".join(shown(stats.normalized.get(b)) for b in budgets) + " |")
+    return "\n".join(lines)
+
+
 def merge_cells(latest: dict, mine: dict) -> dict:
     """The results file's latest contents with this run's cells written over them. Cells this
     run did not make (other tasks or budgets, or another process's, written meanwhile) stay."""
-    merged = {key: value for key, value in latest.items() if key not in ("benchmark", "machine", "headline")}
+    # Made from the cells at each save: never carried over.
+    derived = ("benchmark", "machine", "headline", "statistics")
+    merged = {key: value for key, value in latest.items() if key not in derived}
     merged.update(seeds=mine["seeds"], eval_episodes=mine["eval_episodes"],
                   ablations={**latest.get("ablations", {}), **mine["ablations"]},
                   tasks=dict(latest.get("tasks", {})))
@@ -211,11 +327,22 @@ def main() -> None:
     name = "labels_vs_return_quick" if args.quick else "labels_vs_return"
 
     path = RESULTS / f"{name}.json"
+    try:
+        require_rliable()
+        with_statistics = True
+    except ImportError as error:
+        print(f"note: {error}; the results will have means only", flush=True)
+        with_statistics = False
 
     def save() -> dict:
         merged = merge_cells(json.loads(path.read_text()) if path.exists() else {}, result)
+        stats = label_statistics(merged) if with_statistics else None
+        if stats:
+            merged["statistics"] = statistics_json(stats)
         path.write_text(json.dumps(with_headline({"benchmark": name, **merged}, headline), indent=2) + "\n")
-        plot(merged, RESULTS / f"{name}.png")
+        plot(merged, stats, RESULTS / f"{name}.png")
+        if stats:
+            print(statistics_table(stats), flush=True)
         return merged
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -223,6 +350,8 @@ def main() -> None:
         cells = result["tasks"].setdefault(task, {"labels": {}})
         cells["true_reward"] = true_reward_cell(TASKS[task])
         print(f"{task}, true reward: {cells['true_reward']}", flush=True)
+        cells["random_policy"] = random_policy_cell(TASKS[task])
+        print(f"{task}, a uniformly random policy: {cells['random_policy']}", flush=True)
         if hides_episode_ends(task):
             cells["oracle_reward"] = true_reward_cell(TASKS[task], visible_ends=False)
             print(f"{task}, the oracle's reward with the ends hidden: {cells['oracle_reward']}", flush=True)

@@ -2,9 +2,16 @@
 from pathlib import Path
 from types import SimpleNamespace
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from benchmarks.labels_vs_return import chunk_curves, hides_episode_ends, merge_cells, table
+from benchmarks.labels_vs_return import (PROFILE_THRESHOLDS, chunk_curves, hides_episode_ends, label_statistics,
+                                         merge_cells, plot, random_policy_cell, statistics_json, statistics_table,
+                                         table, uniform_random_policy)
+from rlhf_jax.envs import Box, Discrete
+from rlhf_jax.statistics import interval_estimate
 
 
 def test_chunk_curves_average_the_episodes_that_ended_in_each_chunk():
@@ -45,6 +52,61 @@ def test_table_puts_both_references_beside_the_budgets():
     assert lines[2] == "| breakout | 4.6 | 5.5 | 6.6 |"
     assert lines[3] == "| pendulum | -348.1 |  | -173.3 |"  # its episode ends are not hidden
     assert not hides_episode_ends("pendulum") and hides_episode_ends("breakout")
+
+
+# Two tasks of 3 seeds with both references (a random policy's return: 0 of 1 normalised),
+# and one without the random policy's, which the aggregate leaves out.
+def seeds(*returns: float) -> dict:
+    return {"returns": list(returns), "mean": float(np.mean(returns))}
+
+
+STATISTICS_RESULT = {"ablations": {}, "tasks": {
+    "cartpole": {"random_policy": {"mean": 20.0}, "true_reward": {"mean": 500.0},
+                 "labels": {"125": seeds(20.0, 260.0, 500.0), "500": seeds(500.0, 500.0, 500.0)}},
+    "acrobot": {"random_policy": {"mean": -500.0}, "true_reward": {"mean": -100.0},
+                "labels": {"125": seeds(-500.0, -300.0, -100.0)}},
+    "pendulum": {"true_reward": {"mean": -170.0}, "labels": {"125": seeds(-600.0, -200.0, -180.0)}}}}
+REPLICATIONS = 200  # bootstrap replications: enough to check, quick to draw
+
+
+@pytest.fixture(scope="module")
+def stats():
+    return label_statistics(STATISTICS_RESULT, replications=REPLICATIONS)
+
+
+def test_statistics_pool_each_tasks_normalised_returns_and_keep_each_task_apart(stats):
+    assert stats.normalized_tasks == ("cartpole", "acrobot")  # pendulum has no random policy's return
+    assert list(stats.normalized) == [125]  # 500 labels: cartpole only, so no aggregate
+    # Normalised: cartpole 0, 0.5, 1 and acrobot 0, 0.5, 1; the middle half of the 6 pooled scores.
+    normalized = np.array([[0.0, 0.0], [0.5, 0.5], [1.0, 1.0]])
+    expected = interval_estimate(normalized, REPLICATIONS)
+    assert stats.normalized[125] == expected and expected.iqm == 0.5 and (expected.runs, expected.tasks) == (3, 2)
+    assert stats.profiles[125].fraction[np.searchsorted(PROFILE_THRESHOLDS, 0.25)] == 4 / 6
+    # Per task, over its seeds (3 seeds: scipy's quarter-trim cuts none, so the IQM is the mean).
+    assert stats.per_task["pendulum"][125] == interval_estimate(np.array([[-600.0], [-200.0], [-180.0]]), REPLICATIONS)
+    assert stats.per_task["cartpole"][500].iqm_low == stats.per_task["cartpole"][500].iqm_high == 500.0
+    saved = statistics_json(stats)
+    assert saved["normalized"]["budgets"]["125"]["iqm"] == 0.5 and saved["normalized"]["zero"] == "random_policy"
+    lines = statistics_table(stats).splitlines()
+    assert lines[0] == "| IQM [95% interval] | 125 labels | 500 labels |"
+    assert lines[-1].startswith("| all tasks, normalised (cartpole, acrobot) | 0.50 [") and lines[-1].endswith(" |  |")
+
+
+def test_the_plot_draws_the_intervals_and_profiles(stats, tmp_path):
+    plot(STATISTICS_RESULT, stats, tmp_path / "plot.png")
+    plot(STATISTICS_RESULT, None, tmp_path / "means.png")  # without rliable: means only
+    assert (tmp_path / "plot.png").stat().st_size > (tmp_path / "means.png").stat().st_size > 10_000
+
+
+def test_the_random_policy_draws_every_action_and_scores_as_random_play_does():
+    box = SimpleNamespace(action_space=Box(-2.0, 2.0, (3,)))
+    actions = uniform_random_policy(box)(None, jnp.zeros((1000, 5)), jax.random.PRNGKey(0))
+    assert actions.shape == (1000, 3) and -2.0 <= float(actions.min()) < -1.9 and 1.9 < float(actions.max()) <= 2.0
+    discrete = uniform_random_policy(SimpleNamespace(action_space=Discrete(3)))(None, jnp.zeros((300, 4)),
+                                                                                 jax.random.PRNGKey(0))
+    assert set(np.asarray(discrete).tolist()) == {0, 1, 2}
+    cell = random_policy_cell([])  # CartPole: random play lasts about 22 steps
+    assert len(cell["returns"]) == 3 and 15 < cell["mean"] < 30
 
 
 def test_report_dates_an_undated_result_by_its_commit_not_its_file_time(tmp_path):
