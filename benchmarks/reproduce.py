@@ -216,6 +216,15 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def fingerprinted_fields(config: ExperimentConfig) -> dict:
+    """The resolved config less the Weights & Biases settings: where metrics are also sent
+    changes no result, and a logging option added later must not make finished cells look
+    new (run.wandb arrived after the first figure-2 cells had run)."""
+    fields = to_dict(config)
+    fields["run"] = {key: value for key, value in fields["run"].items() if not key.startswith("wandb")}
+    return fields
+
+
 def run_config(run: Run, steps: int, points: int, runs_dir: Path) -> ExperimentConfig:
     """The run's config: its file, its overrides, the seed, and ``--steps``/``--points``;
     ``run.dir`` is ``runs_dir/<task>/<line>/seed<k>-<fingerprint of everything else>``."""
@@ -232,7 +241,7 @@ def run_config(run: Run, steps: int, points: int, runs_dir: Path) -> ExperimentC
     overrides.append(f"run.chunk_env_steps={chunk}")
     overrides += pinned_segment_length(config)
     config = load_config(ExperimentConfig, run.config_path, overrides)
-    fingerprint = hashlib.sha1(json.dumps(to_dict(config), sort_keys=True).encode()).hexdigest()[:10]
+    fingerprint = hashlib.sha1(json.dumps(fingerprinted_fields(config), sort_keys=True).encode()).hexdigest()[:10]
     run_dir = runs_dir / run.task / slug(run.line) / f"seed{run.seed}-{fingerprint}"
     return dataclasses.replace(config, run=dataclasses.replace(config.run, dir=str(run_dir)))
 

@@ -2,6 +2,7 @@
 (each cell one sweep of its seeds, recorded when it finishes, never run again), with a stand-in
 for the sweep."""
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -29,6 +30,17 @@ def test_cells_run_rl_and_700_labels_first_on_envpool():
     assert config.preferences.segment_length == 60
     assert reproduce.cell_config(cells[2], 20_000, 4, Path("/tmp/unused")).preferences.segment_length == 0  # RL
 
+
+
+def test_where_metrics_are_also_sent_leaves_a_cell_the_same_cell():
+    """A finished cell stays finished when a logging option is added or set; a result-changing
+    setting (here the seed) makes a different run."""
+    run = reproduce.Run("reacher", "RL (trpo)", "baseline", 0, reproduce.ROOT / "configs/paper/mujoco/reacher_trpo.yaml", ())
+    plain = reproduce.run_config(run, 20_000, 4, Path("/tmp/unused"))
+    logged = reproduce.run_config(dataclasses.replace(run, overrides=("run.wandb=true", "run.wandb_tags=[a]")), 20_000, 4, Path("/tmp/unused"))
+    assert logged.run.wandb and reproduce.fingerprint_of(logged) == reproduce.fingerprint_of(plain)
+    reseeded = reproduce.run_config(dataclasses.replace(run, seed=1), 20_000, 4, Path("/tmp/unused"))
+    assert reproduce.fingerprint_of(reseeded) != reproduce.fingerprint_of(plain)
 
 def fake_sweep(calls, interrupt_at=None):
     """A stand-in for the sweep: writes what a finished one leaves (sweep.yaml, members.csv)."""
