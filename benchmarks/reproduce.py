@@ -216,12 +216,21 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+# Fields added to the config after the first figure-2 cells had run, with the value that
+# leaves a run as it was before them: at that value they stay out of the fingerprint, so a
+# finished cell stays finished; set to anything else they make a new cell.
+ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "labels_from"): ""}
+
+
 def fingerprinted_fields(config: ExperimentConfig) -> dict:
-    """The resolved config less the Weights & Biases settings: where metrics are also sent
-    changes no result, and a logging option added later must not make finished cells look
-    new (run.wandb arrived after the first figure-2 cells had run)."""
+    """The resolved config less the Weights & Biases settings (where metrics are also sent
+    changes no result) and less the fields of ``ADDED_AFTER_FIRST_CELLS`` at their neutral
+    value: an option added later must not make finished cells look new."""
     fields = to_dict(config)
     fields["run"] = {key: value for key, value in fields["run"].items() if not key.startswith("wandb")}
+    for (section, key), neutral in ADDED_AFTER_FIRST_CELLS.items():
+        if key in fields[section] and fields[section][key] == neutral:
+            del fields[section][key]
     return fields
 
 
