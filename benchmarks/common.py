@@ -8,9 +8,10 @@ import json
 import operator
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +49,74 @@ def steps_per_second(run, steps: int, repeats: int = 3) -> float:
         run()
         best = min(best, time.perf_counter() - start)
     return steps / best
+
+
+class Side(NamedTuple):
+    """One side of a side-by-side timing: ``run()`` does ``units`` of work (env steps, pairs)
+    and returns once it is done (it blocks on its device's results itself)."""
+
+    run: Callable[[], object]
+    units: float
+
+
+class Spread(NamedTuple):
+    """A figure over alternating rounds: the median and the [min, max] of the rounds."""
+
+    median: float
+    low: float
+    high: float
+    rounds: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values) -> Spread:
+        values = tuple(float(v) for v in values)
+        return cls(statistics.median(values), min(values), max(values), values)
+
+
+class SideBySide(NamedTuple):
+    """Ours beside a peer, timed alternately in one run (:func:`side_by_side`)."""
+
+    ours: Spread  # units per second
+    peer: Spread
+    ratio: Spread  # ours over peer within each round
+    load_1min: tuple[float, ...]  # the 1-minute load average before the rounds and after each side
+
+    def fields(self, ours: str, peer: str, ratio: str) -> dict:
+        """The result's keys: each figure's median under its name, its ``_min_max`` and
+        ``_rounds`` beside it, and the rounds' load under ``<ratio>_load_1min``."""
+        out = {}
+        for name, spread in ((ours, self.ours), (peer, self.peer), (ratio, self.ratio)):
+            digits = 4 if spread.median < 100 else 1
+            out[name] = round(spread.median, digits)
+            out[f"{name}_min_max"] = [round(spread.low, digits), round(spread.high, digits)]
+            out[f"{name}_rounds"] = [round(v, digits) for v in spread.rounds]
+        out[f"{ratio}_load_1min"] = list(self.load_1min)
+        return out
+
+
+def side_by_side(ours: Side, peer: Side, rounds: int, label: str = "") -> SideBySide:
+    """Time ``ours`` and ``peer`` alternately (ours, peer, ours, peer, ...) over ``rounds``.
+
+    Each side runs once untimed first (compiling, allocating, warming caches). The ratio is
+    the median of each round's ours over peer, not a ratio of medians or bests: a shared
+    machine's speed drifts by up to 2x between rounds, and alternating lets both sides of a
+    round see the same drift. The load average is recorded so a reader can judge the rounds.
+    """
+    ours.run()
+    peer.run()
+    loads = [round(os.getloadavg()[0], 2)]
+    rates: dict[str, list[float]] = {"ours": [], "peer": []}
+    for index in range(rounds):
+        for name, side in (("ours", ours), ("peer", peer)):
+            start = time.perf_counter()
+            side.run()
+            rates[name].append(side.units / (time.perf_counter() - start))
+            loads.append(round(os.getloadavg()[0], 2))
+        if label:
+            print(f"{label}: round {index + 1}/{rounds}: ours {rates['ours'][-1]:.4g}/s, "
+                  f"peer {rates['peer'][-1]:.4g}/s, load {loads[-1]}", flush=True)
+    ratios = [a / b for a, b in zip(rates["ours"], rates["peer"])]
+    return SideBySide(Spread.of(rates["ours"]), Spread.of(rates["peer"]), Spread.of(ratios), tuple(loads))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,16 +175,21 @@ def with_headline(result: dict, headline: Callable[[dict], list[Headline]]) -> d
     return {**result, "headline": [row.to_json() for row in headline(result)]}
 
 
-def write_result(name: str, result: dict, headline: Callable[[dict], list[Headline]] | None = None) -> Path:
+def write_result(name: str, result: dict, headline: Callable[[dict], list[Headline]] | None = None,
+                 merge: bool = False) -> Path:
     """Write ``benchmarks/results/<name>.json`` and print the same JSON object as the last line.
 
     ``headline``: the benchmark's function from its result to its rows of the report's table
-    (:class:`Headline`); a result without one is not in the report."""
+    (:class:`Headline`); a result without one is not in the report. ``merge``: a run of some
+    of a benchmark's parts (each part short enough to time on a quiet machine) keeps the
+    stored result's other keys and replaces those it measured."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": name, "machine": machine(), **result}
+    path = RESULTS / f"{name}.json"
+    earlier = json.loads(path.read_text()) if merge and path.exists() else {}
+    earlier.pop("headline", None)
+    result = {**earlier, "benchmark": name, "machine": machine(), **result}
     if headline is not None:
         result = with_headline(result, headline)
-    path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return path

@@ -20,6 +20,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.ops.conv import conv as conv_fast_gradients
+
 ATARI_SHAPE = (84, 84, 4)
 
 
@@ -245,6 +247,7 @@ class RewardCNN(nn.Module):
             x = nn.Conv(
                 features, (size, size), (stride, stride), padding="VALID", use_bias=not self.batch_norm,
                 kernel_init=nn.initializers.orthogonal(math.sqrt(2.0)),
+                conv_general_dilated=conv_fast_gradients,  # XLA:CPU's own gradients are several times slower
             )(x)
             if self.batch_norm:
                 x = nn.BatchNorm(use_running_average=not train)(x)
