@@ -18,7 +18,7 @@ import argparse
 import jax
 import numpy as np
 
-from benchmarks.common import Headline, Target, enable_compilation_cache, steps_per_second, write_result
+from benchmarks.common import Headline, Side, Target, enable_compilation_cache, steps_per_second, write_result
 from rlhf_jax.envs import Discrete, EnvConfig, make
 
 
@@ -59,8 +59,8 @@ def measure_scan(env, steps: int, repeats: int) -> float:
     return steps_per_second(once, steps * env.num_envs, repeats)
 
 
-def measure_envpool_python(name: str, num_envs: int, steps: int, repeats: int) -> float:
-    """EnvPool's own Python loop: the baseline the XLA path is held to."""
+def envpool_python_side(name: str, num_envs: int, steps: int) -> Side:
+    """EnvPool's own Python loop of ``steps`` random-action steps, as one side of a timing."""
     import envpool
 
     pool = envpool.make(name, env_type="gymnasium", num_envs=num_envs, seed=0, reward_clip=False)
@@ -72,8 +72,14 @@ def measure_envpool_python(name: str, num_envs: int, steps: int, repeats: int) -
         for _ in range(steps):
             pool.step(rng.integers(0, n, num_envs))
 
-    once()
-    return steps_per_second(once, steps * num_envs, repeats)
+    return Side(once, steps * num_envs)
+
+
+def measure_envpool_python(name: str, num_envs: int, steps: int, repeats: int) -> float:
+    """EnvPool's own Python loop: the baseline the XLA path is held to."""
+    side = envpool_python_side(name, num_envs, steps)
+    side.run()
+    return steps_per_second(side.run, side.units, repeats)
 
 
 def measure_gymnax_raw(num_envs: int, steps: int, repeats: int) -> float:

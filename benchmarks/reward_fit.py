@@ -1,6 +1,6 @@
 """Fitting the reward model: labelled preference pairs per second, 3-member ensemble, 25-step segments.
 
-    python -m benchmarks.reward_fit [--quick]
+    python -m benchmarks.reward_fit [--quick] [--only PART ...]
 
 * ``mlp_pairs_per_s``: the MLP of appendix A.1 on CartPole-sized observations (4 floats,
   2 actions), ``fit`` as one compiled ``lax.scan`` of gradient steps;
@@ -15,11 +15,18 @@
   library runs each member's network in turn (``ensemble.over_members``); "before" is the
   same program with the members vmapped (a grouped convolution on XLA:CPU, several times
   slower there), traced with ``over_members`` swapped for ``jax.vmap``. The two compiled
-  fits alternate, before, after, before, after, over ``rounds`` rounds, compiling
+  fits alternate, after, before, after, before, over ``rounds`` rounds, compiling
   excluded; each side's pairs/s is the median over rounds with ``[min, max]``, the ratio
   (after over before) the median of the rounds' ratios, and the load average is recorded
-  around every round. ``mlp_pairs_per_s`` and ``cnn_loop_pairs_per_s`` are the "after"
+  around every round (:func:`benchmarks.common.side_by_side`, the rule every peer shares).
+  ``mlp_pairs_per_s`` and ``cnn_loop_pairs_per_s`` are the "after"
   medians.
+* ``reward_cnn_fit_over_torch``: our CNN fit step (64 pairs, ``cnn_b64_pairs_per_s``) over a
+  PyTorch twin of it (``torch_cnn_b64_pairs_per_s``, :func:`torch_cnn_twin`), alternating
+  as above (target >= 1.0); ``..._b4`` the same at 4 pairs. Before the convolutions'
+  gradients were reworked for XLA:CPU (:mod:`rlhf_jax.ops.conv`) it was 0.62.
+* ``--only PART`` (mlp, members, torch, imitation) measures some parts, each short enough
+  to time on a paused machine, and keeps the stored result's other figures.
 * ``ensemble_fit_over_imitation``: our MLP figure over HumanCompatibleAI ``imitation``'s
   ``EnsembleTrainer`` (PyTorch, CPU) doing the same work, when ``imitation`` imports
   (target >= 10).
@@ -37,7 +44,6 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import statistics
 import tempfile
 import time
 
@@ -45,8 +51,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import Headline, Target, enable_compilation_cache, steps_per_second, write_result
+from benchmarks.common import (Headline, Side, Target, enable_compilation_cache, side_by_side, steps_per_second,
+                               write_result)
 from rlhf_jax.envs.core import Discrete, EnvSpec
+from rlhf_jax.networks import reward_network_for
 from rlhf_jax.reward import ensemble
 from rlhf_jax.reward.data import Labels, empty_labels
 
@@ -120,46 +128,38 @@ def compiled_fit(spec: EnvSpec, config: ensemble.RewardModelConfig, labels: Labe
         return jax.jit(fit, donate_argnums=0).lower(state, labels, jax.random.key(1)).compile()
 
 
-def alternate_members(spec: EnvSpec, config: ensemble.RewardModelConfig, capacity: int, steps: int, rounds: int,
-                      loop: bool) -> dict:
-    """Pairs per second of ``fit`` with the members vmapped ("before") and written out ("after"),
-    timed alternately in ``rounds`` rounds of ``steps`` steps each (one scan, or a Python loop of
-    1-step fits). Returns medians, [min, max], per-round figures, the ratio and the load."""
+def fit_side(spec: EnvSpec, config: ensemble.RewardModelConfig, capacity: int, steps: int, loop: bool,
+             way: str = "written_out") -> tuple[Side, float]:
+    """Our ``fit`` as one side of :func:`~benchmarks.common.side_by_side`: ``steps`` steps (one
+    scan, or a Python loop of 1-step fits) with the members run ``way``; and its compile seconds."""
     labels = random_labels(spec, capacity)
-    init = jax.jit(ensemble.init_ensemble, static_argnums=(1, 2))
+    state = jax.jit(ensemble.init_ensemble, static_argnums=(1, 2))(jax.random.key(0), config, spec)
     chunk = 1 if loop else steps
     key = jax.random.key(1)
-    sides = {}
-    for name, way in (("before", "vmapped"), ("after", "written_out")):
-        state = init(jax.random.key(0), config, spec)
-        start = time.perf_counter()
-        fit = compiled_fit(spec, config, labels, state, chunk, way)
-        state, _ = jax.block_until_ready(fit(state, labels, key))  # first run: allocations, caches
-        sides[name] = {"fit": fit, "state": state, "compile_s": time.perf_counter() - start, "pairs_per_s": []}
-        print(f"{spec.id}: members {way}: compiled and ran once in {sides[name]['compile_s']:.1f} s", flush=True)
-    loads = [round(os.getloadavg()[0], 2)]
-    for _ in range(rounds):
-        for side in sides.values():
-            start = time.perf_counter()
-            for _ in range(steps // chunk):
-                side["state"], metrics = side["fit"](side["state"], labels, key)
-            jax.block_until_ready(metrics)
-            side["pairs_per_s"].append(steps * config.batch_size / (time.perf_counter() - start))
-            loads.append(round(os.getloadavg()[0], 2))
-        print(f"{spec.id}: round {len(loads) // len(sides)}: pairs/s before {sides['before']['pairs_per_s'][-1]:.2f}, "
-              f"after {sides['after']['pairs_per_s'][-1]:.2f}, load {loads[-1]}", flush=True)
-    before, after = sides["before"]["pairs_per_s"], sides["after"]["pairs_per_s"]
-    ratios = [a / b for a, b in zip(after, before)]
-    result = {"rounds": rounds, "steps_per_round": steps, "load_1min": loads}
-    for name, side in sides.items():
-        figures = side["pairs_per_s"]
-        result[f"{name}_pairs_per_s"] = statistics.median(figures)
-        result[f"{name}_pairs_per_s_min_max"] = [min(figures), max(figures)]
-        result[f"{name}_pairs_per_s_rounds"] = figures
-        result[f"{name}_compile_s"] = side["compile_s"]
-    result["after_over_before"] = statistics.median(ratios)
-    result["after_over_before_min_max"] = [min(ratios), max(ratios)]
-    return result
+    start = time.perf_counter()
+    fit = compiled_fit(spec, config, labels, state, chunk, way)
+    compile_s = time.perf_counter() - start
+    print(f"{spec.id}: members {way}, {config.batch_size}-pair steps: compiled in {compile_s:.1f} s", flush=True)
+
+    def run():
+        nonlocal state
+        for _ in range(steps // chunk):
+            state, metrics = fit(state, labels, key)
+        jax.block_until_ready(metrics)
+
+    return Side(run, steps * config.batch_size), compile_s
+
+
+def alternate_members(spec: EnvSpec, config: ensemble.RewardModelConfig, capacity: int, steps: int, rounds: int,
+                      loop: bool) -> dict:
+    """Pairs per second of ``fit`` with the members written out ("after", the library) beside
+    vmapped ("before"), alternating over ``rounds`` rounds of ``steps`` steps each."""
+    after, after_compile = fit_side(spec, config, capacity, steps, loop, "written_out")
+    before, before_compile = fit_side(spec, config, capacity, steps, loop, "vmapped")
+    timed = side_by_side(after, before, rounds, label=f"{spec.id} members written out vs vmapped")
+    return {"rounds": rounds, "steps_per_round": steps, "before_compile_s": before_compile,
+            "after_compile_s": after_compile,
+            **timed.fields("after_pairs_per_s", "before_pairs_per_s", "after_over_before")}
 
 
 def _rounded(value):
@@ -170,13 +170,77 @@ def _rounded(value):
     return value
 
 
-def torch_note() -> str:
-    """Whether torch imports: a PyTorch twin of the CNN fit is not timed here (not written yet)."""
+def torch_cnn_twin(config: ensemble.RewardModelConfig, capacity: int) -> Side | str:
+    """A PyTorch twin of our Atari reward-CNN fit step, or why there is none (torch missing).
+
+    The same maths as :func:`rlhf_jax.reward.ensemble.fit` with :class:`rlhf_jax.networks.RewardCNN`:
+    per member, its own ``batch_size`` rows drawn with replacement, both 25-step segments of
+    each pair through 4 convolutions (no bias) each with batch norm, leaky ReLU and dropout,
+    then 64 leaky-ReLU units and one output; the returns' Bradley-Terry loss with the 10%
+    random answer, plus l2 on the kernels; one Adam step. Frames are uint8 stacks stored whole
+    in torch's channel-first layout (ours rebuilds each stack from frames stored once, which
+    costs it a gather). Initialisation is torch's default: it does not change the time.
+    """
     try:
-        import torch  # noqa: F401
-    except Exception as error:
-        return f"torch not importable ({type(error).__name__}: {error}): no PyTorch twin of the CNN fit timed"
-    return f"torch {_version('torch')} imports, but no PyTorch twin of the CNN fit is timed yet"
+        import torch
+        from torch import nn
+    except Exception as error:  # ImportError, or a broken install
+        return f"torch not importable ({type(error).__name__}: {error})"
+
+    torch.manual_seed(0)
+    cnn = reward_network_for(ATARI, config)
+    height, width, channels = ATARI.observation_shape
+
+    def member() -> nn.Module:
+        layers, size, depth = [], height, channels
+        for features, kernel, stride in cnn.convs:
+            layers += [nn.Conv2d(depth, features, kernel, stride, bias=False), nn.BatchNorm2d(features),
+                       nn.LeakyReLU(cnn.slope), nn.Dropout(cnn.dropout)]
+            size, depth = (size - kernel) // stride + 1, features
+        return nn.Sequential(*layers, nn.Flatten(), nn.Linear(depth * size * size, cnn.hidden),
+                             nn.LeakyReLU(cnn.slope), nn.Linear(cnn.hidden, 1))
+
+    members = [member() for _ in range(config.ensemble_size)]
+    kernels = [[m.weight for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))] for net in members]
+    optimizer = torch.optim.Adam([p for net in members for p in net.parameters()], lr=config.learning_rate)
+    generator = torch.Generator().manual_seed(1)
+    stacks = torch.randint(0, 256, (capacity, 2, SEGMENT, channels, height, width), dtype=torch.uint8,
+                           generator=generator)
+    mu = torch.randint(0, 2, (capacity,), generator=generator).float()
+    eps = torch.tensor(config.random_answer_prob)
+    log_right, log_random = torch.log1p(-eps), torch.log(eps / 2)
+
+    def member_loss(net, kernels) -> torch.Tensor:
+        rows = torch.randint(0, capacity, (config.batch_size,), generator=generator)
+        frames = stacks[rows].reshape(-1, channels, height, width).float() / 255.0
+        returns = net(frames).reshape(config.batch_size, 2, SEGMENT).sum(-1)
+        difference = returns[:, 0] - returns[:, 1]
+        log_p1 = torch.logaddexp(log_right + nn.functional.logsigmoid(difference), log_random)
+        log_p2 = torch.logaddexp(log_right + nn.functional.logsigmoid(-difference), log_random)
+        data = -(mu[rows] * log_p1 + (1.0 - mu[rows]) * log_p2).mean()
+        return data + config.l2_init * sum(k.square().sum() for k in kernels)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        sum(member_loss(net, k) for net, k in zip(members, kernels)).backward()
+        optimizer.step()
+
+    return Side(step, config.batch_size)
+
+
+def against_torch(config: ensemble.RewardModelConfig, capacity: int, rounds: int) -> tuple[dict, str]:
+    """Our CNN fit step beside its PyTorch twin, alternating; the result's keys and a note."""
+    twin = torch_cnn_twin(config, capacity)
+    if isinstance(twin, str):
+        return {}, f"{twin}: no PyTorch twin of the CNN fit timed"
+    import torch
+
+    ours, _ = fit_side(ATARI, config, capacity, 1, loop=True)
+    timed = side_by_side(ours, twin, rounds, label=f"CNN fit, {config.batch_size} pairs: ours vs torch")
+    b = config.batch_size
+    suffix = "" if b == CONFIG.batch_size else f"_b{b}"  # the target is at the paper's 64 pairs
+    note = f"torch {_version('torch')} on {torch.get_num_threads()} threads"
+    return timed.fields(f"cnn_b{b}_pairs_per_s", f"torch_cnn_b{b}_pairs_per_s", f"reward_cnn_fit_over_torch{suffix}"), note
 
 
 def measure_imitation(pairs: int, repeats: int) -> tuple[float | None, str]:
@@ -233,47 +297,60 @@ def _version(name: str) -> str:
         return "?"
 
 
+PARTS = ("mlp", "members", "torch", "imitation")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small budgets: under a minute on 2 CPU cores")
+    parser.add_argument("--only", action="append", choices=PARTS,
+                        help="measure only these parts (repeatable) and keep the stored result's other figures")
     args = parser.parse_args()
     enable_compilation_cache()
     quick = args.quick
+    parts = args.only or PARTS
     repeats = 1 if quick else 3
-    results: dict = {}
-
-    start = time.perf_counter()
     rounds = 3 if quick else 5
-    mlp = alternate_members(CARTPOLE, CONFIG, 1_000, 100 if quick else 1_000, rounds, loop=False)
-    results["mlp_pairs_per_s"] = mlp["after_pairs_per_s"]
-    for key, value in mlp.items():
-        print(f"mlp_members_{key}: {_rounded(value)}", flush=True)
-
     cpu = jax.default_backend() == "cpu"
     cnn_config = dataclasses.replace(CONFIG, batch_size=4) if quick and cpu else CONFIG
-    cnn_steps = 1 if cpu else (10 if quick else 100)
-    # 200 labels keep the buffer at 0.28 GB; the gather per step does not depend on it.
-    cnn = alternate_members(ATARI, cnn_config, 200, cnn_steps, rounds, loop=True)
-    for key, value in cnn.items():
-        print(f"cnn_members_{key}: {_rounded(value)}", flush=True)
-    results["cnn_loop_pairs_per_s"] = cnn["after_pairs_per_s"]
-    if not cpu:
-        results["cnn_scan_pairs_per_s"] = measure_fit(ATARI, cnn_config, 200, cnn_steps, repeats, loop=False)
-    results["cnn_pairs_per_s"] = max(v for k, v in results.items() if k.startswith("cnn_"))
+    results: dict = {}
+    start = time.perf_counter()
 
-    imitation, note = measure_imitation(256 if quick else 2_048, repeats)
-    if imitation is not None:
-        results["imitation_mlp_pairs_per_s"] = imitation
-        results["ensemble_fit_over_imitation"] = results["mlp_pairs_per_s"] / imitation
+    if "mlp" in parts:
+        mlp = alternate_members(CARTPOLE, CONFIG, 1_000, 100 if quick else 1_000, rounds, loop=False)
+        results["mlp_pairs_per_s"] = round(mlp["after_pairs_per_s"], 1)
+        results.update({f"mlp_members_{k}": _rounded(v) for k, v in mlp.items()})
+
+    # 200 labels keep the buffer at 0.28 GB; the gather per step does not depend on it.
+    if "members" in parts:
+        cnn_steps = 1 if cpu else (10 if quick else 100)
+        cnn = alternate_members(ATARI, cnn_config, 200, cnn_steps, rounds, loop=True)
+        results["cnn_loop_pairs_per_s"] = round(cnn["after_pairs_per_s"], 1)
+        if not cpu:
+            results["cnn_scan_pairs_per_s"] = round(measure_fit(ATARI, cnn_config, 200, cnn_steps, repeats, False), 1)
+        results["cnn_pairs_per_s"] = max(v for k, v in results.items() if k.startswith("cnn_"))
+        results["cnn_batch_size"] = cnn_config.batch_size
+        results.update({f"cnn_members_{k}": _rounded(v) for k, v in cnn.items()})
+
+    if "torch" in parts:
+        # The paper's 64 pairs (the target), and 4 pairs, where fixed costs weigh more.
+        for batch in (4,) if quick else (64, 4):
+            figures, results["torch"] = against_torch(dataclasses.replace(CONFIG, batch_size=batch), 200, rounds)
+            results.update(figures)
+            print(results["torch"], flush=True)
+
+    if "imitation" in parts:
+        imitation, results["imitation"] = measure_imitation(256 if quick else 2_048, repeats)
+        if imitation is not None:
+            results["imitation_mlp_pairs_per_s"] = round(imitation, 1)
+            if "mlp_pairs_per_s" in results:
+                results["ensemble_fit_over_imitation"] = round(results["mlp_pairs_per_s"] / imitation, 4)
 
     write_result("reward_fit", {
         "quick": quick, "ensemble_size": CONFIG.ensemble_size, "batch_size": CONFIG.batch_size,
-        "cnn_batch_size": cnn_config.batch_size, "segment_length": SEGMENT, "imitation": note,
-        "torch": torch_note(), "seconds": round(time.perf_counter() - start, 1),
-        **{k: round(v, 4) if "over" in k else round(v, 1) for k, v in results.items()},
-        **{f"mlp_members_{k}": _rounded(v) for k, v in mlp.items()},
-        **{f"cnn_members_{k}": _rounded(v) for k, v in cnn.items()},
-    }, headline=headline)
+        "segment_length": SEGMENT, "parts": list(parts), "seconds": round(time.perf_counter() - start, 1),
+        **results,
+    }, headline=headline, merge=args.only is not None)
 
 
 def headline(result: dict) -> list[Headline]:
@@ -282,11 +359,17 @@ def headline(result: dict) -> list[Headline]:
     return [
         # imitation's figures are missing where it does not import; "imitation" says why.
         Headline(f"Reward ensemble fit, pairs/s ({r['ensemble_size']} MLPs, {r['segment_length']}-step segments) "
-                 f"vs imitation ({r['imitation']})",
+                 f"vs imitation ({r.get('imitation', 'not measured')})",
                  r["mlp_pairs_per_s"], r.get("imitation_mlp_pairs_per_s"), r.get("ensemble_fit_over_imitation"),
                  Target.on(r, "ensemble_fit_over_imitation", ">=", 10.0)),
         Headline(f"Reward ensemble fit, pairs/s, Atari CNN (minibatch {r['cnn_batch_size']} pairs)",
                  r["cnn_pairs_per_s"]),
+    ] + [
+        Headline(f"Reward ensemble fit, pairs/s, Atari CNN vs its PyTorch twin ({r['torch']}; minibatch {b} pairs; "
+                 f"median of {len(r[f'reward_cnn_fit_over_torch{suffix}_rounds'])} alternating rounds)",
+                 r[f"cnn_b{b}_pairs_per_s"], r[f"torch_cnn_b{b}_pairs_per_s"], r[f"reward_cnn_fit_over_torch{suffix}"],
+                 Target.on(r, "reward_cnn_fit_over_torch", ">=", 1.0) if not suffix else None)
+        for b, suffix in ((64, ""), (4, "_b4")) if f"reward_cnn_fit_over_torch{suffix}" in r
     ] + ([
         # Not a peer: the same fit with the members vmapped, as the library ran it before.
         Headline(f"Reward ensemble fit, pairs/s, Atari CNN, {r['ensemble_size']} members written out vs vmapped "
