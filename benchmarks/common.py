@@ -187,6 +187,8 @@ def write_result(name: str, result: dict, headline: Callable[[dict], list[Headli
     path = RESULTS / f"{name}.json"
     earlier = json.loads(path.read_text()) if merge and path.exists() else {}
     earlier.pop("headline", None)
+    if "parts" in earlier and "parts" in result:  # the parts measured so far, by any run
+        result = {**result, "parts": sorted(set(earlier["parts"]) | set(result["parts"]))}
     result = {**earlier, "benchmark": name, "machine": machine(), **result}
     if headline is not None:
         result = with_headline(result, headline)
