@@ -219,7 +219,8 @@ def slug(text: str) -> str:
 # Fields added to the config after the first figure-2 cells had run, with the value that
 # leaves a run as it was before them: at that value they stay out of the fingerprint, so a
 # finished cell stays finished; set to anything else they make a new cell.
-ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "labels_from"): ""}
+ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "labels_from"): "",
+                           ("preferences", "score_pairs"): 256}
 
 
 def fingerprinted_fields(config: ExperimentConfig) -> dict:

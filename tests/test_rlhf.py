@@ -14,7 +14,7 @@ from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.config import resolve
-from rlhf_jax.trainer import LearnedRewardTraining, make_training
+from rlhf_jax.trainer import LearnedRewardTraining, make_training, summarize
 
 
 def experiment(overrides=()):
@@ -244,3 +244,21 @@ def test_an_interrupted_and_resumed_run_ends_with_the_same_state(learner, tmp_pa
     assert chunk_a == chunk_b == 3 and int(held(a.learner)) == int(held(b.learner)) > 10
     for x, y in zip(jax.tree.leaves((a.runner.params, a.learner)), jax.tree.leaves((b.runner.params, b.learner))):
         np.testing.assert_array_equal(x, y)
+
+
+def test_scoring_the_reward_model_is_monitoring_only():
+    """``preferences.score_pairs`` sets how many fresh pairs score r̂ against the oracle; 0
+    scores none (NaN in the curves) and the run is otherwise the same, bit for bit."""
+    small = ["a2c.total_env_steps=2048", "run.chunk_env_steps=1024", *SMALL["preferences"]]
+    ends = {}
+    for pairs in (0, 16):
+        training = make_training(experiment([*small, f"preferences.score_pairs={pairs}"]))
+        state = training.init_runner(jax.random.PRNGKey(1))
+        for chunk in range(training.num_chunks):
+            state, metrics = training.run_chunk(state, chunk)
+        ends[pairs] = state, summarize(metrics)
+    (none, unscored), (some, scored) = ends[0], ends[16]
+    assert np.isnan(unscored["reward_accuracy"]) and np.isnan(unscored["reward_correlation"])
+    assert np.isfinite(scored["reward_correlation"])
+    for a, b in zip(jax.tree.leaves((none.runner.params, none.learner)), jax.tree.leaves((some.runner.params, some.learner))):
+        np.testing.assert_array_equal(a, b)

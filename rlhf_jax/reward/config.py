@@ -46,6 +46,9 @@ class PreferenceConfig:
     # The predictor "processes 1 label per 10 RL timesteps" (appendix A.2).
     fit_pairs_per_env_step: float = non_negative(0.1)
     pretrain_epochs: int = in_range(-1, -1, 100_000)  # over the initial labels before RL: 200 on Atari, none elsewhere
+    # Fresh pairs scored against the oracle at each refresh, for the curves' reward_accuracy
+    # and reward_correlation only (nothing learns from them); 0 scores none (NaN in the curves).
+    score_pairs: int = non_negative(256, 65_536)
     teacher: TeacherConfig = TeacherConfig()
 
     def __post_init__(self):

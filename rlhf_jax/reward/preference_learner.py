@@ -27,8 +27,6 @@ from rlhf_jax.reward.labelers import add_labels, oracle_answers
 from rlhf_jax.reward.learner import Budget, Queries, fit_steps, pearson, take_clips
 from rlhf_jax.reward.queries import candidate_pairs, select_queries
 
-# Fresh pairs drawn at each refresh to score the reward model against the oracle.
-SCORE_PAIRS = 256
 # Steps of recent segments the normalisation statistics are taken over.
 NORMALIZATION_STEPS = 4_096
 
@@ -135,8 +133,11 @@ class PreferenceLearner:
 
     def _score(self, ensemble, clips: Segments, key) -> dict:
         """r̂ against the oracle on fresh pairs: the share of untied pairs ranked right, and
-        the correlation of r̂ with the oracle's reward over their steps."""
-        pairs = take_clips(clips, *candidate_pairs(key, clips, SCORE_PAIRS))
+        the correlation of r̂ with the oracle's reward over their steps (``score_pairs`` of
+        them: monitoring only, which on Atari costs about a tenth of a chunk)."""
+        if self.prefs.score_pairs == 0:
+            return {"reward_accuracy": jnp.float32(jnp.nan), "reward_correlation": jnp.float32(jnp.nan)}
+        pairs = take_clips(clips, *candidate_pairs(key, clips, self.prefs.score_pairs))
         predicted = reward_model.normalized_reward(ensemble, self.model, self.spec, pairs.obs, pairs.action)
         true_diff = pairs.oracle_reward[:, 0].sum(-1) - pairs.oracle_reward[:, 1].sum(-1)
         decided = true_diff != 0
