@@ -74,6 +74,21 @@ class EnvConfig:
         return self.id.split("/", 1)[1] if "/" in self.id else self.id
 
 
+# How a run steps its environment, not what the environment is: labels made on one run's
+# environment apply to another's whatever these say.
+HOW_RUN = ("num_envs", "seed")
+
+
+def task_mismatch(made_on: EnvConfig, used_on: EnvConfig) -> str | None:
+    """How environment ``used_on`` differs from ``made_on`` in what it is (its id and every
+    option but :data:`HOW_RUN`), as ``"env.<key>: <made_on's> there, <used_on's> here"``; None if not at all."""
+    for field in dataclasses.fields(EnvConfig):
+        before, now = getattr(made_on, field.name), getattr(used_on, field.name)
+        if field.name not in HOW_RUN and before != now:
+            return f"env.{field.name}: {before} there, {now} here"
+    return None
+
+
 def reject_options(config: EnvConfig, backend: str, **defaults) -> None:
     """Refuse options that do not apply to a back end, naming them, instead of ignoring them."""
     for field, default in defaults.items():

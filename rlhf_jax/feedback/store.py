@@ -140,6 +140,24 @@ class Counts(NamedTuple):
     held_by_others: list[Hold]  # soonest free first
 
 
+def read_answered(path: str | Path, kind: str) -> list[tuple[QueryRow, AnswerRow]]:
+    """Every answered query of ``kind`` in the store at ``path`` with its answer, oldest answer
+    first, the store opened read-only: for reading a finished run (``rlhf-jax labels export``),
+    which must not write to it."""
+    check_kind(kind)
+    db = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True, timeout=30)
+    try:
+        rows = db.execute(
+            "SELECT q.id, q.kind, q.clips, q.segments, q.frames, q.fps, a.choice, a.who, a.answered_at, a.seconds"
+            " FROM answers a JOIN queries q ON q.id = a.query_id WHERE q.kind = ? ORDER BY a.answered_at, q.id",
+            (kind,)).fetchall()
+        return [(QueryRow(i, kind, json.loads(clips), segments, frames, fps),
+                 AnswerRow(i, kind, choice, who, answered_at, seconds, LabelStore._marks(db, i)))
+                for i, kind, clips, segments, frames, fps, choice, who, answered_at, seconds in rows]
+    finally:
+        db.close()
+
+
 class LabelStore:
     """``labels.sqlite`` of one run; safe to use from several threads and processes at once.
 

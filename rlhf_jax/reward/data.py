@@ -96,6 +96,18 @@ class Labels:
         return rebuild(self.frames[rows], self.restart[rows])
 
 
+class LabelledPairs(NamedTuple):
+    """Answered pairs as :class:`Labels` keeps them, frames once, without the ring around
+    them: what a label dataset gives a run to start from (``preferences.labels_from``;
+    :func:`rlhf_jax.reward.labelers.add_pairs` stores them)."""
+
+    frames: jax.Array  # [P, 2, k + stack - 1, *frame_shape]
+    restart: jax.Array  # [P, 2, k] bool
+    action: jax.Array  # [P, 2, k, *action_shape]
+    mu: jax.Array  # [P] float32
+    oracle_return: jax.Array  # [P, 2] float32, NaN where the dataset does not know it
+
+
 def pair_frames(obs: jax.Array, stack: int) -> tuple[jax.Array, jax.Array]:
     """``(frames, restart)`` as ``Labels`` stores pairs of segments ``obs [P, 2, k, *observation_shape]``
     (:func:`segment_frames` of each; with ``stack = 1`` the observations and no restarts).
@@ -172,3 +184,28 @@ def observations_on_host(labels: Labels, chunk: int = 256) -> np.ndarray:
     holds the whole database as stacks."""
     read, rows = jax.jit(Labels.observations), np.arange(int(labels.count))
     return np.concatenate([np.asarray(read(labels, rows[i : i + chunk])) for i in range(0, max(len(rows), 1), chunk)])
+
+
+def frames_on_host(obs: np.ndarray, stack: int, chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`pair_frames` of ``obs [N, c, k, *observation_shape]`` (``c`` segments a row) in
+    NumPy, ``chunk`` rows at a time: ``(frames [N, c, k + stack - 1, *frame_shape], restart [N, c, k])``."""
+    if stack == 1:
+        return np.asarray(obs), np.zeros(obs.shape[:3], bool)
+    split = jax.jit(functools.partial(pair_frames, stack=stack))
+    parts = [jax.device_get(split(obs[i:i + chunk])) for i in range(0, len(obs), chunk)]
+    if not parts:
+        return (np.zeros((0, *obs.shape[1:2], obs.shape[2] + stack - 1, *obs.shape[3:-1]), obs.dtype),
+                np.zeros(obs.shape[:3], bool))
+    return np.concatenate([f for f, _ in parts]), np.concatenate([r for _, r in parts])
+
+
+def stacks_on_host(frames: np.ndarray, restart: np.ndarray, stack: int, chunk: int = 256) -> np.ndarray:
+    """The inverse of :func:`frames_on_host`: ``[N, c, k, *observation_shape]``, every stack
+    rebuilt from its frames (:func:`segment_stacks`), ``chunk`` rows at a time."""
+    if stack == 1:
+        return np.asarray(frames)
+    rebuild = jax.jit(jax.vmap(jax.vmap(functools.partial(segment_stacks, stack=stack))))
+    parts = [np.asarray(rebuild(frames[i:i + chunk], restart[i:i + chunk])) for i in range(0, len(frames), chunk)]
+    if not parts:
+        return np.zeros((*restart.shape, *frames.shape[3:], stack), frames.dtype)
+    return np.concatenate(parts)
