@@ -88,6 +88,45 @@ def cmd_label(args) -> None:
     serve(args.run_dir, host=args.host, port=args.port, token=args.token or os.environ.get("RLHF_JAX_TOKEN"))
 
 
+def cmd_labels_export(args) -> None:
+    from rlhf_jax.feedback import label_dataset
+
+    dataset = label_dataset.from_run(args.run_dir)
+    out = label_dataset.write(dataset, args.out_dir, license=args.license)
+    print(f"done: {out}  ({dataset.info.rows} labels; card: {out / label_dataset.CARD_FILE})")
+
+
+def cmd_labels_import(args) -> None:
+    from rlhf_jax.feedback import label_dataset
+
+    path = label_dataset.import_labels(args.dataset_dir, args.target)
+    print(f"done: {path}")
+
+
+def cmd_fit_reward(args) -> None:
+    from rlhf_jax.fit_reward import fit_reward
+
+    result = fit_reward(args.dataset_dir, args.out, args.words, epochs=args.epochs, steps=args.steps)
+    print(f"done: {result.path}  (train loss {result.train_loss:.4f}, validation loss {result.val_loss:.4f}; "
+          f"start a run from it with reward_model.init_from={result.path})")
+
+
+def count(name: str):
+    """An option that counts something: a whole number, at least 1 (``--steps`` also 0: unset)."""
+    low = 0 if name == "--steps" else 1
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if not low <= value <= 10**9:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {10**9}, got {value}")
+        return value
+
+    return parse
+
+
 def episodes(text: str) -> int:
     """``eval --episodes``: a whole number in the declared range of ``run.eval_episodes``, which it stands for."""
     from rlhf_jax.config import RunConfig
@@ -149,6 +188,29 @@ def make_parser() -> argparse.ArgumentParser:
     label.add_argument("--token", help="access token every request must carry; required beyond 127.0.0.1 "
                                        "(default: $RLHF_JAX_TOKEN)")
     label.set_defaults(run=cmd_label)
+
+    labels = commands.add_parser("labels", help="share a run's labels as a dataset (Parquet with a dataset card)")
+    labels_commands = labels.add_subparsers(dest="labels_command", required=True)
+    export = labels_commands.add_parser("export", help="write a finished run's labels as a dataset directory")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a finished run that learned from preferences or IBT marks")
+    export.add_argument("out_dir", metavar="OUT_DIR", help="the dataset directory to write (new or empty)")
+    export.add_argument("--license", default="cc-by-4.0", help="the license the card states (default cc-by-4.0)")
+    export.set_defaults(run=cmd_labels_export)
+    load = labels_commands.add_parser("import", help="write a dataset's labels as a labels.npz, the run format")
+    load.add_argument("dataset_dir", metavar="DATASET_DIR")
+    load.add_argument("target", metavar="RUN_DIR_OR_NPZ",
+                      help="a run directory (gets RUN_DIR/labels.npz) or the path of a new .npz")
+    load.set_defaults(run=cmd_labels_import)
+
+    fit = commands.add_parser("fit-reward", help="fit a reward model offline to a label dataset, for "
+                                                 "reward_model.init_from")
+    fit.add_argument("dataset_dir", metavar="DATASET_DIR")
+    fit.add_argument("words", nargs="*", metavar="[key=value ...]",
+                     help="overrides of the dataset's run config, e.g. reward_model.ensemble_size=1 seed=3")
+    fit.add_argument("--out", metavar="PATH", help="the .npz to write (default: DATASET_DIR-reward_model.npz beside it)")
+    fit.add_argument("--epochs", type=count("--epochs"), default=200, help="passes over the labels (default 200)")
+    fit.add_argument("--steps", type=count("--steps"), default=0, help="fitting steps, in place of --epochs")
+    fit.set_defaults(run=cmd_fit_reward)
     return parser
 
 
@@ -163,18 +225,19 @@ def main(argv: list[str] | None = None) -> int:
         args.words = [*args.words, *extra]
     if args.command == "train":
         split_config_and_overrides(args)
+    command = " ".join(filter(None, (args.command, getattr(args, "labels_command", None))))
     try:
         args.run(args)
     except ConfigError as error:
         # A user's mistake: say what is wrong, without a traceback.
-        print(f"rlhf-jax {args.command}: error: {error}", file=sys.stderr)
+        print(f"rlhf-jax {command}: error: {error}", file=sys.stderr)
         return 2
     except RunError as error:
         # A run that had to stop: the message says what is intact and how to go on.
-        print(f"rlhf-jax {args.command}: stopped: {error}", file=sys.stderr)
+        print(f"rlhf-jax {command}: stopped: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
-        print(f"rlhf-jax {args.command}: interrupted", file=sys.stderr)
+        print(f"rlhf-jax {command}: interrupted", file=sys.stderr)
         return 130
     return 0
 

@@ -98,6 +98,11 @@ class ExperimentConfig:
             raise ConfigError(f"name must be a plain file name (no '/', '\\' or '..'), got {self.name!r}")
         if self.labeler == "people" and self.reward == "env":
             raise ConfigError("labeler=people needs a learned reward: set reward to preferences or ibt")
+        for key, value in (("preferences.labels_from", self.preferences.labels_from),
+                           ("reward_model.init_from", self.reward_model.init_from)):
+            if value and self.reward != "preferences":
+                raise ConfigError(f"{key} gives a preference reward model its start: it needs reward=preferences, "
+                                  f"this config has reward={self.reward}")
 
 
 # What `rlhf-jax train` runs when given no config file (configs/rlhf_cartpole.yaml says the

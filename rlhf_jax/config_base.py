@@ -82,6 +82,14 @@ def check_fields(config) -> None:
         _check_range(field, getattr(config, field.name), field.name)
 
 
+def check_path_field(key: str, value: str) -> None:
+    """A field naming a file or directory (``""``: none): no surrounding blanks or line breaks,
+    which a path typed into YAML or an override can carry by mistake. Whether the path exists
+    is checked where it is read, not when the config is built (a config travels between machines)."""
+    if value and (value != value.strip() or any(c in value for c in "\n\r\0")):
+        raise ConfigError(f"{key} must be a path without surrounding blanks or line breaks, got {value!r}")
+
+
 def check_value(cls, name: str, value, path: str) -> None:
     """Check ``value`` against the declared range of field ``name`` of dataclass ``cls``, calling it ``path``
     (a command-line option that stands for the field)."""

@@ -7,7 +7,9 @@ cross to the host. The same loop serves preferences between segments and IBT's m
 inside clips: everything that differs is the :class:`~rlhf_jax.reward.learner.RewardLearner`.
 
 1. :meth:`Loop.start`: the untrained policy plays (its parameters put back after every
-   iteration) and its clips initialise the learner (input statistics);
+   iteration) and its clips initialise the learner (input statistics); a run given a head
+   start (:class:`~rlhf_jax.reward.learner.HeadStart`: a dataset's answers, a fitted model)
+   takes it here;
 2. :meth:`Loop.collect`: one agent iteration on the learned reward, its steps recorded and
    cut into clips;
 3. :meth:`Loop.ask`: the answers the schedule wants by now are proposed and given by the
@@ -31,7 +33,7 @@ import numpy as np
 
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.data import Segments, empty_segments
-from rlhf_jax.reward.learner import Queries, RewardLearner
+from rlhf_jax.reward.learner import HeadStart, Queries, RewardLearner
 from rlhf_jax.reward.segments import Recent, cut_segments, empty_recent, record
 
 
@@ -82,7 +84,7 @@ class Loop:
     def due_after(self, chunk: int) -> int:
         """Answers the schedule wants by the end of ``chunk`` (-1: before RL)."""
         if chunk < 0:
-            return self.learner.budget.initial
+            return self.learner.budget.initial_asked
         end = (chunk * self.chunk_iterations + self.chunk_length(chunk)) * self.steps_per_iteration
         return self.learner.budget.due(end, self.total_env_steps)
 
@@ -96,9 +98,10 @@ class Loop:
         recent = record(recent, transitions.obs, transitions.action, transitions.oracle_reward, transitions.done)
         return recent, cut_segments(recent, clips, key, self.clips_per_iteration)
 
-    def start(self, key) -> LoopState:
-        """A fresh run before any answer: the agent, and the learner initialised on the untrained
-        policy's clips (it plays ``warm_iterations`` iterations, its parameters put back after each)."""
+    def start(self, key, given: HeadStart = HeadStart()) -> LoopState:
+        """A fresh run before any answer asked: the agent, and the learner initialised on the untrained
+        policy's clips (it plays ``warm_iterations`` iterations, its parameters put back after each),
+        then given its head start, if any (``given``'s arrays)."""
         spec = self.env.spec
         agent_key, learner_key, warm_key, key = jax.random.split(key, 4)
         runner = self.agent.init_runner(agent_key, self.agent_config, self.env)
@@ -115,8 +118,11 @@ class Loop:
             return (playing, recent, clips), None
 
         (_, _, clips), _ = jax.lax.scan(play, (runner, recent, clips), jax.random.split(warm_key, self.warm_iterations))
+        learner = self.learner.init(learner_key, clips)
+        if not given.empty:  # its own key, derived: a run given nothing draws exactly as before
+            learner = self.learner.head_start(learner, given, jax.random.fold_in(learner_key, 1))
         # `recent` starts afresh with RL.
-        return LoopState(runner, self.learner.init(learner_key, clips), recent, clips, key, jnp.zeros((), jnp.int32))
+        return LoopState(runner, learner, recent, clips, key, jnp.zeros((), jnp.int32))
 
     def collect(self, state: LoopState) -> tuple[LoopState, dict]:
         """One agent iteration on the learned reward, its steps recorded and cut into clips."""
@@ -177,21 +183,23 @@ class Loop:
         return state, metrics, learned
 
     def pretrain(self, state: LoopState) -> tuple[LoopState, dict]:
-        """Before RL: the initial answers from the synthetic labeler, and fitting on them."""
-        initial = self.learner.budget.initial
-        if initial:
-            state = self.ask(state, initial, initial)
+        """Before RL: the initial answers from the synthetic labeler (those a dataset did not
+        give), and fitting on every answer held."""
+        budget = self.learner.budget
+        if budget.initial_asked:
+            state = self.ask(state, budget.initial_asked, budget.initial_asked)
+        if budget.initial_asked or budget.preloaded:
             return self.fit_and_refresh(state, self.learner.pretrain_steps)
         return self.refresh(state)
 
-    def init(self, key) -> LoopState:
+    def init(self, key, given: HeadStart = HeadStart()) -> LoopState:
         """A fresh run with the synthetic labeler: :meth:`start`, then :meth:`pretrain`."""
-        return self.pretrain(self.start(key))[0]
+        return self.pretrain(self.start(key, given))[0]
 
     def make_train(self):
         """The whole run with the synthetic labeler as one pure function, for ``jit`` and ``vmap``:
 
-            train(key) -> (LoopState, metrics of every iteration, metrics of every chunk)
+            train(key, given=HeadStart()) -> (LoopState, metrics of every iteration, metrics of every chunk)
 
         Chunk for chunk the computation ``rlhf-jax train`` drives from the host, so
         ``jax.vmap(train)`` runs several seeds as one program. ``train.from_state(state)``
@@ -213,8 +221,8 @@ class Loop:
                 learned = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), learned, last_learned)
             return state, metrics, learned
 
-        def train(key):
-            return train_from(self.init(key))
+        def train(key, given: HeadStart = HeadStart()):
+            return train_from(self.init(key, given))
 
         train.from_state = train_from
         return train

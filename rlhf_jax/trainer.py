@@ -40,6 +40,7 @@ from rlhf_jax.config_base import CONFIG_FILE, dump_yaml, is_in_state, read_run_c
 from rlhf_jax.envs import ATARI_NAMES, EnvConfig, make
 from rlhf_jax.errors import ConfigError, Interrupted, RunError
 from rlhf_jax.evaluation import LearnedReward, evaluate, record_episodes
+from rlhf_jax.head_start import HeadStartFiles
 from rlhf_jax.loop import Loop, LoopState
 from rlhf_jax.reward.ibt_learner import IBTLearner
 from rlhf_jax.reward.learner import Queries, RewardLearner
@@ -226,10 +227,11 @@ class Training(AgentRun):
         return runner.params
 
 
-def make_learner(config: ExperimentConfig, spec) -> RewardLearner:
-    """The reward learner ``config.reward`` names, for an environment of ``spec``."""
+def make_learner(config: ExperimentConfig, spec, preloaded: int = 0) -> RewardLearner:
+    """The reward learner ``config.reward`` names, for an environment of ``spec`` (``preloaded``:
+    the labels a dataset gives it at the start, :mod:`rlhf_jax.head_start`)."""
     if config.reward == "preferences":
-        return PreferenceLearner(config.preferences, config.reward_model, spec)
+        return PreferenceLearner(config.preferences, config.reward_model, spec, preloaded)
     return IBTLearner(config.ibt, spec)
 
 
@@ -245,7 +247,9 @@ class LearnedRewardTraining(AgentRun):
     def __init__(self, config: ExperimentConfig, members: int = 1):
         # The agent learns from the learned reward only: no life-loss episodes or other true-reward helpers.
         super().__init__(config, config.env, members)
-        self.learner = make_learner(config, self.env.spec)
+        # A dataset's labels and a fitted reward model to start from: checked now, read at the start.
+        self.head_start = HeadStartFiles(config, self.env.spec)
+        self.learner = make_learner(config, self.env.spec, self.head_start.preloaded)
         self.rlhf = Loop(self.agent, self.agent_config, self.env, self.learner, self.total_iterations,
                          self.chunk_iterations)
         self.people: PeopleSeam | None = None
@@ -267,16 +271,19 @@ class LearnedRewardTraining(AgentRun):
 
     def init_runner(self, key) -> LoopState:
         """A fresh run: the untrained policy's clips and, with the synthetic labeler, the
-        initial answers and pretraining (with people, :meth:`prepare` asks them)."""
+        initial answers and pretraining (with people, :meth:`prepare` asks them). A head start
+        (:mod:`rlhf_jax.head_start`) is read here, unless the run is only traced for its shapes."""
+        given = self.head_start.arrays(abstract=isinstance(key, jax.core.Tracer))
         if self.people is not None:
-            return self._start(key)
+            return self._start(key, given)
         if not self.fit_from_python:
-            return self._init(key)
-        state = self._start(key)
-        initial = self.learner.budget.initial
-        if not initial:
+            return self._init(key, given)
+        state = self._start(key, given)
+        budget = self.learner.budget
+        if budget.initial_asked:
+            state = self._ask(state, jnp.int32(budget.initial_asked), budget.initial_asked)
+        if not (budget.initial_asked or budget.preloaded):
             return self._refresh(state)[0]
-        state = self._ask(state, jnp.int32(initial), initial)
         return self._fit_and_refresh_from_python(state, self.learner.pretrain_steps)[0]
 
     def _fit_and_refresh_from_python(self, state: LoopState, steps: int):
@@ -303,7 +310,7 @@ class LearnedRewardTraining(AgentRun):
         state = self.people.restore(state, (notes or {}).get("answers_in_state"))
         if first_chunk > 0:
             return state
-        state = self.people.exchange(state, max(0, self.learner.budget.initial - int(state.asked)))
+        state = self.people.exchange(state, max(0, self.learner.budget.initial_asked - int(state.asked)))
         if self.config.people.wait_for_initial_labels:
             state = self.people.wait_for_answers(state, stopped)
         if stopped():  # the run stops before its first chunk: nothing to pretrain for

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from rlhf_jax.config_base import INT32_MAX, check_fields, in_range, non_negative, positive
+from rlhf_jax.config_base import INT32_MAX, check_fields, check_path_field, in_range, non_negative, positive
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import is_atari_frames
@@ -50,9 +50,14 @@ class PreferenceConfig:
     # and reward_correlation only (nothing learns from them); 0 scores none (NaN in the curves).
     score_pairs: int = non_negative(256, 65_536)
     teacher: TeacherConfig = TeacherConfig()
+    # A label dataset (`rlhf-jax labels export`; or a finished run's directory) whose labels the
+    # run starts with: they count against the budget, and the labeler is asked for the rest
+    # only. "": none (docs/label-datasets.md).
+    labels_from: str = ""
 
     def __post_init__(self):
         check_fields(self)
+        check_path_field("preferences.labels_from", self.labels_from)
         if self.initial_labels > self.labels:
             raise ConfigError(f"preferences.initial_labels ({self.initial_labels}) exceeds the budget ({self.labels})")
 

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlhf_jax.config_base import MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
+from rlhf_jax.config_base import MAX_LAYER, check_fields, check_path_field, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import RewardCNN, input_statistics, is_atari_frames, reward_network_for
@@ -91,10 +91,14 @@ class RewardModelConfig:
     normalized_std: float = non_negative(0.0)  # 0: the paper's, 0.05 on Atari frames and 1 otherwise
     loss: Literal["preference", "target"] = "preference"
     bootstrap: bool = True
+    # A reward model saved by `rlhf-jax fit-reward` (a .npz) for the run to start from instead of an
+    # untrained one; its architecture keys (rlhf_jax.reward.saved_model) must match these. "": none.
+    init_from: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "hidden", tuple(self.hidden))  # hashable: config is a static argument
         check_fields(self)
+        check_path_field("reward_model.init_from", self.init_from)
         checks = [
             (len(self.hidden) >= 1, f"hidden must be a non-empty list of layer sizes, got {self.hidden}"),
             (self.l2_low < self.l2_high, f"need l2_low < l2_high, got l2_low={self.l2_low}, l2_high={self.l2_high}"),

@@ -22,7 +22,7 @@ from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.reward import ibt
 from rlhf_jax.reward.annotators import progress_increments, synthetic_marks
 from rlhf_jax.reward.data import Segments
-from rlhf_jax.reward.learner import Budget, Queries, fit_steps, pearson, take_clips
+from rlhf_jax.reward.learner import Budget, HeadStart, Queries, fit_steps, pearson, take_clips
 from rlhf_jax.reward.schedule import initial_labels
 from rlhf_jax.reward.segments import check_fits_episode
 
@@ -73,6 +73,13 @@ class IBTLearner:
         annotated = Annotated(jnp.zeros((budget, length, *spec.observation_shape), spec.observation_dtype),
                               jnp.zeros((budget, length), jnp.int32), jnp.zeros((), jnp.int32))
         return IBTLearnerState(model, annotated)
+
+    def head_start(self, state: IBTLearnerState, given: HeadStart, key) -> IBTLearnerState:
+        """Nothing to start from: a dataset's marks or a fitted utility are not taken yet
+        (the config refuses them for ``reward: ibt``)."""
+        if not given.empty:
+            raise ValueError("an IBT run starts from no label dataset or fitted model")
+        return state
 
     def reward_params(self, state: IBTLearnerState):
         return state.model

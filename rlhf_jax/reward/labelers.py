@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.config_base import check_fields, in_range, non_negative
-from rlhf_jax.reward.data import Labels, Segments, pair_frames
+from rlhf_jax.reward.data import Labels, LabelledPairs, Segments, pair_frames
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,27 +113,44 @@ def add_labels(
     written as their frames, each once (:func:`~rlhf_jax.reward.data.pair_frames`).
     """
     chex.assert_shape([index_1, index_2, mu, answered], (index_1.shape[0],))
-    capacity, members = labels.capacity, labels.holdout.shape[1]
-    answered = answered.astype(bool)
+
+    def pair(x):
+        return jnp.stack([x[index_1], x[index_2]], axis=1)  # [P, 2, ...]
+
+    frames, restart = pair_frames(pair(segments.obs), labels.stack)
+    holdout = jax.random.bernoulli(key, validation_fraction, (index_1.shape[0], labels.holdout.shape[1]))
+    pairs = LabelledPairs(frames, restart, pair(segments.action), mu, pair(segments.oracle_reward.sum(axis=-1)))
+    return _write(labels, pairs, answered.astype(bool), holdout)
+
+
+def add_pairs(labels: Labels, pairs: LabelledPairs, key: jax.Array,
+              validation_fraction: chex.Numeric = 1.0 / math.e) -> Labels:
+    """Store pairs already answered and split into frames (a label dataset's, at the start of a
+    run: ``preferences.labels_from``) in the ring D, in order, each held out of each member's
+    training set as :func:`add_labels` holds out new labels: this run's own draw."""
+    count = pairs.mu.shape[0]
+    holdout = jax.random.bernoulli(key, validation_fraction, (count, labels.holdout.shape[1]))
+    return _write(labels, pairs, jnp.ones((count,), bool), holdout)
+
+
+def _write(labels: Labels, pairs: LabelledPairs, answered: jax.Array, holdout: jax.Array) -> Labels:
+    """The ring D with the ``answered`` rows of ``pairs`` written at ``next, next+1, ...``
+    (mod capacity; of more than the capacity, the newest), as :func:`add_labels` says."""
+    capacity = labels.capacity
     position = jnp.cumsum(answered, dtype=jnp.int32) - 1  # among the answered, in order
     total = jnp.sum(answered, dtype=jnp.int32)
     keep = answered & (position >= total - capacity)  # distinct rows mod capacity
     rows = jnp.where(keep, (labels.next + position) % capacity, capacity)  # capacity: dropped
 
-    def pair(x):
-        return jnp.stack([x[index_1], x[index_2]], axis=1)  # [P, 2, ...]
-
     def write(buffer, values):
         return buffer.at[rows].set(values.astype(buffer.dtype), mode="drop")
 
-    frames, restart = pair_frames(pair(segments.obs), labels.stack)
-    holdout = jax.random.bernoulli(key, validation_fraction, (index_1.shape[0], members))
     return labels.replace(
-        frames=write(labels.frames, frames),
-        restart=write(labels.restart, restart),
-        action=write(labels.action, pair(segments.action)),
-        mu=write(labels.mu, mu),
-        oracle_return=write(labels.oracle_return, pair(segments.oracle_reward.sum(axis=-1))),
+        frames=write(labels.frames, pairs.frames),
+        restart=write(labels.restart, pairs.restart),
+        action=write(labels.action, pairs.action),
+        mu=write(labels.mu, pairs.mu),
+        oracle_return=write(labels.oracle_return, pairs.oracle_return),
         holdout=write(labels.holdout, holdout),
         count=jnp.minimum(labels.count + total, capacity).astype(jnp.int32),
         next=((labels.next + total) % capacity).astype(jnp.int32),

@@ -9,6 +9,7 @@ everything that differs, as pure functions over its own state (a pytree: the mod
 the answers it holds)::
 
     state = learner.init(key, clips)                     # from the untrained policy's clips
+    state = learner.head_start(state, given, key)        # a dataset's answers, a fitted model
     reward_fn(learner.reward_params(state), obs, action, timestep)  # what the agent calls
     queries = learner.propose(state, clips, key, num)    # the clips to ask about, best first
     answers = learner.oracle(key, queries)               # the synthetic labeler, on the device
@@ -52,14 +53,41 @@ def take_clips(clips: Segments, *index: jax.Array) -> Queries:
 @dataclasses.dataclass(frozen=True)
 class Budget:
     """How many answers a run asks for and when: ``initial`` before RL from the untrained
-    policy, the rest at the rate of :func:`rlhf_jax.reward.schedule.labels_due`."""
+    policy, the rest at the rate of :func:`rlhf_jax.reward.schedule.labels_due`.
+
+    ``preloaded`` answers, from a label dataset before the run (``preferences.labels_from``),
+    count as the schedule's first: the labeler is asked only for the rest of the budget,
+    whenever the schedule's count passes them."""
 
     total: int
     initial: int
     decay_steps: float
+    preloaded: int = 0
+
+    @property
+    def initial_asked(self) -> int:
+        """Answers the labeler is asked for before RL."""
+        return max(0, self.initial - self.preloaded)
 
     def due(self, env_steps: float, total_env_steps: float) -> int:
-        return labels_due(env_steps, total_env_steps, self.total, self.initial, self.decay_steps)
+        """Answers the labeler is asked for by ``env_steps``: the schedule's, less those preloaded."""
+        due = labels_due(env_steps, total_env_steps, self.total, self.initial, self.decay_steps)
+        return max(0, due - self.preloaded)
+
+
+class HeadStart(NamedTuple):
+    """What a run may start from besides an untrained model and no answers, given to the
+    learner's ``head_start`` as arrays (``None``: not given): answers from a label dataset
+    (``preferences.labels_from``: :class:`~rlhf_jax.reward.data.LabelledPairs`) and a reward
+    model fitted offline (``reward_model.init_from``: a
+    :class:`~rlhf_jax.reward.saved_model.SavedModel`)."""
+
+    answers: Any = None
+    model: Any = None
+
+    @property
+    def empty(self) -> bool:
+        return self.answers is None and self.model is None
 
 
 class RewardLearner(Protocol):
@@ -75,6 +103,8 @@ class RewardLearner(Protocol):
     reward_fn: Callable  # reward_fn(reward_params, obs, action, timestep) -> [N]
 
     def init(self, key: jax.Array, clips: Segments) -> Any: ...
+
+    def head_start(self, state, given: HeadStart, key: jax.Array) -> Any: ...
 
     def reward_params(self, state) -> Any: ...
 

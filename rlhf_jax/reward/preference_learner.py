@@ -23,8 +23,8 @@ from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.reward import ensemble as reward_model
 from rlhf_jax.reward.config import PreferenceConfig, resolve
 from rlhf_jax.reward.data import Labels, Segments, empty_labels, observations_on_host
-from rlhf_jax.reward.labelers import add_labels, oracle_answers
-from rlhf_jax.reward.learner import Budget, Queries, fit_steps, pearson, take_clips
+from rlhf_jax.reward.labelers import add_labels, add_pairs, oracle_answers
+from rlhf_jax.reward.learner import Budget, HeadStart, Queries, fit_steps, pearson, take_clips
 from rlhf_jax.reward.queries import candidate_pairs, select_queries
 
 # Steps of recent segments the normalisation statistics are taken over.
@@ -46,7 +46,9 @@ class Preferences(NamedTuple):
 class PreferenceLearner:
     kind = "compare"
 
-    def __init__(self, prefs: PreferenceConfig, model: reward_model.RewardModelConfig, spec: EnvSpec):
+    def __init__(self, prefs: PreferenceConfig, model: reward_model.RewardModelConfig, spec: EnvSpec,
+                 preloaded: int = 0):
+        """``preloaded``: answers a label dataset gives the run at its start (``preferences.labels_from``)."""
         self.spec, self.model = spec, model
         if model.ensemble_size == 1 and prefs.selection == "disagreement":
             # One predictor cannot disagree with itself: the paper's "no ensemble" queries at random.
@@ -56,8 +58,11 @@ class PreferenceLearner:
         self.clip_length = self.settings.segment_length
         self.clip_capacity = prefs.segment_capacity
         # (Offline, every label is initial, so the schedule has nothing left to spread.)
-        self.budget = Budget(self.settings.labels, self.settings.initial_labels, self.settings.label_decay_steps)
-        epochs_steps = self.settings.pretrain_epochs * self.settings.initial_labels / model.batch_size
+        self.budget = Budget(self.settings.labels, self.settings.initial_labels, self.settings.label_decay_steps,
+                             preloaded)
+        # Pretraining's epochs run over the labels held before RL: the initial ones, or more if preloaded.
+        held = max(self.settings.initial_labels, preloaded)
+        epochs_steps = self.settings.pretrain_epochs * held / model.batch_size
         self.pretrain_steps = max(1, math.ceil(epochs_steps))
         self.reward_fn = reward_model.make_reward_fn(model, spec)
 
@@ -72,6 +77,16 @@ class PreferenceLearner:
         obs = clips.obs.reshape(-1, *self.spec.observation_shape)
         ensemble = reward_model.set_input_statistics(ensemble, self.model, self.spec, obs)
         labels = empty_labels(self.spec, self.settings.label_capacity, self.clip_length, self.model.ensemble_size)
+        return PreferenceState(ensemble, labels)
+
+    def head_start(self, state: PreferenceState, given: HeadStart, key) -> PreferenceState:
+        """``state`` with a fitted model in place of the untrained one, its input statistics
+        included, and a dataset's answers in the label ring, held out by this run's ``key``."""
+        ensemble, labels = state
+        if given.model is not None:
+            ensemble = given.model.into(ensemble)
+        if given.answers is not None:
+            labels = add_pairs(labels, given.answers, key, self.model.validation_fraction)
         return PreferenceState(ensemble, labels)
 
     def reward_params(self, state: PreferenceState):

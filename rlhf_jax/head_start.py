@@ -1,0 +1,142 @@
+"""What a run may start from besides an untrained reward model and no labels:
+
+* ``preferences.labels_from``: the labels of a label dataset (:mod:`rlhf_jax.feedback.label_dataset`;
+  or a finished run's directory, or a ``labels.npz``), put in the label database before the
+  first query. They count against the budget: the labeler, synthetic or people, is asked only
+  for the rest (:class:`~rlhf_jax.reward.learner.Budget`). Christiano et al. reused one set
+  of labels across seeds in their ablations ("no online queries"); this is how.
+* ``reward_model.init_from``: a reward model saved by ``rlhf-jax fit-reward``
+  (:mod:`rlhf_jax.reward.saved_model`), in place of the untrained one.
+
+:class:`HeadStartFiles` checks both against the run when the run is built, so a wrong file
+stops it before anything is written, with a one-line error naming the key; it reads them
+when the run starts (:meth:`HeadStartFiles.arrays`), and not for a resumed run, whose
+checkpoint holds them already.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhf_jax.config import ExperimentConfig
+from rlhf_jax.config_base import build
+from rlhf_jax.envs.core import EnvSpec
+from rlhf_jax.envs.options import EnvConfig, task_mismatch
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.feedback import label_dataset
+from rlhf_jax.replay import frame_stack
+from rlhf_jax.reward import saved_model
+from rlhf_jax.reward.config import resolve
+from rlhf_jax.reward.data import LabelledPairs, action_shape_dtype
+from rlhf_jax.reward.ensemble import EnsembleState, init_ensemble
+from rlhf_jax.reward.learner import HeadStart
+
+LABELS_KEY = "preferences.labels_from"
+MODEL_KEY = "reward_model.init_from"
+
+
+class HeadStartFiles:
+    """A run's ``preferences.labels_from`` and ``reward_model.init_from``, checked (module docstring)."""
+
+    def __init__(self, config: ExperimentConfig, spec: EnvSpec):
+        self.config, self.spec = config, spec
+        self.labels_path, self.model_path = config.preferences.labels_from, config.reward_model.init_from
+        self.preloaded = 0  # labels the dataset gives
+        self._info: label_dataset.DatasetInfo | None = None
+        self._labels: label_dataset.LabelDataset | None = None  # when reading the info read them too
+        self._given: HeadStart | None = None
+        if self.labels_path:
+            try:
+                self._info, self._labels = label_dataset.labels_info(self.labels_path)
+            except ConfigError as error:
+                raise ConfigError(f"{LABELS_KEY}: {error}") from None
+            self._check_labels(self._info)
+            self.preloaded = self._info.rows
+        if self.model_path:
+            self._check_model(saved_model.read_info(self.model_path, MODEL_KEY))
+
+    def _check_labels(self, info: label_dataset.DatasetInfo) -> None:
+        where, spec, prefs = f"{LABELS_KEY}: {self.labels_path}", self.spec, self.config.preferences
+        if info.kind != "compare":
+            raise ConfigError(f"{where} holds IBT marks, not preferences between segments")
+        mismatch = task_mismatch(info.env, self.config.env)
+        if mismatch:
+            raise ConfigError(f"{where} was labelled on another environment than this run's: {mismatch}")
+        length = resolve(prefs, spec).segment_length
+        if info.segment_length != length:
+            raise ConfigError(f"{where} compares segments of {info.segment_length} steps, this run's "
+                              f"preferences.segment_length makes {length}: set it to {info.segment_length}")
+        if (info.observation_shape, info.observation_dtype, info.stack) != (
+                tuple(spec.observation_shape), str(np.dtype(spec.observation_dtype)), frame_stack(spec)):
+            raise ConfigError(f"{where} holds observations {info.observation_dtype} {list(info.observation_shape)}, "
+                              f"this run's environment gives {np.dtype(spec.observation_dtype)} "
+                              f"{list(spec.observation_shape)}")
+        shape, dtype = action_shape_dtype(spec)
+        if (info.action_shape, info.action_dtype) != (tuple(shape), str(np.dtype(dtype))):
+            raise ConfigError(f"{where} holds actions {info.action_dtype} {list(info.action_shape)}, this run's "
+                              f"are {np.dtype(dtype)} {list(shape)}")
+        if info.rows > prefs.labels:
+            raise ConfigError(f"{where} holds {info.rows} labels, more than the run's budget "
+                              f"preferences.labels={prefs.labels}: raise the budget to at least {info.rows}")
+
+    def _check_model(self, info: saved_model.ModelInfo) -> None:
+        where = f"{MODEL_KEY}: {self.model_path}"
+        mismatch = task_mismatch(build(EnvConfig, info.env, "env"), self.config.env)
+        if mismatch:
+            raise ConfigError(f"{where} was fitted on another environment than this run's: {mismatch}")
+        saved_model.check_fits(info, self.config.reward_model, self.spec.observation_shape, MODEL_KEY,
+                               self.model_path)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.labels_path or self.model_path)
+
+    def arrays(self, abstract: bool = False) -> HeadStart:
+        """The run's :class:`HeadStart`, read once. ``abstract``: zeros of its shapes, for a
+        run traced only for its state's shapes (restoring a checkpoint), where reading the
+        files would be wasted."""
+        if self.empty:
+            return HeadStart()
+        if abstract:
+            return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), self._shapes())
+        if self._given is None:
+            self._given = self._read()
+        return self._given
+
+    def _like(self) -> EnsembleState:
+        """The shapes of this run's reward ensemble (nothing allocated)."""
+        return jax.eval_shape(lambda: init_ensemble(jax.random.PRNGKey(0), self.config.reward_model, self.spec))
+
+    def _shapes(self) -> HeadStart:
+        """The shapes and dtypes of :meth:`_read`'s arrays, from the files' descriptions alone."""
+        answers = model = None
+        if self.labels_path:
+            info, shape = self._info, jax.ShapeDtypeStruct
+            rows, k, frames = info.rows, info.segment_length, (info.frames_per_segment, *info.frame_shape)
+            answers = LabelledPairs(shape((rows, 2, *frames), info.observation_dtype), shape((rows, 2, k), bool),
+                                    shape((rows, 2, k, *info.action_shape), info.action_dtype),
+                                    shape((rows,), np.float32), shape((rows, 2), np.float32))
+        if self.model_path:
+            model = saved_model.SavedModel.of(self._like())
+        return HeadStart(answers, model)
+
+    def _read(self) -> HeadStart:
+        answers = model = None
+        if self.labels_path:
+            try:
+                dataset = self._labels or label_dataset.load_labels(self.labels_path)
+            except ConfigError as error:
+                raise ConfigError(f"{LABELS_KEY}: {error}") from None
+            rows = dataset.rows
+            if self.config.reward_model.loss == "target" and np.isnan(rows.oracle_return).any():
+                raise ConfigError(f"{LABELS_KEY}: {self.labels_path} does not know the oracle's returns of every "
+                                  f"segment, which reward_model.loss=target regresses")
+            info = self._info
+            answers = LabelledPairs(rows.frames.astype(info.observation_dtype), rows.restart.astype(bool),
+                                    rows.action.astype(info.action_dtype), rows.mu.astype(np.float32),
+                                    rows.oracle_return.astype(np.float32))
+            self._labels = None  # the arrays live on in the head start
+        if self.model_path:
+            model = saved_model.load(self.model_path, self._like(), MODEL_KEY)
+        return HeadStart(answers, model)
