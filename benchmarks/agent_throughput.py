@@ -125,11 +125,16 @@ def network_milliseconds(config: a2c.A2CConfig, env_config: EnvConfig, repeats: 
     return {"acting_ms_per_update": config.num_steps * acting, "gradient_ms_per_update": gradient}
 
 
-def sb3_a2c_side(config: a2c.A2CConfig, env_steps: int, vec_env=None) -> Side | str:
+def sb3_a2c_side(config: a2c.A2CConfig, env_steps: int, vec_env=None, torch_threads: int | None = None) -> Side | str:
     """Stable-Baselines3's A2C learning ``env_steps`` steps per run, with our A2C's settings where
     SB3 has them (n-step, gamma, entropy and value weights, RMSprop, gradient clip); on
     Gymnasium's CartPole with ``CARTPOLE_ENVS`` environments unless ``vec_env`` is given
-    (then a CNN policy: SB3's NatureCNN). Or why there is none (SB3 missing)."""
+    (then a CNN policy: SB3's NatureCNN). Or why there is none (SB3 missing).
+
+    ``torch_threads``: torch's intra-op threads while SB3 learns (restored after each run;
+    None: torch's default). On CartPole's 64-unit MLP one thread was SB3's faster setting on
+    2 shared cores: alternated at load 5.2, 0.8-3.2k steps/s with torch's default 2 threads
+    against 6.5-16k with 1 (the two threads wait on each other while other jobs hold the cores)."""
     try:
         from stable_baselines3 import A2C
         from stable_baselines3.common.env_util import make_vec_env
@@ -140,7 +145,17 @@ def sb3_a2c_side(config: a2c.A2CConfig, env_steps: int, vec_env=None) -> Side | 
     model = A2C(policy, vec_env, n_steps=config.num_steps, learning_rate=config.learning_rate, gamma=config.gamma,
                 ent_coef=config.entropy_coef, vf_coef=config.value_coef, max_grad_norm=config.max_grad_norm,
                 rms_prop_eps=config.rms_eps, device="cpu", seed=0)
-    return Side(lambda: model.learn(total_timesteps=env_steps, reset_num_timesteps=False), env_steps)
+    def run():
+        import torch
+
+        previous = torch.get_num_threads()
+        torch.set_num_threads(torch_threads or previous)
+        try:
+            model.learn(total_timesteps=env_steps, reset_num_timesteps=False)
+        finally:
+            torch.set_num_threads(previous)
+
+    return Side(run, env_steps)
 
 
 def envpool_vec_env(task: str, num_envs: int):
@@ -229,8 +244,9 @@ def main() -> None:
 
     if "sb3_cartpole" in parts:
         # 64 seeds of ours beside SB3, alternating; each side about 10 s a round on 2 cores.
+        # SB3 on one torch thread: its fastest for this small MLP (see sb3_a2c_side).
         ours = training_side(a2c, A2C_CARTPOLE, cartpole, 64, steps)
-        peer = sb3_a2c_side(A2C_CARTPOLE, 5_000 if quick else 50_000)
+        peer = sb3_a2c_side(A2C_CARTPOLE, 5_000 if quick else 50_000, torch_threads=1)
         if isinstance(peer, str):
             print(f"{peer}: no SB3 A2C timed", flush=True)
         else:
