@@ -64,7 +64,9 @@ CARD_FILE = "README.md"
 LABELS_FILE = "labels.npz"  # what a run writes when it finishes
 SHARD_BYTES = 512 * 2**20  # rows per Parquet file: about this many bytes before compression
 ROW_GROUP_BYTES = 64 * 2**20  # rows per row group, likewise: what a reader holds at once
-ZSTD_LEVEL = 9  # Parquet's zstd level: frames shrink a few percent more than at 3, and write fast enough
+# Parquet's zstd level, after dictionary encoding (a frame's pixels take few values): 500 Pong
+# labels' frames (188 MiB) take 0.74 MiB at 9, 1.02 at 3, in about the same time (5 s).
+ZSTD_LEVEL = 9
 KINDS = {"preferences": "compare", "ibt": "annotate"}  # a run's reward -> its labels' kind
 CHOICE_NAMES = {1.0: "left", 0.0: "right", 0.5: "tie"}  # mu -> the label store's words
 
@@ -426,6 +428,21 @@ def _table(dataset: LabelDataset, start: int, stop: int) -> pa.Table:
     return table.replace_schema_metadata({METADATA_KEY: info.to_json().encode()})
 
 
+def _encodings(schema: pa.Schema) -> tuple[list[str], list[str]]:
+    """The Parquet leaf columns (a nested list's values: ``name.list.element...``) to write
+    byte-stream-split, and those to dictionary-encode. Arrays of floats (vector observations,
+    continuous actions) split into their bytes' streams compress with zstd (500 CartPole labels
+    to 0.64 of their bytes; dictionary-encoded, to 1.15), and everything else, pixels included
+    (a frame takes few values), is dictionary-encoded."""
+    arrays, others = [], []
+    for field in schema:
+        path, type_ = field.name, field.type
+        while pa.types.is_fixed_size_list(type_) or pa.types.is_list(type_):
+            path, type_ = path + ".list.element", type_.value_type
+        (arrays if path != field.name and pa.types.is_floating(type_) else others).append(path)
+    return arrays, others
+
+
 def shard_files(dataset_dir: Path) -> list[Path]:
     return sorted((dataset_dir / DATA_DIR).glob("*.parquet"))
 
@@ -446,10 +463,12 @@ def write(dataset: LabelDataset, out_dir: str | Path, license: str = "cc-by-4.0"
         (partial / DATA_DIR).mkdir(parents=True)
         for index in range(files):
             start, stop = index * per_file, min(info.rows, (index + 1) * per_file)
-            pq.write_table(_table(dataset, start, stop), partial / DATA_DIR / f"train-{index:05d}-of-{files:05d}.parquet",
-                           row_group_size=max(1, ROW_GROUP_BYTES // row_bytes), compression="zstd",
-                           compression_level=ZSTD_LEVEL)
-        (partial / CARD_FILE).write_text(card(dataset, license, _bytes(partial / DATA_DIR)), encoding="utf-8")
+            table = _table(dataset, start, stop)
+            arrays, others = _encodings(table.schema)
+            pq.write_table(table, partial / DATA_DIR / f"train-{index:05d}-of-{files:05d}.parquet",
+                           row_group_size=max(1, ROW_GROUP_BYTES // row_bytes), use_dictionary=others,
+                           use_byte_stream_split=arrays or False, compression="zstd", compression_level=ZSTD_LEVEL)
+        (partial / CARD_FILE).write_text(card(dataset, license, parquet_bytes(partial)), encoding="utf-8")
         if out.exists():
             out.rmdir()
         os.replace(partial, out)
@@ -459,8 +478,9 @@ def write(dataset: LabelDataset, out_dir: str | Path, license: str = "cc-by-4.0"
     return out
 
 
-def _bytes(directory: Path) -> int:
-    return sum(path.stat().st_size for path in directory.glob("*.parquet"))
+def parquet_bytes(dataset_dir: Path) -> int:
+    """Bytes of the dataset's Parquet files on disk."""
+    return sum(path.stat().st_size for path in shard_files(Path(dataset_dir)))
 
 
 def read_info(dataset_dir: str | Path) -> DatasetInfo:
