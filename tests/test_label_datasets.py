@@ -1,0 +1,296 @@
+"""Label datasets (rlhf_jax.feedback.label_dataset): a run's labels exported as Parquet with a
+dataset card and imported back bit for bit, for a real CartPole run, a hand-made Atari label
+database (stacked frames, each stored once) and hand-made IBT marks; `datasets` loads them; a
+run started from a dataset asks its labeler only for the rest of its budget; a reward model
+fitted offline (`rlhf-jax fit-reward`) starts a run; every mistake is one line."""
+import os
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # nothing here needs the network
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+
+from rlhf_jax.cli import main
+from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
+from rlhf_jax.config_base import dump_yaml
+from rlhf_jax.envs.core import Discrete, EnvSpec
+from rlhf_jax.feedback import label_dataset
+from rlhf_jax.feedback.labeler import QUERIES_DIR
+from rlhf_jax.feedback.store import STORE_FILE, LabelStore
+from rlhf_jax.reward import saved_model
+from rlhf_jax.reward.config import PreferenceConfig
+from rlhf_jax.reward.data import Labels, observations_on_host
+from rlhf_jax.reward.ensemble import RewardModelConfig
+from rlhf_jax.reward.ibt import IBTConfig
+from rlhf_jax.reward.ibt_learner import Annotated, IBTLearner, IBTLearnerState
+from rlhf_jax.reward.preference_learner import PreferenceLearner, PreferenceState
+from rlhf_jax.trainer import make_training
+
+# A2C on CartPole from 40 synthetic preferences, tiny (4 chunks of 1024 env steps); the run
+# started from its labels has a budget of 60, so the label database holds 60 in both.
+SMALL = ["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", "preferences.segment_capacity=64",
+         "preferences.fit_pairs_per_env_step=0.01", "preferences.label_capacity=60", "run.tensorboard=false"]
+SOURCE_LABELS, BUDGET = 40, 60
+PONG = EnvSpec(id="envpool/Pong-v5", backend="envpool-atari", num_envs=1, observation_shape=(84, 84, 4),
+               observation_dtype="uint8", action_space=Discrete(6), fps=15.0, max_episode_steps=27_000)
+
+
+def experiment(overrides=()):
+    return load_config(ExperimentConfig, None, [*SMALL, *overrides], default=DEFAULT_EXPERIMENT)
+
+
+def error_line(capsys) -> str:
+    """What the command printed: exactly one line, no traceback."""
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def write_run(run_dir, config: dict) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(dump_yaml(config))
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("labels") / "cartpole"
+    assert main(["train", *SMALL, f"preferences.labels={SOURCE_LABELS}", f"run.dir={run_dir}"]) == 0
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def cartpole_dataset(cartpole_run):
+    out = cartpole_run.parent / "cartpole-labels"
+    assert main(["labels", "export", str(cartpole_run), str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def atari_labels():
+    """A hand-made label database of 3 Pong-shaped pairs of 5-step segments: random frames, and
+    stacks that restart (a new episode) at steps 2 and 4 of the first segment of pair 1."""
+    rows, k, stack = 3, 5, 4
+    rng = np.random.default_rng(0)
+    restart = np.zeros((rows, 2, k), bool)
+    restart[1, 0, [2, 4]] = True
+    restart[2, 1, 1] = True
+    return Labels(
+        frames=jnp.asarray(rng.integers(0, 256, (rows, 2, k + stack - 1, 84, 84), np.uint8)),
+        restart=jnp.asarray(restart), action=jnp.asarray(rng.integers(0, 6, (rows, 2, k), np.int32)),
+        mu=jnp.asarray([1.0, 0.5, 0.0], jnp.float32), oracle_return=jnp.asarray(rng.normal(size=(rows, 2)), jnp.float32),
+        holdout=jnp.asarray(rng.random((rows, 3)) < 0.37), count=jnp.int32(rows), next=jnp.int32(0), stack=stack)
+
+
+@pytest.fixture(scope="module")
+def atari_run(atari_labels, tmp_path_factory):
+    """A finished preference run on Pong (made by hand: no Atari run), its labels.npz written
+    by the learner's own save."""
+    run_dir = tmp_path_factory.mktemp("labels") / "pong"
+    write_run(run_dir, {"name": "pong", "agent": "a2c", "reward": "preferences", "env": {"id": "envpool/Pong-v5"}})
+    learner = PreferenceLearner(PreferenceConfig(labels=3, segment_length=5), RewardModelConfig(), PONG)
+    learner.save(PreferenceState(None, atari_labels), run_dir / "labels.npz")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def ibt_run(tmp_path_factory):
+    """A finished IBT run on CartPole (made by hand), its labels.npz written by the learner's save."""
+    from rlhf_jax.envs import EnvConfig, make
+
+    run_dir = tmp_path_factory.mktemp("labels") / "ibt"
+    write_run(run_dir, {"name": "ibt", "agent": "a2c", "reward": "ibt", "env": {"id": "gymnax/CartPole-v1"}})
+    learner = IBTLearner(IBTConfig(episodes=4, episode_length=6), make(EnvConfig(num_envs=1)).spec)
+    rng = np.random.default_rng(1)
+    annotated = Annotated(rng.normal(size=(4, 6, 4)).astype(np.float32), rng.integers(-1, 2, (4, 6), np.int32),
+                          np.int32(3))  # the fourth row was never annotated: not saved
+    learner.save(IBTLearnerState(None, annotated), run_dir / "labels.npz")
+    return run_dir
+
+
+# ---------------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("run", ["cartpole_run", "atari_run", "ibt_run"])
+def test_export_then_import_gives_the_labels_back_bit_for_bit(run, request, tmp_path):
+    run_dir = request.getfixturevalue(run)
+    dataset, npz = tmp_path / "dataset", tmp_path / "imported.npz"
+    assert main(["labels", "export", str(run_dir), str(dataset)]) == 0
+    assert main(["labels", "import", str(dataset), str(npz)]) == 0
+    original, imported = np.load(run_dir / "labels.npz"), np.load(npz)
+    assert set(original.files) < set(imported.files)  # the run's arrays, and who gave each label
+    for key in original.files:  # observations, actions, answers or marks, oracle returns, held-out flags
+        assert imported[key].dtype == original[key].dtype, key
+        np.testing.assert_array_equal(imported[key], original[key], err_msg=key)
+    # Importing it again into the run it came from would overwrite the run's own labels.
+    assert main(["labels", "import", str(dataset), str(run_dir)]) == 2
+
+
+def test_stacked_frames_are_stored_once_and_stacks_rebuilt(atari_run, atari_labels, tmp_path):
+    """The Atari path: the dataset holds the label database's frames and restarts as they were,
+    k + 3 frames a segment, not k stacks of 4; loaded, every stack comes back."""
+    assert main(["labels", "export", str(atari_run), str(tmp_path / "pong")]) == 0
+    dataset = label_dataset.read(tmp_path / "pong")
+    assert dataset.info.stack == 4 and dataset.info.frame_shape == (84, 84)
+    np.testing.assert_array_equal(dataset.rows.frames, np.asarray(atari_labels.frames))
+    np.testing.assert_array_equal(dataset.rows.restart, np.asarray(atari_labels.restart))
+    assert dataset.rows.frames[0, 0].shape == (5 + 3, 84, 84)
+    stacks = label_dataset.stacks_on_host(dataset.rows.frames, dataset.rows.restart, 4)
+    np.testing.assert_array_equal(stacks, observations_on_host(atari_labels))
+    assert dataset.provenance.who == ("oracle",) * 3 and np.isnan(dataset.provenance.seconds).all()
+
+
+def test_datasets_loads_the_parquet_with_the_documented_columns(cartpole_dataset, tmp_path):
+    import datasets
+
+    info = label_dataset.read_info(cartpole_dataset)
+    loaded = datasets.load_dataset("parquet", data_files=str(cartpole_dataset / "data" / "*.parquet"),
+                                   split="train", cache_dir=str(tmp_path / "cache"))
+    assert loaded.column_names == [column.name for column in label_dataset.columns(info)]
+    assert len(loaded) == info.rows == SOURCE_LABELS
+    saved = np.load(cartpole_dataset.parent / "cartpole" / "labels.npz")
+    rows = loaded.with_format("numpy")
+    np.testing.assert_array_equal(rows["mu"], saved["mu"])
+    np.testing.assert_array_equal(np.stack(rows["frames_1"]), saved["obs"][:, 1])  # CartPole: frames are observations
+    assert set(loaded["choice"]) <= {"left", "right", "tie"} and set(loaded["who"]) == {"oracle"}
+    assert loaded["env_id"][0] == "gymnax/CartPole-v1" and loaded["seconds"][0] is None
+    # The second way the brief names: one file.
+    one = datasets.Dataset.from_parquet(str(label_dataset.shard_files(cartpole_dataset)[0]),
+                                        cache_dir=str(tmp_path / "cache"))
+    assert one.num_rows == SOURCE_LABELS
+
+
+def test_the_card_names_the_rows_and_every_column(cartpole_dataset):
+    text = (cartpole_dataset / "README.md").read_text()
+    assert text.startswith("---\n")
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["license"] and front["task_categories"] == ["reinforcement-learning"]
+    assert front["size_categories"] == ["n<1K"]
+    assert front["configs"][0]["data_files"][0]["path"] == "data/*.parquet"
+    assert f"{SOURCE_LABELS} labels" in text
+    for column in label_dataset.columns(label_dataset.read_info(cartpole_dataset)):
+        assert f"| `{column.name}` |" in text, column.name
+
+
+def test_who_answered_comes_from_the_label_store(tmp_path):
+    """A people run's labels carry who answered each and how long it took: answers are matched
+    to labels by their segments, in whatever order the label database holds them."""
+    run_dir = tmp_path / "people"
+    write_run(run_dir, {"reward": "preferences", "labeler": "people", "env": {"id": "gymnax/CartPole-v1"}})
+    rng = np.random.default_rng(2)
+    obs = rng.normal(size=(3, 2, 3, 4)).astype(np.float32)
+    action = rng.integers(0, 2, (3, 2, 3)).astype(np.int32)
+    store = LabelStore(run_dir / STORE_FILE)
+    (run_dir / QUERIES_DIR).mkdir()
+    for query_id, (choice, who, seconds) in enumerate([("left", "ann", 2.5), ("cant_tell", "ann", 1.0),
+                                                       ("right", "bob", 4.0)]):
+        np.savez(run_dir / QUERIES_DIR / f"q{query_id}.npz", obs=obs[query_id], action=action[query_id])
+        store.add_query(query_id, "compare", [], f"q{query_id}.npz", frames=3, fps=50.0)
+        store.answer(query_id, choice, who, seconds)
+    # The label database: query 2 then query 0 ("can't tell" is never a label).
+    np.savez(run_dir / "labels.npz", obs=obs[[2, 0]], action=action[[2, 0]], mu=np.float32([0.0, 1.0]),
+             oracle_return=np.zeros((2, 2), np.float32), holdout=np.zeros((2, 3), bool))
+    assert main(["labels", "export", str(run_dir), str(tmp_path / "dataset")]) == 0
+    provenance = label_dataset.read(tmp_path / "dataset").provenance
+    assert provenance.who == ("bob", "ann")
+    np.testing.assert_array_equal(provenance.seconds, [4.0, 2.5])
+    np.testing.assert_array_equal(provenance.query_id, [2, 0])
+    assert "answered by 2 people" in (tmp_path / "dataset" / "README.md").read_text()
+
+
+def test_a_run_from_a_dataset_asks_only_for_the_rest_of_its_budget(cartpole_dataset):
+    training = make_training(experiment([f"preferences.labels={BUDGET}",
+                                         f"preferences.labels_from={cartpole_dataset}"]))
+    assert training.learner.budget.preloaded == SOURCE_LABELS
+    assert training.rlhf.due_after(-1) == 0  # 25% of 60 is 15, fewer than the 40 given: none asked before RL
+    assert int(training.rlhf.wanted.sum()) == BUDGET - SOURCE_LABELS
+    state = training.init_runner(jax.random.PRNGKey(0))
+    held = jax.device_get(state.learner.labels)
+    assert int(state.asked) == 0 and int(held.count) == SOURCE_LABELS
+    given = label_dataset.read(cartpole_dataset).rows
+    np.testing.assert_array_equal(held.frames[:SOURCE_LABELS], given.frames)
+    np.testing.assert_array_equal(held.mu[:SOURCE_LABELS], given.mu)
+    for chunk in range(training.num_chunks):
+        state, _ = training.run_chunk(state, chunk)
+    assert int(state.asked) == BUDGET - SOURCE_LABELS  # the oracle answered only the rest
+    assert int(state.learner.labels.count) == BUDGET
+
+
+def test_a_reward_model_fitted_offline_starts_a_run(cartpole_dataset, tmp_path, capsys):
+    path = tmp_path / "reward.npz"
+    assert main(["fit-reward", str(cartpole_dataset), "--steps", "3", "--out", str(path)]) == 0
+    assert f"reward_model.init_from={path}" in capsys.readouterr().out
+    info = saved_model.read_info(path)
+    assert info.labels == SOURCE_LABELS and info.steps == 3
+    # No initial labels: nothing is fitted before RL, so the run starts with the model as saved.
+    training = make_training(experiment([f"preferences.labels={SOURCE_LABELS}", "preferences.initial_labels=0",
+                                         f"reward_model.init_from={path}"]))
+    ensemble = training.init_runner(jax.random.PRNGKey(0)).learner.ensemble
+    with np.load(path) as archive:  # the file as written, leaf by leaf under its path
+        for name in ("params", "obs_mean", "obs_std", "l2"):
+            for where, leaf in jax.tree_util.tree_leaves_with_path(getattr(ensemble, name)):
+                key = name + jax.tree_util.keystr(where)
+                np.testing.assert_array_equal(leaf, archive[key], err_msg=key)
+    assert not np.array_equal(ensemble.obs_std, np.ones_like(ensemble.obs_std))  # CartPole's own, not a default
+
+
+@pytest.mark.parametrize("words, named", [
+    (["labels", "export", "{tmp}/nowhere", "{tmp}/out"], "run directory '{tmp}/nowhere' does not exist"),
+    (["labels", "export", "{tmp}", "{tmp}/out"], "{tmp} is not a run directory"),
+    (["labels", "export", "{empty_run}", "{tmp}/out"], "{empty_run} has no labels.npz"),
+    (["labels", "export", "{pong}", "{cartpole_dataset}"], "{cartpole_dataset} already exists and is not empty"),
+    (["labels", "import", "{tmp}", "{tmp}/x.npz"], "{tmp} is not a label dataset"),
+    (["labels", "import", "{cartpole_dataset}", "{pong}"], "env.id: gymnax/CartPole-v1 there, envpool/Pong-v5 here"),
+    (["labels", "import", "{cartpole_dataset}", "{tmp}/no/x.npz"], "{tmp}/no does not exist"),
+    (["fit-reward", "{tmp}/nowhere"], "{tmp}/nowhere does not exist"),
+    (["fit-reward", "{ibt_dataset}"], "{ibt_dataset} holds IBT marks"),
+    (["fit-reward", "{cartpole_dataset}", "env.hidden_end=continue"],
+     "env.hidden_end: reset there, continue here"),
+    (["train", *SMALL, "preferences.labels_from={tmp}/nowhere"], "preferences.labels_from: {tmp}/nowhere does not exist"),
+    (["train", *SMALL, "preferences.labels_from={cartpole_dataset}", "env.hidden_end=continue"],
+     "another environment than this run's: env.hidden_end: reset there, continue here"),
+    (["train", *SMALL, "preferences.labels_from={cartpole_dataset}", "preferences.labels=30"],
+     "holds 40 labels, more than the run's budget preferences.labels=30"),
+    (["train", *SMALL, "preferences.labels_from={cartpole_dataset}", "preferences.segment_length=50"],
+     "compares segments of 75 steps"),
+    (["train", *SMALL, "reward=ibt", "preferences.labels_from={cartpole_dataset}"],
+     "preferences.labels_from gives a preference reward model its start: it needs reward=preferences"),
+    (["train", *SMALL, "reward_model.init_from={tmp}/x.npz"], "reward_model.init_from: {tmp}/x.npz does not exist"),
+    (["train", *SMALL, "reward_model.init_from={cartpole_dataset}/README.md"], "is not a reward model saved by"),
+    (["train", *SMALL, "reward_model.init_from={model}", "reward_model.hidden=[32]"],
+     "was fitted with reward_model.hidden=[64, 64], this run has reward_model.hidden=[32]"),
+])
+def test_mistakes_are_one_line_errors_naming_the_path_or_key(words, named, cartpole_dataset, atari_run, ibt_run,
+                                                             tmp_path, capsys):
+    places = {"tmp": tmp_path, "cartpole_dataset": cartpole_dataset, "pong": atari_run,
+              "empty_run": tmp_path / "run", "ibt_dataset": tmp_path / "ibt", "model": tmp_path / "model.npz"}
+    write_run(tmp_path / "run", {"reward": "preferences"})
+    if "{ibt_dataset}" in " ".join(words):
+        label_dataset.write(label_dataset.from_run(ibt_run), tmp_path / "ibt")
+    if "{model}" in " ".join(words):  # a model's file as fit-reward writes it, without fitting one
+        _fake_model(tmp_path / "model.npz")
+    words = [word.format(**places) for word in words]
+    assert main(words) == 2
+    line = error_line(capsys)
+    assert named.format(**places) in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def _fake_model(path):
+    """A saved model of the default reward model on CartPole (untrained: what matters is its info)."""
+    from rlhf_jax.envs import EnvConfig, make
+    from rlhf_jax.reward.ensemble import init_ensemble
+
+    config = experiment()
+    spec = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=1)).spec
+    ensemble = jax.eval_shape(lambda: init_ensemble(jax.random.PRNGKey(0), config.reward_model, spec))
+    ensemble = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), ensemble)
+    info = saved_model.ModelInfo(env={**DEFAULT_EXPERIMENT["env"]}, observation_shape=(4,),
+                                 architecture=saved_model.architecture(config.reward_model), labels=1, dataset="",
+                                 steps=1, train_loss=0.0, val_loss=0.0)
+    saved_model.save(path, ensemble, info)
