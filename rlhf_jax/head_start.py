@@ -24,7 +24,6 @@ from rlhf_jax.config_base import build
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.envs.options import EnvConfig, task_mismatch
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.feedback import label_dataset
 from rlhf_jax.replay import frame_stack
 from rlhf_jax.reward import saved_model
 from rlhf_jax.reward.config import resolve
@@ -43,10 +42,12 @@ class HeadStartFiles:
         self.config, self.spec = config, spec
         self.labels_path, self.model_path = config.preferences.labels_from, config.reward_model.init_from
         self.preloaded = 0  # labels the dataset gives
-        self._info: label_dataset.DatasetInfo | None = None
-        self._labels: label_dataset.LabelDataset | None = None  # when reading the info read them too
+        self._info = None  # the dataset's DatasetInfo
+        self._labels = None  # its LabelDataset, where reading the info read them too
         self._given: HeadStart | None = None
         if self.labels_path:
+            from rlhf_jax.feedback import label_dataset  # Parquet's pyarrow: only for a run that reads labels
+
             try:
                 self._info, self._labels = label_dataset.labels_info(self.labels_path)
             except ConfigError as error:
@@ -56,7 +57,7 @@ class HeadStartFiles:
         if self.model_path:
             self._check_model(saved_model.read_info(self.model_path, MODEL_KEY))
 
-    def _check_labels(self, info: label_dataset.DatasetInfo) -> None:
+    def _check_labels(self, info) -> None:
         where, spec, prefs = f"{LABELS_KEY}: {self.labels_path}", self.spec, self.config.preferences
         if info.kind != "compare":
             raise ConfigError(f"{where} holds IBT marks, not preferences between segments")
@@ -124,6 +125,8 @@ class HeadStartFiles:
     def _read(self) -> HeadStart:
         answers = model = None
         if self.labels_path:
+            from rlhf_jax.feedback import label_dataset
+
             try:
                 dataset = self._labels or label_dataset.load_labels(self.labels_path)
             except ConfigError as error:

@@ -281,6 +281,17 @@ def test_mistakes_are_one_line_errors_naming_the_path_or_key(words, named, cartp
     assert not (tmp_path / "out").exists()
 
 
+def test_without_pyarrow_datasets_are_a_one_line_error(cartpole_run, tmp_path, capsys, monkeypatch):
+    """Parquet needs the labels extra; training does not import it."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    assert main(["labels", "export", str(cartpole_run), str(tmp_path / "out")]) == 2
+    assert "need pyarrow: pip install 'rlhf_jax[labels]'" in error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
 def _fake_model(path):
     """A saved model of the default reward model on CartPole (untrained: what matters is its info)."""
     from rlhf_jax.envs import EnvConfig, make

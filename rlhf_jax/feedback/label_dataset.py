@@ -43,8 +43,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rlhf_jax.config_base import CONFIG_FILE, build, dump_yaml, parse_yaml, read_run_config, to_dict
 from rlhf_jax.envs.options import HOW_RUN, EnvConfig, task_mismatch
@@ -372,8 +370,19 @@ def _people_labels(run_dir: Path, info: DatasetInfo) -> LabelDataset:
 # ------------------------------------------------------------------- Parquet and the card
 
 
+def _arrow():
+    """``(pyarrow, pyarrow.parquet)``: Parquet needs the ``labels`` extra, which training does not."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise ConfigError("label datasets are Parquet files, which need pyarrow: pip install 'rlhf_jax[labels]'") from None
+    return pyarrow, pyarrow.parquet
+
+
 def _nested(array: np.ndarray) -> pa.Array:
     """``[N, *shape]`` as ``N`` nested fixed-size lists (numbers not copied)."""
+    pa = _arrow()[0]
     values = pa.array(np.ascontiguousarray(array).reshape(-1))
     for size in reversed(array.shape[1:]):
         values = pa.FixedSizeListArray.from_arrays(values, size)
@@ -382,6 +391,7 @@ def _nested(array: np.ndarray) -> pa.Array:
 
 def _unnested(column: pa.ChunkedArray, shape: tuple[int, ...], dtype) -> np.ndarray:
     """The inverse of :func:`_nested`: ``[N, *shape]`` of ``dtype``."""
+    pa = _arrow()[0]
     array = column.combine_chunks()
     rows = len(array)
     while pa.types.is_fixed_size_list(array.type) or pa.types.is_list(array.type):
@@ -390,10 +400,12 @@ def _unnested(column: pa.ChunkedArray, shape: tuple[int, ...], dtype) -> np.ndar
 
 
 def _nullable(values: np.ndarray, type_: pa.DataType, missing: np.ndarray) -> pa.Array:
+    pa = _arrow()[0]
     return pa.array(values, type_, mask=missing)
 
 
 def _table(dataset: LabelDataset, start: int, stop: int) -> pa.Table:
+    pa = _arrow()[0]
     info, labels, provenance = dataset
     part = slice(start, stop)
     env_options = json.dumps({k: v for k, v in to_dict(info.env).items() if k not in ("id", *HOW_RUN)})
@@ -434,6 +446,7 @@ def _encodings(schema: pa.Schema) -> tuple[list[str], list[str]]:
     continuous actions) split into their bytes' streams compress with zstd (500 CartPole labels
     to 0.64 of their bytes; dictionary-encoded, to 1.15), and everything else, pixels included
     (a frame takes few values), is dictionary-encoded."""
+    pa = _arrow()[0]
     arrays, others = [], []
     for field in schema:
         path, type_ = field.name, field.type
@@ -450,6 +463,7 @@ def shard_files(dataset_dir: Path) -> list[Path]:
 def write(dataset: LabelDataset, out_dir: str | Path, license: str = "cc-by-4.0") -> Path:
     """Write ``dataset`` as the directory ``out_dir`` (new, or empty): Parquet files and the card.
     Written under a temporary name first: ``out_dir`` holds a whole dataset or nothing."""
+    pq = _arrow()[1]
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out} already exists{' and is not empty' if out.is_dir() else ''}: choose a new OUT_DIR")
@@ -499,6 +513,7 @@ def read_info(dataset_dir: str | Path) -> DatasetInfo:
 
 
 def _file_info(path: Path) -> DatasetInfo:
+    pa, pq = _arrow()
     try:
         schema = pq.read_schema(path)
     except (OSError, pa.ArrowException) as error:
@@ -512,6 +527,7 @@ def _file_info(path: Path) -> DatasetInfo:
 
 def read(dataset_dir: str | Path) -> LabelDataset:
     """Every label of the dataset directory ``dataset_dir``, dtypes and order as written."""
+    pa, pq = _arrow()
     info = read_info(dataset_dir)
     tables = []
     for path in shard_files(Path(dataset_dir)):
