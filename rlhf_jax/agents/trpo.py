@@ -220,15 +220,11 @@ def returns_and_mask(config: TRPOConfig, rewards, timesteps: TimeStep, values, f
     return returns, ops.loss_mask(timesteps.action_ignored)
 
 
-def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
-    policy, value = Policy(env.spec, config), Value(env.spec, config)
-    value_optimizer = make_value_optimizer(config)
+def make_rollout(config: TRPOConfig, env: Environment):
+    """An iteration's rollout: ``steps_per_env`` steps of every copy under the current policy,
+    ``rollout(params, env_state, obs, key) -> ((env_state, obs, key), (observations,
+    env_actions, actions, timesteps))``, each output ``[T, num_envs, ...]``."""
     act = make_policy(config, env.spec)
-    continuous = isinstance(env.spec.action_space, Box)
-    num_steps = steps_per_env(config, env)
-    if env_steps_per_iteration(config, env) < config.value_minibatches:
-        raise ConfigError(f"trpo.batch_size ({config.batch_size}) must be at least trpo.value_minibatches "
-                          f"({config.value_minibatches})")
 
     def rollout_step(carry, _):
         params, env_state, obs, key = carry
@@ -236,6 +232,24 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         action = act(params, obs, act_key)
         env_state, timestep, env_action = env_step(env, env_state, action)
         return (params, env_state, timestep.obs, key), (obs, env_action, action, timestep)
+
+    def rollout(params, env_state, obs, key):
+        (_, env_state, obs, key), outputs = jax.lax.scan(
+            rollout_step, (params, env_state, obs, key), None, steps_per_env(config, env)
+        )
+        return (env_state, obs, key), outputs
+
+    return rollout
+
+
+def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
+    policy, value = Policy(env.spec, config), Value(env.spec, config)
+    value_optimizer = make_value_optimizer(config)
+    rollout = make_rollout(config, env)
+    continuous = isinstance(env.spec.action_space, Box)
+    if env_steps_per_iteration(config, env) < config.value_minibatches:
+        raise ConfigError(f"trpo.batch_size ({config.batch_size}) must be at least trpo.value_minibatches "
+                          f"({config.value_minibatches})")
 
     def update_policy(policy_params, observations, actions, advantages, mask):
         """One natural-gradient step with a line search (Schulman et al. 2015, appendix C)."""
@@ -293,9 +307,8 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         return value_params, opt_state, losses[-1].mean()
 
     def iteration(runner: Runner, reward_params=None):
-        carry = (runner.params, runner.env_state, runner.obs, runner.key)
-        (_, env_state, obs, key), (observations, env_actions, actions, timesteps) = jax.lax.scan(
-            rollout_step, carry, None, num_steps
+        (env_state, obs, key), (observations, env_actions, actions, timesteps) = rollout(
+            runner.params, runner.env_state, runner.obs, runner.key
         )
         rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps, config.reward_scale)
         key, value_key = jax.random.split(key)
