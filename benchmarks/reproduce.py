@@ -220,7 +220,7 @@ def slug(text: str) -> str:
 # leaves a run as it was before them: at that value they stay out of the fingerprint, so a
 # finished cell stays finished; set to anything else they make a new cell.
 ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "labels_from"): "",
-                           ("preferences", "score_pairs"): 256}
+                           ("preferences", "score_pairs"): 256, ("ibt", "marks_from"): ""}
 
 
 def fingerprinted_fields(config: ExperimentConfig) -> dict:

@@ -27,6 +27,7 @@ from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.reward.config import PreferenceConfig
 from rlhf_jax.reward.ensemble import RewardModelConfig
 from rlhf_jax.reward.ibt import IBTConfig
+from rlhf_jax.reward.learner import FEEDBACK, MODEL_KEY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,11 +99,14 @@ class ExperimentConfig:
             raise ConfigError(f"name must be a plain file name (no '/', '\\' or '..'), got {self.name!r}")
         if self.labeler == "people" and self.reward == "env":
             raise ConfigError("labeler=people needs a learned reward: set reward to preferences or ibt")
-        for key, value in (("preferences.labels_from", self.preferences.labels_from),
-                           ("reward_model.init_from", self.reward_model.init_from)):
-            if value and self.reward != "preferences":
-                raise ConfigError(f"{key} gives a preference reward model its start: it needs reward=preferences, "
-                                  f"this config has reward={self.reward}")
+        for feedback in FEEDBACK.values():  # a dataset of one kind of answers starts that kind's model only
+            section, key = feedback.answers_from.split(".")
+            if getattr(getattr(self, section), key) and self.reward != feedback.reward:
+                raise ConfigError(f"{feedback.answers_from} gives {feedback.model} its start: it needs "
+                                  f"reward={feedback.reward}, this config has reward={self.reward}")
+        if self.reward_model.init_from and self.reward not in FEEDBACK:
+            raise ConfigError(f"{MODEL_KEY} gives a learned reward model its start: it needs reward="
+                              f"{' or '.join(FEEDBACK)}, this config has reward={self.reward}")
 
 
 # What `rlhf-jax train` runs when given no config file (configs/rlhf_cartpole.yaml says the

@@ -46,7 +46,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
+from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_fields, check_path_field, in_range, in_state,
+                                  non_negative, positive)
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import _dense, _leaky_relu, input_statistics, is_atari_frames, torso_for
@@ -290,11 +291,16 @@ class IBTConfig:
     fit_episodes_per_env_step: float = non_negative(0.01)
     pretrain_epochs: int = non_negative(0, 100_000)
     annotator: AnnotatorConfig = AnnotatorConfig()
+    # A label dataset of IBT marks (`rlhf-jax labels export` of an IBT run; or a finished IBT
+    # run's directory) whose marked clips the run starts with: they count against the budget
+    # `episodes`, and the annotator is asked for the rest only. "": none (docs/label-datasets.md).
+    marks_from: str = ""
 
     def __post_init__(self):
         if self.utility not in ("mlp", "lstm"):
             raise ConfigError(f"ibt.utility must be 'mlp' or 'lstm', got {self.utility!r}")
         check_fields(self)
+        check_path_field("ibt.marks_from", self.marks_from)
         if self.initial_episodes > self.episodes:
             raise ConfigError(f"ibt.initial_episodes ({self.initial_episodes}) exceeds the budget ({self.episodes})")
 

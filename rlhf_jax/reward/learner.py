@@ -36,6 +36,33 @@ from rlhf_jax.reward.schedule import labels_due
 Kind = Literal["compare", "annotate"]  # what a person is shown: a pair to compare, or one clip to mark
 
 
+class Feedback(NamedTuple):
+    """One kind of feedback as a run's config names it: the keys that a label dataset, a
+    model fitted offline and the budget are checked against, each rule's message naming them."""
+
+    reward: str  # the config's `reward` that learns from it
+    kind: Kind
+    model: str  # what its reward model is, in words
+    answers: str  # what its answers are, in words
+    answers_from: str  # the key naming a label dataset to start from
+    budget: str  # the key of the answer budget
+    length: str  # the key of the steps per clip
+
+
+FEEDBACK = {
+    "preferences": Feedback("preferences", "compare", "a preference reward model", "labels",
+                            "preferences.labels_from", "preferences.labels", "preferences.segment_length"),
+    "ibt": Feedback("ibt", "annotate", "an IBT utility", "marked clips", "ibt.marks_from", "ibt.episodes",
+                    "ibt.episode_length"),
+}
+MODEL_KEY = "reward_model.init_from"  # a model fitted offline, for either kind
+
+
+def feedback_of(kind: str) -> Feedback:
+    """The :class:`Feedback` of a learner's (or a dataset's, or a saved model's) ``kind``."""
+    return next(feedback for feedback in FEEDBACK.values() if feedback.kind == kind)
+
+
 class Queries(NamedTuple):
     """``Q`` queries of ``c`` clips each (``c = 2``: a pair to compare; ``c = 1``: a clip to mark)."""
 
@@ -55,9 +82,9 @@ class Budget:
     """How many answers a run asks for and when: ``initial`` before RL from the untrained
     policy, the rest at the rate of :func:`rlhf_jax.reward.schedule.labels_due`.
 
-    ``preloaded`` answers, from a label dataset before the run (``preferences.labels_from``),
-    count as the schedule's first: the labeler is asked only for the rest of the budget,
-    whenever the schedule's count passes them."""
+    ``preloaded`` answers, from a label dataset before the run (``preferences.labels_from``,
+    ``ibt.marks_from``), count as the schedule's first: the labeler is asked only for the
+    rest of the budget, whenever the schedule's count passes them."""
 
     total: int
     initial: int
@@ -69,6 +96,12 @@ class Budget:
         """Answers the labeler is asked for before RL."""
         return max(0, self.initial - self.preloaded)
 
+    @property
+    def held_before_rl(self) -> int:
+        """Answers held when RL starts, which pretraining's epochs run over: the initial ones,
+        or more if more were preloaded."""
+        return max(self.initial, self.preloaded)
+
     def due(self, env_steps: float, total_env_steps: float) -> int:
         """Answers the labeler is asked for by ``env_steps``: the schedule's, less those preloaded."""
         due = labels_due(env_steps, total_env_steps, self.total, self.initial, self.decay_steps)
@@ -78,9 +111,11 @@ class Budget:
 class HeadStart(NamedTuple):
     """What a run may start from besides an untrained model and no answers, given to the
     learner's ``head_start`` as arrays (``None``: not given): answers from a label dataset
-    (``preferences.labels_from``: :class:`~rlhf_jax.reward.data.LabelledPairs`) and a reward
+    (``preferences.labels_from``: :class:`~rlhf_jax.reward.data.LabelledPairs`;
+    ``ibt.marks_from``: :class:`~rlhf_jax.reward.ibt_learner.MarkedClips`) and a reward
     model fitted offline (``reward_model.init_from``: a
-    :class:`~rlhf_jax.reward.saved_model.SavedModel`)."""
+    :class:`~rlhf_jax.reward.saved_model.SavedModel` or
+    :class:`~rlhf_jax.reward.saved_model.SavedUtility`)."""
 
     answers: Any = None
     model: Any = None
@@ -100,6 +135,7 @@ class RewardLearner(Protocol):
     clip_capacity: int  # recent clips kept to propose queries from
     budget: Budget
     pretrain_steps: int  # fitting steps over the initial answers before RL (at least one)
+    batch_size: int  # answers a fitting step draws
     reward_fn: Callable  # reward_fn(reward_params, obs, action, timestep) -> [N]
 
     def init(self, key: jax.Array, clips: Segments) -> Any: ...
