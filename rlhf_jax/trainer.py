@@ -229,10 +229,10 @@ class Training(AgentRun):
 
 def make_learner(config: ExperimentConfig, spec, preloaded: int = 0) -> RewardLearner:
     """The reward learner ``config.reward`` names, for an environment of ``spec`` (``preloaded``:
-    the labels a dataset gives it at the start, :mod:`rlhf_jax.head_start`)."""
+    the answers a dataset gives it at the start, :mod:`rlhf_jax.head_start`)."""
     if config.reward == "preferences":
         return PreferenceLearner(config.preferences, config.reward_model, spec, preloaded)
-    return IBTLearner(config.ibt, spec)
+    return IBTLearner(config.ibt, spec, preloaded)
 
 
 class LearnedRewardTraining(AgentRun):

@@ -8,7 +8,10 @@
   a person, "skipped", is not stored);
 * **fit_step**: one Adam step on Algorithm 1's loss over a batch of annotated clips;
 * **refresh**: rescale equation 2's reward ``U(x_{t+1}) - U(x_t)`` to ``ibt.normalized_std``
-  on recent clips, and score U's rise against the annotator's progress signal.
+  on recent clips, and score U's rise against the annotator's progress signal;
+* **head_start**: a label dataset's marked clips (``ibt.marks_from``) first in D, and a
+  utility fitted offline (``rlhf-jax fit-reward``, ``reward_model.init_from``) in place of
+  the untrained one.
 """
 from __future__ import annotations
 
@@ -37,6 +40,23 @@ class Annotated(NamedTuple):
     count: jax.Array  # () int32
 
 
+class MarkedClips(NamedTuple):
+    """Clips with their marks, without the dataset around them: what a label dataset gives a
+    run to start from (``ibt.marks_from``; :func:`append` stores them)."""
+
+    obs: jax.Array  # [N, T, *obs_shape]
+    marks: jax.Array  # [N, T] int32 in {-1, 0, +1}
+
+
+def append(annotated: Annotated, clips: MarkedClips, keep: jax.Array) -> Annotated:
+    """``annotated`` with the ``keep`` rows of ``clips`` appended in order; beyond its room they are dropped."""
+    capacity = annotated.marks.shape[0]
+    rows = jnp.where(keep, annotated.count + jnp.cumsum(keep) - 1, capacity)  # capacity: dropped
+    return Annotated(annotated.obs.at[rows].set(clips.obs.astype(annotated.obs.dtype), mode="drop"),
+                     annotated.marks.at[rows].set(clips.marks.astype(jnp.int32), mode="drop"),
+                     jnp.minimum(annotated.count + keep.sum(), capacity).astype(jnp.int32))
+
+
 class IBTLearnerState(NamedTuple):
     model: ibt.IBTState  # what the agent's reward_fn takes
     annotated: Annotated
@@ -52,14 +72,17 @@ class Marks(NamedTuple):
 class IBTLearner:
     kind = "annotate"
 
-    def __init__(self, config: ibt.IBTConfig, spec: EnvSpec):
+    def __init__(self, config: ibt.IBTConfig, spec: EnvSpec, preloaded: int = 0):
+        """``preloaded``: marked clips a label dataset gives the run at its start (``ibt.marks_from``)."""
         self.config, self.spec = config, spec
         check_fits_episode("ibt.episode_length", config.episode_length, spec)
         self.clip_length = config.episode_length
         self.clip_capacity = config.episode_capacity
+        self.batch_size = config.batch_episodes
         initial = initial_labels(config.episodes, atari=False) if config.initial_episodes < 0 else config.initial_episodes
-        self.budget = Budget(config.episodes, initial, config.annotation_decay_steps)
-        self.pretrain_steps = max(1, fit_steps(config.pretrain_epochs, initial, config.batch_episodes))
+        self.budget = Budget(config.episodes, initial, config.annotation_decay_steps, preloaded)
+        self.pretrain_steps = max(1, fit_steps(config.pretrain_epochs, self.budget.held_before_rl,
+                                               config.batch_episodes))
         self.reward_fn = ibt.make_reward_fn(config, spec)
 
     def fit_steps(self, env_steps: int) -> int:
@@ -75,11 +98,15 @@ class IBTLearner:
         return IBTLearnerState(model, annotated)
 
     def head_start(self, state: IBTLearnerState, given: HeadStart, key) -> IBTLearnerState:
-        """Nothing to start from: a dataset's marks or a fitted utility are not taken yet
-        (the config refuses them for ``reward: ibt``)."""
-        if not given.empty:
-            raise ValueError("an IBT run starts from no label dataset or fitted model")
-        return state
+        """``state`` with a fitted utility in place of the untrained one, its input statistics
+        and reward scale included, and a dataset's marked clips first in D."""
+        del key  # nothing is drawn: D holds out no clips
+        model, annotated = state
+        if given.model is not None:
+            model = given.model.into(model)
+        if given.answers is not None:
+            annotated = append(annotated, given.answers, jnp.ones(given.answers.marks.shape[:1], bool))
+        return IBTLearnerState(model, annotated)
 
     def reward_params(self, state: IBTLearnerState):
         return state.model
@@ -99,13 +126,8 @@ class IBTLearner:
     def store(self, state: IBTLearnerState, queries: Queries, answers: Marks, key) -> IBTLearnerState:
         """Append the answered clips in order; beyond the budget's room they are dropped."""
         del key
-        stored, keep = state.annotated, answers.answered
-        capacity = stored.marks.shape[0]
-        rows = jnp.where(keep, stored.count + jnp.cumsum(keep) - 1, capacity)  # capacity: dropped
-        annotated = Annotated(stored.obs.at[rows].set(queries.obs[:, 0].astype(stored.obs.dtype), mode="drop"),
-                              stored.marks.at[rows].set(answers.marks.astype(jnp.int32), mode="drop"),
-                              jnp.minimum(stored.count + keep.sum(), capacity).astype(jnp.int32))
-        return state._replace(annotated=annotated)
+        clips = MarkedClips(queries.obs[:, 0], answers.marks)
+        return state._replace(annotated=append(state.annotated, clips, answers.answered))
 
     def fit_step(self, state: IBTLearnerState, key) -> tuple[IBTLearnerState, jax.Array]:
         """One Adam step on a batch of annotated clips drawn with replacement."""

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import NamedTuple, Sequence
 
 import jax
@@ -60,10 +59,9 @@ class PreferenceLearner:
         # (Offline, every label is initial, so the schedule has nothing left to spread.)
         self.budget = Budget(self.settings.labels, self.settings.initial_labels, self.settings.label_decay_steps,
                              preloaded)
-        # Pretraining's epochs run over the labels held before RL: the initial ones, or more if preloaded.
-        held = max(self.settings.initial_labels, preloaded)
-        epochs_steps = self.settings.pretrain_epochs * held / model.batch_size
-        self.pretrain_steps = max(1, math.ceil(epochs_steps))
+        self.batch_size = model.batch_size
+        self.pretrain_steps = max(1, fit_steps(self.settings.pretrain_epochs, self.budget.held_before_rl,
+                                               model.batch_size))
         self.reward_fn = reward_model.make_reward_fn(model, spec)
 
     def fit_steps(self, env_steps: int) -> int:
