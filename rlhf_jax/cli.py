@@ -104,10 +104,13 @@ def cmd_labels_import(args) -> None:
 
 
 def cmd_fit_reward(args) -> None:
+    import math
+
     from rlhf_jax.fit_reward import fit_reward
 
     result = fit_reward(args.dataset_dir, args.out, args.words, epochs=args.epochs, steps=args.steps)
-    print(f"done: {result.path}  (train loss {result.train_loss:.4f}, validation loss {result.val_loss:.4f}; "
+    validation = "" if math.isnan(result.val_loss) else f", validation loss {result.val_loss:.4f}"  # IBT holds none out
+    print(f"done: {result.path}  (train loss {result.train_loss:.4f}{validation}; "
           f"start a run from it with reward_model.init_from={result.path})")
 
 
@@ -202,11 +205,12 @@ def make_parser() -> argparse.ArgumentParser:
                       help="a run directory (gets RUN_DIR/labels.npz) or the path of a new .npz")
     load.set_defaults(run=cmd_labels_import)
 
-    fit = commands.add_parser("fit-reward", help="fit a reward model offline to a label dataset, for "
-                                                 "reward_model.init_from")
+    fit = commands.add_parser("fit-reward", help="fit a reward model offline to a label dataset (preferences "
+                                                 "or IBT marks), for reward_model.init_from")
     fit.add_argument("dataset_dir", metavar="DATASET_DIR")
     fit.add_argument("words", nargs="*", metavar="[key=value ...]",
-                     help="overrides of the dataset's run config, e.g. reward_model.ensemble_size=1 seed=3")
+                     help="overrides of the dataset's run config, e.g. reward_model.ensemble_size=1 seed=3 "
+                          "(IBT: ibt.batch_episodes=16)")
     fit.add_argument("--out", metavar="PATH", help="the .npz to write (default: DATASET_DIR-reward_model.npz beside it)")
     fit.add_argument("--epochs", type=count("--epochs"), default=200, help="passes over the labels (default 200)")
     fit.add_argument("--steps", type=count("--steps"), default=0, help="fitting steps, in place of --epochs")

@@ -1,16 +1,20 @@
-"""``rlhf-jax fit-reward DATASET_DIR``: a preference reward model fitted offline to a label dataset.
+"""``rlhf-jax fit-reward DATASET_DIR``: a reward model fitted offline to a label dataset.
 
-The labels go into the label database exactly as a run started with
-``preferences.labels_from=DATASET_DIR`` puts them (:mod:`rlhf_jax.head_start`), and the model
-is fitted by the learner's own steps, as a run fits it: ``fit_step`` (one Adam step of every
-member on equation 1) again and again, and ``refresh`` after every epoch (each member's l2
-adapted to its validation loss on the labels it holds out, and r̂ normalised on the
-dataset's segments). What it fits is saved with :func:`rlhf_jax.reward.saved_model.save`,
-for a run to start from with ``reward_model.init_from``.
+The dataset's kind says which model: preferences fit the preference reward model (the
+ensemble of equation 1), IBT marks the IBT utility (Algorithm 1). The answers go into the
+learner's state exactly as a run started from the dataset (``preferences.labels_from`` or
+``ibt.marks_from``) puts them (:mod:`rlhf_jax.head_start`), and the model is fitted by the
+learner's own steps, as a run fits it: ``fit_step`` again and again (preferences: one Adam
+step of every member on equation 1; IBT: one Adam step on Algorithm 1's loss over a batch of
+marked clips), and ``refresh`` after every epoch (preferences: each member's l2 adapted to
+its validation loss on the labels it holds out, and r̂ normalised on the dataset's segments;
+IBT: U's rise rescaled on the dataset's clips). What it fits is saved with
+:func:`rlhf_jax.reward.saved_model.save`, its kind recorded, for a run of the same kind to
+start from with ``reward_model.init_from``.
 
 The settings are the source run's (the config saved with the dataset), with the command
-line's ``key=value`` overrides: ``reward_model.*`` (its architecture must then be the one
-of the runs that start from it), ``seed``. The environment must stay the dataset's.
+line's ``key=value`` overrides: ``reward_model.*`` or ``ibt.*`` (its architecture must then be
+the one of the runs that start from it), ``seed``. The environment must stay the dataset's.
 """
 from __future__ import annotations
 
@@ -33,7 +37,9 @@ from rlhf_jax.feedback import label_dataset
 from rlhf_jax.head_start import HeadStartFiles
 from rlhf_jax.reward import saved_model
 from rlhf_jax.replay import frame_stack
-from rlhf_jax.reward.data import LabelledPairs, Segments, stacks_on_host
+from rlhf_jax.reward.data import LabelledPairs, Segments, action_shape_dtype, stacks_on_host
+from rlhf_jax.reward.ibt_learner import MarkedClips
+from rlhf_jax.reward.learner import feedback_of
 from rlhf_jax.trainer import make_learner, resolve_loop
 
 EPOCHS = 200  # over the dataset: the paper's Atari pretraining (appendix A.2), about a CartPole run's fitting
@@ -56,31 +62,49 @@ def fit_config(dataset_dir: str | Path, overrides: list[str]) -> ExperimentConfi
     """The experiment a fit runs as: the dataset's source run (else the built-in default on the
     dataset's environment) with ``overrides``, its labels from the dataset, every one held."""
     info = label_dataset.read_info(dataset_dir)
-    if info.kind != "compare":
-        raise ConfigError(f"{dataset_dir} holds IBT marks: fit-reward fits the preference reward model")
+    feedback = feedback_of(info.kind)
     if not info.rows:
-        raise ConfigError(f"{dataset_dir} holds no labels: nothing to fit")
+        raise ConfigError(f"{dataset_dir} holds no {feedback.answers}: nothing to fit")
     base = parse_yaml(info.run_config) if info.run_config else {**DEFAULT_EXPERIMENT, "env": to_dict(info.env)}
     data = apply_overrides(base, list(overrides))
-    prefs = data.setdefault("preferences", {})
-    budget = max(int(prefs.get("labels", info.rows) or info.rows), info.rows)
-    data.update(reward="preferences", labeler="synthetic")
-    prefs.update(labels_from=str(dataset_dir), labels=budget, initial_labels=-1, label_capacity=info.rows,
-                 score_pairs=0)  # no per-step oracle rewards to score against, only returns
+    data.update(reward=feedback.reward, labeler="synthetic")
+    section_name, budget_key = feedback.budget.split(".")
+    section = data.setdefault(section_name, {})
+    budget = max(int(section.get(budget_key, info.rows) or info.rows), info.rows)
+    section.update({feedback.answers_from.split(".")[1]: str(dataset_dir), budget_key: budget})
+    if feedback.kind == "compare":
+        section.update(initial_labels=-1, label_capacity=info.rows,
+                       score_pairs=0)  # no per-step oracle rewards to score against, only returns
     data.setdefault("run", {})["dir"] = ""
     return build(ExperimentConfig, data)
 
 
-def dataset_clips(pairs: LabelledPairs, stack: int, capacity: int, key) -> Segments:
-    """Up to ``capacity`` of the labelled segments, at random, as the clips a run's learner is
-    initialised on (input statistics) and renormalised on."""
-    count = pairs.frames.shape[0] * 2
-    pick = np.sort(np.asarray(jax.random.permutation(key, count))[:min(count, capacity)])
-    label, side = pick // 2, pick % 2
-    obs = stacks_on_host(pairs.frames[label, side][:, None], pairs.restart[label, side][:, None], stack)[:, 0]
-    action = pairs.action[label, side]
+def dataset_clips(answers: LabelledPairs | MarkedClips, stack: int, capacity: int, spec, key) -> Segments:
+    """Up to ``capacity`` of the dataset's segments (both of every pair; IBT: every clip), at
+    random, as the clips a run's learner is initialised on (input statistics) and refreshed on."""
+    if isinstance(answers, MarkedClips):
+        count = answers.obs.shape[0]
+        pick = np.sort(np.asarray(jax.random.permutation(key, count))[:min(count, capacity)])
+        obs = np.asarray(answers.obs)[pick]
+        shape, dtype = action_shape_dtype(spec)
+        action = np.zeros((*obs.shape[:2], *shape), dtype)  # IBT datasets keep no actions; IBT reads none
+    else:
+        count = answers.frames.shape[0] * 2
+        pick = np.sort(np.asarray(jax.random.permutation(key, count))[:min(count, capacity)])
+        label, side = pick // 2, pick % 2
+        obs = stacks_on_host(answers.frames[label, side][:, None], answers.restart[label, side][:, None], stack)[:, 0]
+        action = answers.action[label, side]
     reward = np.zeros(action.shape[:2], np.float32)  # the oracle's per-step rewards are not in a dataset
     return Segments(obs, action, reward, count=jnp.int32(len(pick)), next=jnp.int32(0))
+
+
+def losses_of(metrics: dict, losses) -> tuple[float, float]:
+    """``(training loss, validation loss)`` after a refresh: the preference learner's, measured
+    on the labels each member trains on and holds out; IBT holds none out, so its training
+    loss is the epoch's mean fitting loss and its validation loss NaN."""
+    if "reward_train_loss" in metrics:
+        return float(metrics["reward_train_loss"]), float(metrics["reward_val_loss"])
+    return float(jnp.mean(losses)), math.nan
 
 
 def fit_reward(dataset_dir: str | Path, out: str | Path | None = None, overrides: list[str] = (),
@@ -95,13 +119,13 @@ def fit_reward(dataset_dir: str | Path, out: str | Path | None = None, overrides
     head = HeadStartFiles(config, spec)
     learner = make_learner(config, spec, head.preloaded)
     labels = head.preloaded
-    batch = config.reward_model.batch_size
+    batch = learner.batch_size
     per_epoch = max(1, math.ceil(labels / batch))
     total = steps or max(1, math.ceil(epochs * labels / batch))
     key = jax.random.PRNGKey(config.seed)
     init_key, clips_key, key = jax.random.split(key, 3)
     given = head.arrays()
-    clips = dataset_clips(given.answers, frame_stack(spec), config.preferences.segment_capacity, clips_key)
+    clips = dataset_clips(given.answers, frame_stack(spec), learner.clip_capacity, spec, clips_key)
     start = jax.jit(lambda key, clips, given: learner.head_start(learner.init(key, clips), given,
                                                                  jax.random.fold_in(key, 1)))
     state = start(init_key, clips, given)
@@ -117,28 +141,30 @@ def fit_reward(dataset_dir: str | Path, out: str | Path | None = None, overrides
             return state, jnp.stack(losses)
     else:
         fit = jax.jit(lambda state, keys: jax.lax.scan(learner.fit_step, state, keys))
-    say(f"fitting {config.reward_model.ensemble_size} reward models to {labels} labels of {config.env.id}: "
-        f"{total} steps of {batch} pairs", flush=True)
-    done, began, metrics, last_said = 0, time.perf_counter(), {}, 0.0
+    what = (f"{config.reward_model.ensemble_size} reward models" if learner.kind == "compare"
+            else "the IBT utility")
+    say(f"fitting {what} to {labels} {head.feedback.answers} of {config.env.id}: {total} steps of {batch} "
+        f"{'pairs' if learner.kind == 'compare' else 'clips'}", flush=True)
+    done, began, last_said = 0, time.perf_counter(), 0.0
     while done < total:
         size = min(per_epoch, total - done)
         key, fit_key, refresh_key = jax.random.split(key, 3)
         state, losses = fit(state, jax.random.split(fit_key, size))
         state, metrics = refresh(state, clips, refresh_key)
         done += size
+        train_loss, val_loss = losses_of(metrics, losses)
         if done == total or time.perf_counter() - last_said > 10:
             last_said = time.perf_counter()
-            say(f"step {done}/{total}: fit loss {float(jnp.mean(losses)):.4f}, train loss "
-                f"{float(metrics['reward_train_loss']):.4f}, validation loss {float(metrics['reward_val_loss']):.4f} "
-                f"({time.perf_counter() - began:.0f} s)", flush=True)
-    ensemble = learner.reward_params(state)
-    train_loss, val_loss = float(metrics["reward_train_loss"]), float(metrics["reward_val_loss"])
+            say(f"step {done}/{total}: fit loss {float(jnp.mean(losses)):.4f}, train loss {train_loss:.4f}"
+                + (f", validation loss {val_loss:.4f}" if not math.isnan(val_loss) else "")
+                + f" ({time.perf_counter() - began:.0f} s)", flush=True)
+    model = learner.reward_params(state)
     info = saved_model.ModelInfo(
         env=to_dict(config.env), observation_shape=tuple(spec.observation_shape),
-        architecture=saved_model.architecture(config.reward_model), labels=labels, dataset=str(dataset_dir),
-        steps=total, train_loss=train_loss, val_loss=val_loss)
+        architecture=saved_model.architecture(head.model_config()), labels=labels, dataset=str(dataset_dir),
+        steps=total, train_loss=train_loss, val_loss=val_loss, kind=learner.kind)
     try:
-        write_atomically(out, lambda path: saved_model.save(path, ensemble, info))
+        write_atomically(out, lambda path: saved_model.save(path, model, info))
     except OSError as error:
         raise ConfigError(f"cannot write {out}: {error}") from None
     return FitResult(out, total, train_loss, val_loss)

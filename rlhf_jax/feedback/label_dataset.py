@@ -22,7 +22,7 @@ repository as it stands. :func:`columns` lists the columns, and the card shows t
 * **Who answered.** From ``labels.sqlite`` for a run labelled by people (its answers are
   matched to the labels by their segments), else the synthetic labeler's name (``oracle``,
   or the teacher's or annotator's settings) and no seconds. Labels a run was given from
-  another dataset (``preferences.labels_from``) keep that dataset's ``who``.
+  another dataset (``preferences.labels_from``, ``ibt.marks_from``) keep that dataset's ``who``.
 * **What it was made on.** Each Parquet file's schema metadata holds a :class:`DatasetInfo`
   (as JSON under :data:`METADATA_KEY`): the environment's config section, shapes and
   dtypes, the labeler, and the source run's ``config.yaml``. A run or a fit reads it to
@@ -53,6 +53,7 @@ from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.reward.annotators import AnnotatorConfig
 from rlhf_jax.reward.data import frames_on_host, stacks_on_host
 from rlhf_jax.reward.labelers import TeacherConfig
+from rlhf_jax.reward.learner import FEEDBACK, feedback_of
 
 FORMAT = "rlhf_jax.label_dataset"
 VERSION = 1
@@ -65,7 +66,7 @@ ROW_GROUP_BYTES = 64 * 2**20  # rows per row group, likewise: what a reader hold
 # Parquet's zstd level, after dictionary encoding (a frame's pixels take few values): 500 Pong
 # labels' frames (188 MiB) take 0.74 MiB at 9, 1.02 at 3, in about the same time (5 s).
 ZSTD_LEVEL = 9
-KINDS = {"preferences": "compare", "ibt": "annotate"}  # a run's reward -> its labels' kind
+KINDS = {feedback.reward: feedback.kind for feedback in FEEDBACK.values()}  # a run's reward -> its labels' kind
 CHOICE_NAMES = {1.0: "left", 0.0: "right", 0.5: "tie"}  # mu -> the label store's words
 
 
@@ -304,19 +305,22 @@ def _row_digest(labels: LabelRows, i: int) -> bytes:
 
 
 def _run_provenance(run_dir: Path, config: dict, info: DatasetInfo, labels: LabelRows) -> Provenance:
-    """Who gave each of a run's labels: a dataset it started from (``preferences.labels_from``)
-    for those it gave, people (``labels.sqlite``) or the synthetic labeler for the rest."""
+    """Who gave each of a run's labels: a dataset it started from (``preferences.labels_from``,
+    ``ibt.marks_from``) for those it gave, people (``labels.sqlite``) or the synthetic labeler
+    for the rest."""
     rows = info.rows
     who: list[str | None] = [None] * rows
     seconds, query_id = np.full(rows, np.nan), np.full(rows, -1, np.int64)
     found = np.zeros(rows, bool)
-    given = config.get("preferences", {}).get("labels_from", "") if info.kind == "compare" else ""
+    given_key = feedback_of(info.kind).answers_from
+    section, key = given_key.split(".")
+    given = config.get(section, {}).get(key, "")
     sources = []
     if given:
         try:
             sources.append(load_labels(given))
         except ConfigError as error:
-            raise ConfigError(f"{run_dir} started from preferences.labels_from {given}, which cannot be read "
+            raise ConfigError(f"{run_dir} started from {given_key} {given}, which cannot be read "
                               f"now ({error}), so which labels it gave cannot be told") from None
     if info.labeler == "people" and (run_dir / STORE_FILE).is_file():
         sources.append(_people_labels(run_dir, info))
@@ -743,7 +747,8 @@ def card(dataset: LabelDataset, license: str, nbytes: int) -> str:
               "```bash",
               "rlhf-jax labels import THIS_DIR labels.npz              # the run format",
               "rlhf-jax fit-reward THIS_DIR --out reward_model.npz    # a reward model fitted offline",
-              "rlhf-jax train CONFIG preferences.labels_from=THIS_DIR  # a run starting from these labels",
+              f"rlhf-jax train CONFIG {feedback_of(info.kind).answers_from}=THIS_DIR  # a run starting from these "
+              f"{'labels' if compare else 'marks'}",
               "```", "", "## Citation", "",
               "Christiano, Leike, Brown, Martic, Legg and Amodei: Deep reinforcement learning from human "
               "preferences. NeurIPS 2017." if compare else
