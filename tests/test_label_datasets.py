@@ -2,7 +2,8 @@
 dataset card and imported back bit for bit, for a real CartPole run, a hand-made Atari label
 database (stacked frames, each stored once) and hand-made IBT marks; `datasets` loads them; a
 run started from a dataset asks its labeler only for the rest of its budget; a reward model
-fitted offline (`rlhf-jax fit-reward`) starts a run; every mistake is one line."""
+fitted offline (`rlhf-jax fit-reward`) starts a run; the same for IBT marks and the IBT
+utility; every mistake is one line."""
 import os
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # nothing here needs the network
@@ -34,6 +35,9 @@ from rlhf_jax.trainer import make_training
 SMALL = ["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", "preferences.segment_capacity=64",
          "preferences.fit_pairs_per_env_step=0.01", "preferences.label_capacity=60", "run.tensorboard=false"]
 SOURCE_LABELS, BUDGET = 40, 60
+# IBT on CartPole: the hand-made run's 3 marked clips of 6 steps; a run from them has a budget of 8.
+IBT_CLIPS, IBT_BUDGET = 3, 8
+IBT_SMALL = ["reward=ibt", "ibt.episode_length=6", "ibt.episode_capacity=64", "ibt.batch_episodes=8"]
 PONG = EnvSpec(id="envpool/Pong-v5", backend="envpool-atari", num_envs=1, observation_shape=(84, 84, 4),
                observation_dtype="uint8", action_space=Discrete(6), fps=15.0, max_episode_steps=27_000)
 
@@ -104,13 +108,21 @@ def ibt_run(tmp_path_factory):
     from rlhf_jax.envs import EnvConfig, make
 
     run_dir = tmp_path_factory.mktemp("labels") / "ibt"
-    write_run(run_dir, {"name": "ibt", "agent": "a2c", "reward": "ibt", "env": {"id": "gymnax/CartPole-v1"}})
+    write_run(run_dir, {"name": "ibt", "agent": "a2c", "reward": "ibt", "env": {**DEFAULT_EXPERIMENT["env"]},
+                        "ibt": {"episodes": 4, "episode_length": 6, "batch_episodes": 8}})
     learner = IBTLearner(IBTConfig(episodes=4, episode_length=6), make(EnvConfig(num_envs=1)).spec)
     rng = np.random.default_rng(1)
     annotated = Annotated(rng.normal(size=(4, 6, 4)).astype(np.float32), rng.integers(-1, 2, (4, 6), np.int32),
                           np.int32(3))  # the fourth row was never annotated: not saved
     learner.save(IBTLearnerState(None, annotated), run_dir / "labels.npz")
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def ibt_dataset(ibt_run):
+    out = ibt_run.parent / "ibt-marks"
+    assert main(["labels", "export", str(ibt_run), str(out)]) == 0
+    return out
 
 
 # ---------------------------------------------------------------------------------- tests
@@ -239,6 +251,42 @@ def test_a_reward_model_fitted_offline_starts_a_run(cartpole_dataset, tmp_path, 
     assert not np.array_equal(ensemble.obs_std, np.ones_like(ensemble.obs_std))  # CartPole's own, not a default
 
 
+def test_an_ibt_utility_fitted_offline_starts_an_ibt_run(ibt_dataset, tmp_path, capsys):
+    """fit-reward on IBT marks fits the IBT utility with the IBT learner's own steps, and an IBT
+    run starts from it: at step 0 its utility is the saved one."""
+    path = tmp_path / "utility.npz"
+    assert main(["fit-reward", str(ibt_dataset), "--steps", "2", "--out", str(path)]) == 0
+    assert f"reward_model.init_from={path}" in capsys.readouterr().out
+    info = saved_model.read_info(path)
+    assert (info.kind, info.labels, info.steps) == ("annotate", IBT_CLIPS, 2)
+    assert info.architecture == saved_model.architecture(IBTConfig(batch_episodes=8))
+    # No initial marks: nothing is fitted before RL, so the run starts with the utility as saved.
+    training = make_training(experiment([*IBT_SMALL, "ibt.initial_episodes=0", f"reward_model.init_from={path}"]))
+    model = training.init_runner(jax.random.PRNGKey(0)).learner.model
+    with np.load(path) as archive:  # the file as written, leaf by leaf under its path
+        for name in ("params", "obs_mean", "obs_std"):
+            for where, leaf in jax.tree_util.tree_leaves_with_path(getattr(model, name)):
+                key = name + jax.tree_util.keystr(where)
+                np.testing.assert_array_equal(leaf, archive[key], err_msg=key)
+
+
+def test_an_ibt_run_from_marks_asks_only_for_the_rest_of_its_budget(ibt_dataset):
+    training = make_training(experiment([*IBT_SMALL, f"ibt.episodes={IBT_BUDGET}", f"ibt.marks_from={ibt_dataset}"]))
+    assert training.learner.budget.preloaded == IBT_CLIPS
+    assert training.rlhf.due_after(-1) == 0  # 25% of 8 is 2, fewer than the 3 given: none asked before RL
+    assert int(training.rlhf.wanted.sum()) == IBT_BUDGET - IBT_CLIPS
+    state = training.init_runner(jax.random.PRNGKey(0))
+    held = jax.device_get(state.learner.annotated)
+    assert int(state.asked) == 0 and int(held.count) == IBT_CLIPS
+    given = np.load(ibt_dataset.parent / "ibt" / "labels.npz")
+    np.testing.assert_array_equal(held.obs[:IBT_CLIPS], given["obs"])
+    np.testing.assert_array_equal(held.marks[:IBT_CLIPS], given["marks"])
+    for chunk in range(training.num_chunks):
+        state, _ = training.run_chunk(state, chunk)
+    assert int(state.asked) == IBT_BUDGET - IBT_CLIPS  # the annotator marked only the rest
+    assert int(state.learner.annotated.count) == IBT_BUDGET
+
+
 @pytest.mark.parametrize("words, named", [
     (["labels", "export", "{tmp}/nowhere", "{tmp}/out"], "run directory '{tmp}/nowhere' does not exist"),
     (["labels", "export", "{tmp}", "{tmp}/out"], "{tmp} is not a run directory"),
@@ -248,7 +296,8 @@ def test_a_reward_model_fitted_offline_starts_a_run(cartpole_dataset, tmp_path, 
     (["labels", "import", "{cartpole_dataset}", "{pong}"], "env.id: gymnax/CartPole-v1 there, envpool/Pong-v5 here"),
     (["labels", "import", "{cartpole_dataset}", "{tmp}/no/x.npz"], "{tmp}/no does not exist"),
     (["fit-reward", "{tmp}/nowhere"], "{tmp}/nowhere does not exist"),
-    (["fit-reward", "{ibt_dataset}"], "{ibt_dataset} holds IBT marks"),
+    (["fit-reward", "{ibt_dataset}", "ibt.episode_length=5"],
+     "ibt.marks_from: {ibt_dataset} marks clips of 6 steps, this run's ibt.episode_length makes 5: set it to 6"),
     (["fit-reward", "{cartpole_dataset}", "env.hidden_end=continue"],
      "env.hidden_end: reset there, continue here"),
     (["train", *SMALL, "preferences.labels_from={tmp}/nowhere"], "preferences.labels_from: {tmp}/nowhere does not exist"),
@@ -264,16 +313,34 @@ def test_a_reward_model_fitted_offline_starts_a_run(cartpole_dataset, tmp_path, 
     (["train", *SMALL, "reward_model.init_from={cartpole_dataset}/README.md"], "is not a reward model saved by"),
     (["train", *SMALL, "reward_model.init_from={model}", "reward_model.hidden=[32]"],
      "was fitted with reward_model.hidden=[64, 64], this run has reward_model.hidden=[32]"),
+    # The wrong kind: a preference model or dataset for an IBT run, an IBT utility for a preference run.
+    (["train", *SMALL, *IBT_SMALL, "reward_model.init_from={model}"],
+     "reward_model.init_from: {model} is a preference reward model, fitted to labels; this run has reward=ibt, "
+     "which starts from an IBT utility"),
+    (["train", *SMALL, "reward_model.init_from={utility}"],
+     "reward_model.init_from: {utility} is an IBT utility, fitted to marked clips; this run has "
+     "reward=preferences, which starts from a preference reward model"),
+    (["train", *SMALL, *IBT_SMALL, "ibt.marks_from={cartpole_dataset}"],
+     "ibt.marks_from: {cartpole_dataset} holds preferences, not IBT marks on clips"),
+    (["train", *SMALL, "preferences.labels_from={ibt_dataset}"],
+     "preferences.labels_from: {ibt_dataset} holds IBT marks, not preferences between segments"),
+    (["train", *SMALL, "ibt.marks_from={ibt_dataset}"],
+     "ibt.marks_from gives an IBT utility its start: it needs reward=ibt, this config has reward=preferences"),
+    (["train", *SMALL, *IBT_SMALL, "ibt.utility=lstm", "reward_model.init_from={utility}"],
+     "was fitted with ibt.utility=mlp, this run has ibt.utility=lstm"),
+    (["train", *SMALL, *IBT_SMALL, "ibt.episodes=2", "ibt.marks_from={ibt_dataset}"],
+     "ibt.marks_from: {ibt_dataset} holds 3 marked clips, more than the run's budget ibt.episodes=2"),
 ])
-def test_mistakes_are_one_line_errors_naming_the_path_or_key(words, named, cartpole_dataset, atari_run, ibt_run,
+def test_mistakes_are_one_line_errors_naming_the_path_or_key(words, named, cartpole_dataset, atari_run, ibt_dataset,
                                                              tmp_path, capsys):
     places = {"tmp": tmp_path, "cartpole_dataset": cartpole_dataset, "pong": atari_run,
-              "empty_run": tmp_path / "run", "ibt_dataset": tmp_path / "ibt", "model": tmp_path / "model.npz"}
+              "empty_run": tmp_path / "run", "ibt_dataset": ibt_dataset, "model": tmp_path / "model.npz",
+              "utility": tmp_path / "utility.npz"}
     write_run(tmp_path / "run", {"reward": "preferences"})
-    if "{ibt_dataset}" in " ".join(words):
-        label_dataset.write(label_dataset.from_run(ibt_run), tmp_path / "ibt")
     if "{model}" in " ".join(words):  # a model's file as fit-reward writes it, without fitting one
         _fake_model(tmp_path / "model.npz")
+    if "{utility}" in " ".join(words):
+        _fake_model(tmp_path / "utility.npz", "annotate")
     words = [word.format(**places) for word in words]
     assert main(words) == 2
     line = error_line(capsys)
@@ -292,16 +359,20 @@ def test_without_pyarrow_datasets_are_a_one_line_error(cartpole_run, tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
-def _fake_model(path):
-    """A saved model of the default reward model on CartPole (untrained: what matters is its info)."""
+def _fake_model(path, kind="compare"):
+    """A saved model of the default reward model (kind "compare") or IBT utility ("annotate") on
+    CartPole (untrained: what matters is its info)."""
     from rlhf_jax.envs import EnvConfig, make
     from rlhf_jax.reward.ensemble import init_ensemble
+    from rlhf_jax.reward.ibt import init_ibt
 
     config = experiment()
     spec = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=1)).spec
-    ensemble = jax.eval_shape(lambda: init_ensemble(jax.random.PRNGKey(0), config.reward_model, spec))
-    ensemble = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), ensemble)
+    section = config.reward_model if kind == "compare" else config.ibt
+    init = init_ensemble if kind == "compare" else init_ibt
+    state = jax.eval_shape(lambda: init(jax.random.PRNGKey(0), section, spec))
+    state = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), state)
     info = saved_model.ModelInfo(env={**DEFAULT_EXPERIMENT["env"]}, observation_shape=(4,),
-                                 architecture=saved_model.architecture(config.reward_model), labels=1, dataset="",
-                                 steps=1, train_loss=0.0, val_loss=0.0)
-    saved_model.save(path, ensemble, info)
+                                 architecture=saved_model.architecture(section), labels=1, dataset="",
+                                 steps=1, train_loss=0.0, val_loss=0.0, kind=kind)
+    saved_model.save(path, state, info)
