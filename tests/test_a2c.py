@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from rlhf_jax.agents import a2c
+from rlhf_jax.agents.base import final_values
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.envs.core import TimeStep
 from rlhf_jax.evaluation import evaluate
@@ -63,6 +64,25 @@ def test_n_step_targets_of_a_tiny_episode_by_hand():
     np.testing.assert_array_equal(mask, [[1.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
     counted = np.asarray(mask) > 0
     np.testing.assert_allclose(np.asarray(returns)[counted], np.array([[16.0, 4.0], [0.0, 4.0], [40.0, 0.0]])[counted])
+
+
+def test_final_values_runs_the_network_only_for_a_rollout_that_holds_a_time_limit_end():
+    """V(final_obs) is what the time-limit rule reads where a step was truncated; a rollout
+    with no truncation gets zeros without the network's pass (counted by a host callback)."""
+    calls = []
+
+    def value_fn(obs):
+        jax.debug.callback(lambda: calls.append(1))
+        return obs.sum(-1) * 2.0
+
+    final_obs = jnp.arange(12.0).reshape(3, 2, 2)  # [T, N, obs]
+    values = jax.jit(lambda t: final_values(value_fn, t))
+    cut = ends(terminated=[[0, 0], [0, 0], [0, 0]], truncated=[[0, 0], [1, 0], [0, 0]])._replace(final_obs=final_obs)
+    np.testing.assert_array_equal(values(cut), [[2.0, 10.0], [18.0, 26.0], [34.0, 42.0]])
+    assert len(calls) == 1
+    uncut = cut._replace(truncated=jnp.zeros((3, 2), bool))
+    np.testing.assert_array_equal(values(uncut), np.zeros((3, 2)))
+    assert len(calls) == 1  # not run again
 
 
 def test_a2c_solves_cartpole():

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
+from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, final_values, make_train as assemble,
                                   rollout_rewards)
 from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
@@ -195,7 +195,7 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
         rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps,
                                   config.reward_scale, config.reward_clip)
         value_of = lambda o: network.apply(runner.params, o)[-1]  # both heads return the value last
-        returns, mask = n_step_targets(config, rewards, timesteps, value_of(timesteps.final_obs), value_of(obs))
+        returns, mask = n_step_targets(config, rewards, timesteps, final_values(value_of, timesteps), value_of(obs))
         (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             runner.params, observations, actions, returns, mask
         )

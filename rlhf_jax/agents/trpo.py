@@ -41,7 +41,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
+from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, final_values, make_train as assemble,
                                   rollout_rewards)
 from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
@@ -315,7 +315,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         params = runner.params
         value_of = lambda o: value.apply(params["value"], o)
         values = value_of(observations)
-        returns, mask = returns_and_mask(config, rewards, timesteps, values, value_of(timesteps.final_obs),
+        returns, mask = returns_and_mask(config, rewards, timesteps, values, final_values(value_of, timesteps),
                                          value_of(obs))
         advantages = returns - values
         if config.normalize_advantages:

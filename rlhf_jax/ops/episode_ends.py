@@ -35,8 +35,8 @@ def fold_time_limits(reward: chex.Array, terminated: chex.Array, truncated: chex
     Args:
       reward: ``[...]`` rewards ``r_t``.
       terminated, truncated: ``[...]`` booleans (``TimeStep.terminated`` / ``truncated``).
-      final_value: ``[...]`` ``V(final_obs_t)``; read only where ``truncated`` (a caller may
-        compute it everywhere: XLA drops what is unused). Gradients are stopped: it is a target.
+      final_value: ``[...]`` ``V(final_obs_t)``; read only where ``truncated``, so it may be
+        anything elsewhere (a caller may skip the network's pass where nothing was truncated). Gradients are stopped: it is a target.
       gamma: the discount factor.
 
     Returns:
