@@ -162,6 +162,27 @@ def member_returns(obs, action):
     return jnp.stack([jnp.zeros_like(d), d, -d])
 
 
+def test_returns_of_rows_score_each_held_segment_once_when_the_rows_outnumber_them():
+    """8 segments held: rows 3 + 2 are scored as drawn (passes of 3 and 2 segments); rows
+    5 + 4 in one pass over the 8 segments, then gathered. The returns are the same."""
+    segs, batches = numbered_segments(), []
+
+    def returns_fn(obs, action):
+        batches.append(obs.shape[0])
+        return member_returns(obs, action)
+
+    few = ([5, 0, 5], [1, 2])
+    many = ([5, 0, 5, 7, 1], [1, 2, 3, 6])
+    expected = {5: 5.0, 0: 0.0, 7: 9.0, 1: 0.1, 2: 0.2, 3: 0.3, 6: 9.0}  # SPREAD by hand
+    for rows, passes in ((few, [3, 2]), (many, [8])):
+        batches.clear()
+        got = queries.returns_of_rows(returns_fn, segs, *(jnp.array(r) for r in rows))
+        assert batches == passes
+        for r, returns in zip(rows, got):
+            d = np.array([expected[i] for i in r], np.float32)
+            np.testing.assert_array_equal(returns, np.stack([0 * d, d, -d]))
+
+
 def test_candidate_pairs_are_distinct_valid_rows_covering_all_pairs():
     index_1, index_2 = map(np.asarray, jax.jit(queries.candidate_pairs, static_argnames="num")(
         jax.random.PRNGKey(0), numbered_segments(), num=3000))

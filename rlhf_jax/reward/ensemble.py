@@ -291,7 +291,11 @@ def normalized_reward(
     with ``s`` = :meth:`RewardModelConfig.reward_std` and ``mean_m``, ``std_m`` from
     :func:`update_normalization`. Returns ``[...]``, the leading axes of ``obs``.
     """
-    rewards = member_returns(state, config, spec, obs, action)
+    return average_normalized(state, config, spec, member_returns(state, config, spec, obs, action))
+
+
+def average_normalized(state: EnsembleState, config: RewardModelConfig, spec: EnvSpec, rewards: jax.Array) -> jax.Array:
+    """:func:`normalized_reward` from the members' rewards ``[M, ...]`` (:func:`member_returns`)."""
     mean, std = _expand(state.norm_mean, rewards.ndim), _expand(state.norm_std, rewards.ndim)
     return jnp.mean(config.reward_std(spec) * (rewards - mean) / std, axis=0)
 
@@ -327,8 +331,12 @@ def update_normalization(
     ring buffer below its ``count``) marks valid steps; with none valid the old
     statistics are kept. The std is floored at ``STD_FLOOR``.
     """
-    rewards = member_returns(state, config, spec, obs, action)  # [M, ...]
-    members = config.ensemble_size
+    return normalization_from(state, member_returns(state, config, spec, obs, action), mask)
+
+
+def normalization_from(state: EnsembleState, rewards: jax.Array, mask: jax.Array | None = None) -> EnsembleState:
+    """:func:`update_normalization` from the members' rewards ``[M, ...]`` (:func:`member_returns`)."""
+    members = rewards.shape[0]
     weights = jnp.ones(rewards.shape[1:], jnp.float32) if mask is None else jnp.broadcast_to(mask, rewards.shape[1:])
     weights = weights.astype(jnp.float32).reshape(-1)
     rewards = rewards.reshape(members, -1)

@@ -24,7 +24,7 @@ from rlhf_jax.reward.config import PreferenceConfig, resolve
 from rlhf_jax.reward.data import Labels, Segments, empty_labels, observations_on_host
 from rlhf_jax.reward.labelers import add_labels, add_pairs, oracle_answers
 from rlhf_jax.reward.learner import Budget, HeadStart, Queries, fit_steps, pearson, take_clips
-from rlhf_jax.reward.queries import candidate_pairs, select_queries
+from rlhf_jax.reward.queries import candidate_pairs, returns_of_rows, select_queries
 
 # Steps of recent segments the normalisation statistics are taken over.
 NORMALIZATION_STEPS = 4_096
@@ -124,41 +124,49 @@ class PreferenceLearner:
         return state._replace(ensemble=ensemble), metrics["loss"].mean()
 
     def refresh(self, state: PreferenceState, clips: Segments, key) -> tuple[PreferenceState, dict]:
-        """Adapt each member's l2 to its validation loss, renormalise on recent steps, score."""
+        """Adapt each member's l2 to its validation loss, renormalise on recent steps, score.
+
+        The normalisation's steps and the scored pairs are rows of the same recent clips,
+        and the members' rewards of those rows do not depend on the l2 or the normalisation:
+        they are computed once for both (:func:`~rlhf_jax.reward.queries.returns_of_rows`)."""
         loss_key, norm_key, score_key = jax.random.split(key, 3)
         ensemble = state.ensemble
         train_loss, val_loss = reward_model.validation_losses(ensemble, self.model, self.spec, state.labels,
                                                               loss_key, self.settings.label_capacity)
         ensemble = ensemble._replace(l2=reward_model.adapt_l2(ensemble.l2, train_loss, val_loss, self.model))
-        obs, action = self._recent_steps(clips, norm_key)
-        ensemble = reward_model.update_normalization(ensemble, self.model, self.spec, obs, action)
+        rows = [self._recent_rows(clips, norm_key)]
+        if self.prefs.score_pairs:
+            rows += candidate_pairs(score_key, clips, self.prefs.score_pairs)
+        rewards = lambda obs, action: reward_model.member_returns(ensemble, self.model, self.spec, obs, action)
+        recent, *pairs = returns_of_rows(rewards, clips, *rows)  # [M, rows, k] each
+        ensemble = reward_model.normalization_from(ensemble, recent)
         metrics = {"labels": state.labels.count, "reward_train_loss": jnp.nanmean(train_loss),
                    "reward_val_loss": jnp.nanmean(val_loss), "reward_l2": ensemble.l2.mean(),
-                   **self._score(ensemble, clips, score_key)}
+                   **self._score(ensemble, clips, rows[1:], pairs)}
         return state._replace(ensemble=ensemble), metrics
 
-    def _recent_steps(self, clips: Segments, key):
-        """A sample of the (obs, action) steps in the recent segments."""
+    @staticmethod
+    def _recent_rows(clips: Segments, key) -> jax.Array:
+        """The rows of recent segments whose steps the normalisation statistics are taken over."""
         rows = min(clips.capacity, max(1, NORMALIZATION_STEPS // clips.length))
-        index = jax.random.randint(key, (rows,), 0, jnp.maximum(clips.count, 1))
-        obs, action = clips.obs[index], clips.action[index]
-        return obs.reshape(-1, *obs.shape[2:]), action.reshape(-1, *action.shape[2:])
+        return jax.random.randint(key, (rows,), 0, jnp.maximum(clips.count, 1))
 
-    def _score(self, ensemble, clips: Segments, key) -> dict:
-        """r̂ against the oracle on fresh pairs: the share of untied pairs ranked right, and
-        the correlation of r̂ with the oracle's reward over their steps (``score_pairs`` of
-        them: monitoring only, which on Atari costs about a tenth of a chunk)."""
-        if self.prefs.score_pairs == 0:
+    def _score(self, ensemble, clips: Segments, rows: list, member_rewards: list) -> dict:
+        """r̂ against the oracle on fresh pairs (rows ``(first, second)`` of ``clips``, their
+        members' rewards ``[M, P, k]`` each): the share of untied pairs ranked right, and the
+        correlation of r̂ with the oracle's reward over their steps (``score_pairs`` of them:
+        monitoring only)."""
+        if not rows:
             return {"reward_accuracy": jnp.float32(jnp.nan), "reward_correlation": jnp.float32(jnp.nan)}
-        pairs = take_clips(clips, *candidate_pairs(key, clips, self.prefs.score_pairs))
-        predicted = reward_model.normalized_reward(ensemble, self.model, self.spec, pairs.obs, pairs.action)
-        true_diff = pairs.oracle_reward[:, 0].sum(-1) - pairs.oracle_reward[:, 1].sum(-1)
+        oracle = jnp.stack([clips.oracle_reward[r] for r in rows], axis=1)  # [P, 2, k]
+        predicted = reward_model.average_normalized(ensemble, self.model, self.spec, jnp.stack(member_rewards, 2))
+        true_diff = oracle[:, 0].sum(-1) - oracle[:, 1].sum(-1)
         decided = true_diff != 0
         agree = jnp.sign(predicted[:, 0].sum(-1) - predicted[:, 1].sum(-1)) == jnp.sign(true_diff)
         # NaN when every fresh pair ties (e.g. a policy that never fails): nothing to score.
         accuracy = jnp.where(decided.any(), jnp.where(decided, agree, False).sum() / jnp.maximum(decided.sum(), 1),
                              jnp.nan)
-        return {"reward_accuracy": accuracy, "reward_correlation": pearson(predicted, pairs.oracle_reward)}
+        return {"reward_accuracy": accuracy, "reward_correlation": pearson(predicted, oracle)}
 
     # ------------------------------------------------------------------ host side
     @staticmethod

@@ -36,6 +36,21 @@ def candidate_pairs(key: jax.Array, segments: Segments, num: int) -> tuple[jax.A
     return index_1.astype(jnp.int32), index_2.astype(jnp.int32)
 
 
+def returns_of_rows(returns_fn: MemberReturnsFn, segments: Segments, *rows: jax.Array) -> list[jax.Array]:
+    """``returns_fn`` (``[M, ...]`` per segment) of ``segments``' rows, one ``[M, R_i, ...]`` per
+    index array ``rows[i]`` (``int32 [R_i]``).
+
+    Rows repeat: candidates are drawn with replacement from a buffer that may hold fewer
+    segments than are drawn. When it holds no more than all the rows together, every
+    segment is scored once, in one pass over the whole buffer, and the rows are gathered
+    from it; otherwise each index array is scored as drawn, in a pass of its own.
+    """
+    if segments.capacity <= sum(r.shape[0] for r in rows):
+        every = returns_fn(segments.obs, segments.action)
+        return [every[:, r] for r in rows]
+    return [returns_fn(segments.obs[r], segments.action[r]) for r in rows]
+
+
 def preference_variance(
     member_return_1: chex.Array, member_return_2: chex.Array, random_answer_prob: chex.Numeric
 ) -> jax.Array:
@@ -72,7 +87,7 @@ def select_queries(
     Draws ``candidates_factor * num_queries`` pairs with :func:`candidate_pairs` (with
     ``key`` itself), then keeps the ``num_queries`` whose :func:`preference_variance` is
     largest ("disagreement"), or the first ``num_queries`` ("random"; the ensemble is
-    not consulted).
+    not consulted). The members' returns of the candidates come from :func:`returns_of_rows`.
     """
     if method not in METHODS:
         raise ValueError(f"query selection method must be one of {METHODS}, got {method!r}")
@@ -84,9 +99,8 @@ def select_queries(
     if method == "random":
         return index_1[:num_queries], index_2[:num_queries]
 
-    # One call on both segments of every pair: the model sees one batch of 2P segments.
-    both = jnp.concatenate([index_1, index_2])
-    returns = member_returns_fn(segments.obs[both], segments.action[both])
+    # Both segments of every pair in one batch, or every segment held, each once.
+    (returns,) = returns_of_rows(member_returns_fn, segments, jnp.concatenate([index_1, index_2]))
     chex.assert_shape(returns, (None, 2 * num))
     variance = preference_variance(returns[:, :num], returns[:, num:], random_answer_prob)
     _, keep = jax.lax.top_k(variance, num_queries)
