@@ -219,3 +219,28 @@ def test_write_result_stores_the_rows_made_from_the_result_it_writes(tmp_path, m
     assert stored["figure"] == 2.5 and stored["headline"] == [
         {"what": "made_up figure", "ours": 2.5, "peer": None, "ratio": None, "target": None}]
     assert "headline" not in json.loads(common.write_result("no_rows", {"figure": 1}).read_text())
+
+
+def test_across_commits_reads_the_key_each_tree_writes_and_names_a_missing_one(tmp_path):
+    """A benchmark runs inside the commit's own tree (not this checkout), and its JSON there
+    gives the figure; the headline's ratio and target come from the result."""
+    import textwrap
+
+    from benchmarks import across_commits
+
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "__init__.py").write_text("")
+    (tmp_path / "benchmarks" / "fake.py").write_text(textwrap.dedent("""\
+        import json, pathlib, sys
+        out = pathlib.Path(__file__).parent / "results"
+        out.mkdir(exist_ok=True)
+        (out / "fake.json").write_text(json.dumps({"speed": float(sys.argv[1])}))
+        """))
+    assert across_commits.run_benchmark(tmp_path, "fake", ["12.5"], "speed") == 12.5
+    with pytest.raises(KeyError, match="'pace'"):
+        across_commits.run_benchmark(tmp_path, "fake", ["1"], "pace")
+    result = {"key": "speed", "benchmark_measured": "fake", "after": "abc", "before": "def",
+              "after_median": 120.0, "before_median": 10.0, "after_over_before": 12.0, "target": 10.0}
+    (row,) = across_commits.headline(result)
+    assert (row.ours, row.peer, row.ratio, row.target.met) == (120.0, 10.0, 12.0, True)
+    assert across_commits.headline({**result, "target": None})[0].target is None
