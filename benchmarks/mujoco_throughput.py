@@ -124,7 +124,7 @@ def rollout_and_update_ms(training) -> dict:
 def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict:
     info = MUJOCO_TASKS[task]
     size = [f"env.num_envs={num_envs}", f"run.chunk_env_steps={chunk_env_steps}"]
-    trpo_config = load_config(ExperimentConfig, info.baselines[0][1], [*cpu_overrides(info.baselines[0][1]), *size])
+    trpo_config = load_config(ExperimentConfig, info.baselines[0].config, [*cpu_overrides(info.baselines[0].config), *size])
     rlhf_config = load_config(ExperimentConfig, info.rlhf, [*cpu_overrides(info.rlhf), *size])
     sides = {"trpo": Chunk(trpo_config), "rlhf": Chunk(rlhf_config)}
     steps = sides["trpo"].env_steps // num_envs

@@ -40,7 +40,8 @@ finishes it goes into the ledger ``reproduce_fig2_cpu_runs.json`` and the figure
 ``reproduce_fig2_cpu.json`` (per cell: each seed's final return, the mean, the wall time, the
 curve; per task the ratios to RL and the table; the command and commit) are written again.
 Run again, the same command skips finished cells and resumes a begun one from its newest
-checkpoint.
+checkpoint. ``--baselines trpo,oracle`` adds TRPO on the oracle's reward with the ends hidden
+(not a line of the paper; :data:`ORACLE_LINE`) on the tasks that end early when unhealthy.
 
 Outputs: ``benchmarks/results/reproduce_fig<N>.png`` (the figure: mean over seeds, the band
 their range), ``reproduce_fig<N>.json`` (``write_result``: per task and line the mean curve
@@ -79,7 +80,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -105,33 +106,55 @@ def read_ablations(path: str | Path = ABLATIONS_FILE) -> dict[str, list[str]]:
     return {str(name): [str(item) for item in overrides] for name, overrides in data.items()}
 
 
+class Baseline(NamedTuple):
+    """An agent on the environment's own reward, drawn beside the label budgets."""
+
+    name: str  # what ``--baselines`` calls it: "trpo", "a2c", "dqn", "oracle"
+    config: Path
+    overrides: tuple[str, ...] = ()
+    legend: str = ""  # the line's label; "RL (<name>)" unless given
+
+    @property
+    def line(self) -> str:
+        return self.legend or f"RL ({self.name})"
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     """One panel: the preference config and the agents on the true reward to draw beside it."""
 
     title: str
     rlhf: Path
-    baselines: tuple[tuple[str, Path], ...]  # (name, config); the first is the paper's "RL"
+    baselines: tuple[Baseline, ...]  # the first is the paper's "RL"
 
 
 def _atari(slug: str, title: str) -> Task:
     folder = PAPER / "atari"
     return Task(title, folder / f"{slug}.yaml",
-                (("a2c", folder / f"{slug}_a2c.yaml"), ("dqn", folder / f"{slug}_dqn.yaml")))
+                (Baseline("a2c", folder / f"{slug}_a2c.yaml"), Baseline("dqn", folder / f"{slug}_dqn.yaml")))
 
 
-def _mujoco(slug: str, title: str) -> Task:
+# Not a line of the paper's figure: TRPO on the oracle's own reward with the episode ends hidden,
+# the task the preference runs face, so a panel shows how much of the gap to RL is the task
+# change and how much is learning from labels (``--baselines trpo,oracle``). Only for the
+# tasks that end early when unhealthy; on the others it would be RL again.
+ORACLE_LINE = "TRPO on the oracle, ends hidden"
+
+
+def _mujoco(slug: str, title: str, ends_when_unhealthy: bool) -> Task:
     folder = PAPER / "mujoco"
-    return Task(title, folder / f"{slug}.yaml", (("trpo", folder / f"{slug}_trpo.yaml"),))
+    rl = folder / f"{slug}_trpo.yaml"
+    oracle = (Baseline("oracle", rl, ("env.hide_episode_end=true",), ORACLE_LINE),) if ends_when_unhealthy else ()
+    return Task(title, folder / f"{slug}.yaml", (Baseline("trpo", rl), *oracle))
 
 
 ATARI_TASKS = {slug: _atari(slug, title) for slug, title in [
     ("beamrider", "BeamRider"), ("breakout", "Breakout"), ("enduro", "Enduro"), ("pong", "Pong"),
     ("qbert", "Qbert"), ("seaquest", "SeaQuest"), ("spaceinvaders", "SpaceInvaders")]}
-MUJOCO_TASKS = {slug: _mujoco(slug, title) for slug, title in [
-    ("reacher", "Reacher"), ("halfcheetah", "HalfCheetah"), ("hopper", "Hopper"), ("walker2d", "Walker2d"),
-    ("swimmer", "Swimmer"), ("ant", "Ant"), ("invertedpendulum", "InvertedPendulum"),
-    ("inverteddoublependulum", "InvertedDoublePendulum")]}
+MUJOCO_TASKS = {slug: _mujoco(slug, title, unhealthy) for slug, title, unhealthy in [
+    ("reacher", "Reacher", False), ("halfcheetah", "HalfCheetah", False), ("hopper", "Hopper", True),
+    ("walker2d", "Walker2d", True), ("swimmer", "Swimmer", False), ("ant", "Ant", True),
+    ("invertedpendulum", "InvertedPendulum", True), ("inverteddoublependulum", "InvertedDoublePendulum", True)]}
 
 
 def cpu_overrides(config_path: Path) -> list[str]:
@@ -141,7 +164,7 @@ def cpu_overrides(config_path: Path) -> list[str]:
 
 
 QUICK_TASKS = {"cartpole": Task("CartPole (gymnax)", CONFIGS / "rlhf_cartpole.yaml",
-                                (("a2c", CONFIGS / "a2c_cartpole.yaml"),))}
+                                (Baseline("a2c", CONFIGS / "a2c_cartpole.yaml"),))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,11 +221,13 @@ def plan(figure: Figure, tasks: list[str], budgets: list[int], ablations: list[s
     lines = []  # (task, line, kind, config, overrides) for one seed
     for name in tasks:
         task = task_table[name]
-        configs = dict(task.baselines)
+        known_baselines = {b.name: b for b in task.baselines}
         for baseline in baselines:
-            if baseline not in configs:
-                raise ConfigError(f"task {name!r} has no baseline {baseline!r}; it has {', '.join(configs)}")
-            lines.append((name, f"RL ({baseline})", "baseline", configs[baseline], ()))
+            if baseline in known_baselines:
+                b = known_baselines[baseline]
+                lines.append((name, b.line, "baseline", b.config, b.overrides))
+            elif not any(baseline == b.name for t in tasks for b in task_table[t].baselines):
+                raise ConfigError(f"no task has the baseline {baseline!r}; {name!r} has {', '.join(known_baselines)}")
         for budget in budgets:
             lines.append((name, f"{budget} labels", "labels", task.rlhf, (f"preferences.labels={budget}",)))
         for ablation in ablations:
@@ -526,10 +551,15 @@ class Cell:
 
 
 def cpu_cells(figure: Figure, tasks: list[str], budgets: list[int], baselines: list[str]) -> list[Cell]:
-    """The cells in the order they run: RL and the first budget task by task, then each other
-    budget across the tasks."""
+    """The cells in the order they run: RL and the first budget task by task, then the second
+    budget across the tasks, then TRPO on the oracle (if asked for), then the other budgets."""
     runs = plan(figure, tasks, budgets, [], baselines, 1)
-    column = lambda run: 0 if run.kind == "baseline" else budgets.index(int(run.line.split()[0]))
+
+    def column(run: Run) -> float:
+        if run.kind == "baseline":
+            return 1.5 if run.line == ORACLE_LINE else 0
+        return budgets.index(int(run.line.split()[0]))
+
     ordered = sorted(runs, key=lambda run: (column(run), tasks.index(run.task)))
     return [Cell(run.task, run.line, run.kind, run.config_path,
                  (*run.overrides, *cpu_overrides(run.config_path), f"env.num_envs={CPU_NUM_ENVS}"))
@@ -620,14 +650,18 @@ def with_ratios(result: dict) -> dict:
 
 
 def ratio_table(result: dict, budgets: list[int]) -> str:
-    """Markdown: per task, RL's final return and each budget's, with its ratios to RL."""
-    head = ["| task | RL (TRPO, true reward) |"] + [f" {b} labels |" for b in budgets]
-    lines = ["".join(head), "| --- | ---: |" + " ---: |" * len(budgets)]
+    """Markdown: per task, RL's final return and each budget's, with its ratios to RL; and TRPO
+    on the oracle with the ends hidden where any task has that line."""
+    columns = [f"{b} labels" for b in budgets]
+    if any(ORACLE_LINE in cells for cells in result.values()):
+        columns.append(ORACLE_LINE)
+    head = ["| task | RL (TRPO, true reward) |"] + [f" {c} |" for c in columns]
+    lines = ["".join(head), "| --- | ---: |" + " ---: |" * len(columns)]
     for task, cells in result.items():
         rl = next((c for line, c in cells.items() if line.startswith("RL (")), None)
         row = [f"| {task} | {_number(rl and rl['final_return'])} |"]
-        for budget in budgets:
-            cell = cells.get(f"{budget} labels")
+        for column in columns:
+            cell = cells.get(column)
             row.append(" |" if cell is None else f" {_number(cell['final_return'])} "
                        f"({_number(cell['ratio_to_rl'], 2)}; {_number(cell['gain_ratio_to_rl'], 2)}) |")
         lines.append("".join(row))
@@ -719,7 +753,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.baselines:
         baselines = _csv(args.baselines)
     else:  # the paper's "RL": the task's first baseline
-        baselines = [task_table[tasks[0]].baselines[0][0]]
+        baselines = [task_table[tasks[0]].baselines[0].name]
     seeds = args.seeds or (1 if args.quick else CPU_SEEDS if cpu else figure.seeds)
     steps = args.steps or (QUICK_STEPS if args.quick else CPU_STEPS if cpu else 0)
     points = args.points or (QUICK_POINTS if args.quick else CPU_POINTS if cpu else 0)

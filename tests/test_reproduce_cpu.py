@@ -32,6 +32,28 @@ def test_cells_run_rl_and_700_labels_first_on_envpool():
 
 
 
+def test_trpo_on_the_oracle_runs_after_the_second_budget_with_the_ends_hidden():
+    """The extra reference line: the RL config with only the ends hidden, so it learns from the
+    oracle's reward (the penalty per unhealthy step) on the task the preference runs face; it
+    runs after the 1,400-label column, and the table gets its column."""
+    cells = reproduce.cpu_cells(reproduce.FIGURES[2], TASKS, [700, 1400, 350], ["trpo", "oracle"])
+    assert [c.key for c in cells] == [  # Reacher never ends early: its oracle line would be RL again
+        "reacher/RL (trpo)", "reacher/700 labels", "hopper/RL (trpo)", "hopper/700 labels",
+        "reacher/1400 labels", "hopper/1400 labels", f"hopper/{reproduce.ORACLE_LINE}",
+        "reacher/350 labels", "hopper/350 labels"]
+    with pytest.raises(reproduce.ConfigError, match="no task has the baseline 'oracle'"):
+        reproduce.cpu_cells(reproduce.FIGURES[2], ["reacher"], [700], ["trpo", "oracle"])
+    rl, hidden = (reproduce.cell_config(cells[i], 20_000, 4, Path("/tmp/unused")) for i in (2, 6))
+    assert not rl.env.hide_episode_end and hidden.env.hide_episode_end
+    assert dataclasses.replace(hidden.env, hide_episode_end=False) == rl.env and hidden.trpo == rl.trpo
+    assert hidden.reward == rl.reward == "env"
+    cell = {"final_return": 50.0, "ratio_to_rl": 0.5, "gain_ratio_to_rl": 0.4}
+    table = reproduce.ratio_table({"hopper": {"RL (trpo)": {**cell, "final_return": 100.0},
+                                              reproduce.ORACLE_LINE: cell}}, [700])
+    assert table.splitlines()[0].endswith(f"| 700 labels | {reproduce.ORACLE_LINE} |")
+    assert table.splitlines()[2] == "| hopper | 100.0 | | 50.0 (0.50; 0.40) |"
+
+
 def test_where_metrics_are_also_sent_leaves_a_cell_the_same_cell():
     """A finished cell stays finished when a logging option is added or set; a result-changing
     setting (here the seed) makes a different run."""
