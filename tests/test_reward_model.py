@@ -285,7 +285,10 @@ def test_members_written_out_match_the_vmapped_ensemble(network, monkeypatch):
         assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, name
         moment = next((moment for moment in largest if moment in name), None)
         if moment:  # Adam's moments: the gradient, and its square
-            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5 * largest[moment], err_msg=name)
+            # A batch-norm bias's gradient sums a channel's every position: on the CNN its rounding
+            # reached 8e-4 of the largest gradient on one CPU (under 1e-5 on another), so the bound
+            # is 1e-2 of it. Giving every member member 0's keys fails it (both networks).
+            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-2 * largest[moment], err_msg=name)
         elif name.startswith("['fitted'].params"):
             # Adam's first step is lr * g / (|g| + 1e-8): about lr * sign(g), whatever |g|. A weight
             # whose gradient is zero but for rounding (a hidden unit's bias where the leaky ReLU

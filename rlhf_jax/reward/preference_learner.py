@@ -135,10 +135,13 @@ class PreferenceLearner:
                                                               loss_key, self.settings.label_capacity)
         ensemble = ensemble._replace(l2=reward_model.adapt_l2(ensemble.l2, train_loss, val_loss, self.model))
         rows = [self._recent_rows(clips, norm_key)]
+        # The normalisation's rows alone choose how the clips are scored, so the scored pairs
+        # (monitoring only) leave the run the same bit for bit.
+        whole_buffer = clips.capacity <= rows[0].shape[0]
         if self.prefs.score_pairs:
             rows += candidate_pairs(score_key, clips, self.prefs.score_pairs)
         rewards = lambda obs, action: reward_model.member_returns(ensemble, self.model, self.spec, obs, action)
-        recent, *pairs = returns_of_rows(rewards, clips, *rows)  # [M, rows, k] each
+        recent, *pairs = returns_of_rows(rewards, clips, *rows, whole_buffer=whole_buffer)  # [M, rows, k] each
         ensemble = reward_model.normalization_from(ensemble, recent)
         metrics = {"labels": state.labels.count, "reward_train_loss": jnp.nanmean(train_loss),
                    "reward_val_loss": jnp.nanmean(val_loss), "reward_l2": ensemble.l2.mean(),

@@ -36,7 +36,8 @@ def candidate_pairs(key: jax.Array, segments: Segments, num: int) -> tuple[jax.A
     return index_1.astype(jnp.int32), index_2.astype(jnp.int32)
 
 
-def returns_of_rows(returns_fn: MemberReturnsFn, segments: Segments, *rows: jax.Array) -> list[jax.Array]:
+def returns_of_rows(returns_fn: MemberReturnsFn, segments: Segments, *rows: jax.Array,
+                    whole_buffer: bool | None = None) -> list[jax.Array]:
     """``returns_fn`` (``[M, ...]`` per segment) of ``segments``' rows, one ``[M, R_i, ...]`` per
     index array ``rows[i]`` (``int32 [R_i]``).
 
@@ -44,8 +45,12 @@ def returns_of_rows(returns_fn: MemberReturnsFn, segments: Segments, *rows: jax.
     segments than are drawn. When it holds no more than all the rows together, every
     segment is scored once, in one pass over the whole buffer, and the rows are gathered
     from it; otherwise each index array is scored as drawn, in a pass of its own.
+    ``whole_buffer`` overrides that choice: the two ways agree only up to rounding, so a
+    caller whose results must not depend on an optional set of rows decides without them.
     """
-    if segments.capacity <= sum(r.shape[0] for r in rows):
+    if whole_buffer is None:
+        whole_buffer = segments.capacity <= sum(r.shape[0] for r in rows)
+    if whole_buffer:
         every = returns_fn(segments.obs, segments.action)
         return [every[:, r] for r in rows]
     return [returns_fn(segments.obs[r], segments.action[r]) for r in rows]
