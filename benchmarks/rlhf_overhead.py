@@ -9,7 +9,8 @@ cutting of segments, the queries, the oracle, and the ensemble's fitting
 before RL (the untrained policy's labels, pretraining) is left out of both.
 
 Key ``rlhf_over_true_reward`` (CartPole A2C; target >= 0.8) and ``pong_rlhf_over_true_reward``
-(A2C on Pong through EnvPool with the paper's Atari reward CNN). Beside the CartPole ratio:
+(A2C on Pong through EnvPool with the paper's Atari reward CNN; beside it the Pong loop with
+no fitting, ``pong_no_fitting_steps_per_s``). Beside the CartPole ratio:
 the same loop with no fitting (``fit_pairs_per_env_step=0``), and the arithmetic each side
 does per env step as XLA's cost analysis counts it, which bounds the ratio on any machine
 where arithmetic, not the sequence of small steps, sets the pace.
@@ -105,10 +106,11 @@ def main() -> None:
                 "preferences": {"labels": 200, "initial_labels": 20, "segment_capacity": 64, "pretrain_epochs": 1},
                 "run": {"chunk_env_steps": steps}}
         pong_config = lambda *extra: build(ExperimentConfig, apply_overrides(pong, list(extra)))
-        rates, _ = chunk_rates({"learned": pong_config(), "true": pong_config("reward=env")}, pong_chunks)
+        rates, _ = chunk_rates({"learned": pong_config(), "true": pong_config("reward=env"),
+                                "no_fitting": pong_config("preferences.fit_pairs_per_env_step=0")}, pong_chunks)
         learned, true = rates["learned"], rates["true"]
         results.update(pong_rlhf_steps_per_s=learned, pong_true_reward_steps_per_s=true,
-                       pong_rlhf_over_true_reward=learned / true)
+                       pong_rlhf_over_true_reward=learned / true, pong_no_fitting_steps_per_s=rates["no_fitting"])
 
     write_result("rlhf_overhead", {"quick": args.quick,
                                    **{k: round(v, 4) if "over" in k else round(v, 1) for k, v in results.items()}},
