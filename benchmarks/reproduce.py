@@ -218,16 +218,15 @@ def plan(figure: Figure, tasks: list[str], budgets: list[int], ablations: list[s
     task_table = task_table or figure.tasks
     known = read_ablations()
     extra = dict(figure.ablation_extra) if budgets and budgets[0] == figure.budgets[0] else {}
+    offered = {b.name for t in tasks for b in task_table[t].baselines}
+    unknown = [b for b in baselines if b not in offered]
+    if unknown:  # a baseline only some tasks have (TRPO on the oracle) is drawn where it exists
+        raise ConfigError(f"no task has the baseline {unknown[0]!r}; they have {', '.join(sorted(offered))}")
     lines = []  # (task, line, kind, config, overrides) for one seed
     for name in tasks:
         task = task_table[name]
-        known_baselines = {b.name: b for b in task.baselines}
-        for baseline in baselines:
-            if baseline in known_baselines:
-                b = known_baselines[baseline]
-                lines.append((name, b.line, "baseline", b.config, b.overrides))
-            elif not any(baseline == b.name for t in tasks for b in task_table[t].baselines):
-                raise ConfigError(f"no task has the baseline {baseline!r}; {name!r} has {', '.join(known_baselines)}")
+        lines += [(name, b.line, "baseline", b.config, b.overrides)
+                  for wanted in baselines for b in task.baselines if b.name == wanted]
         for budget in budgets:
             lines.append((name, f"{budget} labels", "labels", task.rlhf, (f"preferences.labels={budget}",)))
         for ablation in ablations:
@@ -632,12 +631,18 @@ def execute_cells(cells: list[Cell], ledger_path: Path, runs_dir: Path, steps: i
     return ledger
 
 
+def rl_cell(cells: dict) -> dict | None:
+    """A panel's paper's "RL" cell (an agent on the true reward, ``RL (<agent>)``), or None
+    before it has run; TRPO on the oracle (:data:`ORACLE_LINE`) is not it."""
+    return next((cell for line, cell in cells.items() if line.startswith("RL (")), None)
+
+
 def with_ratios(result: dict) -> dict:
     """Each line's final return beside RL's (the task's baseline) at the same steps: the plain
     ratio where RL's return is positive, and the ratio of the gains over the untrained policy
     (the mean first point of the task's curves), which also reads right for negative returns."""
     for task, lines in result.items():
-        rl = next((cell for line, cell in lines.items() if line.startswith("RL (")), None)
+        rl = rl_cell(lines)
         starts = [cell["mean_return"][0] for cell in lines.values() if cell["mean_return"][0] is not None]
         start = float(np.mean(starts)) if starts else None
         for line, cell in lines.items():
@@ -658,7 +663,7 @@ def ratio_table(result: dict, budgets: list[int]) -> str:
     head = ["| task | RL (TRPO, true reward) |"] + [f" {c} |" for c in columns]
     lines = ["".join(head), "| --- | ---: |" + " ---: |" * len(columns)]
     for task, cells in result.items():
-        rl = next((c for line, c in cells.items() if line.startswith("RL (")), None)
+        rl = rl_cell(cells)
         row = [f"| {task} | {_number(rl and rl['final_return'])} |"]
         for column in columns:
             cell = cells.get(column)
@@ -679,7 +684,7 @@ def cpu_headline(result: dict) -> list:
 
     rows = []
     for task, cells in result["tasks"].items():
-        rl = next((c for line, c in cells.items() if line.startswith("RL (")), None)
+        rl = rl_cell(cells)
         cell = cells.get("700 labels")
         if cell is None or rl is None:
             continue
@@ -791,7 +796,7 @@ def main(argv: list[str] | None = None) -> None:
         if cpu:
             result = with_ratios(result)
             gains = {task: cells["700 labels"]["gain_ratio_to_rl"] for task, cells in result.items()
-                     if "700 labels" in cells and any(line.startswith("RL (") for line in cells)}
+                     if "700 labels" in cells and rl_cell(cells) is not None}
             extra = {"command": "python -m benchmarks.reproduce " + " ".join(sys.argv[1:] if argv is None else argv),
                      **git_commit(), "cells_finished": sorted({f"{r['task']}/{r['line']}" for r in ledger["runs"].values()}),
                      "table": ratio_table(result, budgets),
