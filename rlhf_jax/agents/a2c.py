@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, final_values, make_train as assemble,
-                                  rollout_rewards)
+from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_values, make_rollout,
+                                  make_train as assemble, rollout_rewards)
 from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, torso_for
@@ -162,15 +162,8 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
     ``jax.lax.scan`` repeats it and ``jax.vmap`` runs it over stacked runners."""
     network = ActorCritic(env.spec, config)
     optimizer = make_optimizer(config, env)
-    act = make_policy(config, env.spec)
+    rollout = make_rollout(env, make_policy(config, env.spec), config.num_steps)
     continuous = isinstance(env.spec.action_space, Box)
-
-    def rollout_step(carry, _):
-        params, env_state, obs, key = carry
-        key, act_key = jax.random.split(key)
-        action = act(params, obs, act_key)
-        env_state, timestep, env_action = env_step(env, env_state, action)
-        return (params, env_state, timestep.obs, key), (obs, env_action, action, timestep)
 
     def loss_fn(params, obs, actions, returns, mask):
         out = network.apply(params, obs)
@@ -188,9 +181,8 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
         )
 
     def iteration(runner: Runner, reward_params=None):
-        carry = (runner.params, runner.env_state, runner.obs, runner.key)
-        (_, env_state, obs, key), (observations, env_actions, actions, timesteps) = jax.lax.scan(
-            rollout_step, carry, None, config.num_steps
+        (env_state, obs, key), (observations, env_actions, actions, timesteps) = rollout(
+            runner.params, runner.env_state, runner.obs, runner.key
         )
         rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps,
                                   config.reward_scale, config.reward_clip)

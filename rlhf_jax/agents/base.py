@@ -69,6 +69,30 @@ def env_step(env: Environment, env_state, action):
     return env_state, timestep, env_action
 
 
+def make_rollout(env: Environment, act: Callable, num_steps: int):
+    """An on-policy rollout: ``num_steps`` steps of every copy, each action ``act(params, obs,
+    key)`` under parameters that stay fixed throughout.
+
+    ``rollout(params, env_state, obs, key) -> ((env_state, obs, key), (observations,
+    env_actions, actions, timesteps))``, each output ``[num_steps, num_envs, ...]``;
+    ``observations`` are those the actions were chosen on, ``actions`` as sampled and
+    ``env_actions`` as the environment took them (:func:`env_step`).
+    """
+
+    def step(carry, _):
+        params, env_state, obs, key = carry
+        key, act_key = jax.random.split(key)
+        action = act(params, obs, act_key)
+        env_state, timestep, env_action = env_step(env, env_state, action)
+        return (params, env_state, timestep.obs, key), (obs, env_action, action, timestep)
+
+    def rollout(params, env_state, obs, key):
+        (_, env_state, obs, key), outputs = jax.lax.scan(step, (params, env_state, obs, key), None, num_steps)
+        return (env_state, obs, key), outputs
+
+    return rollout
+
+
 def final_values(value_fn: Callable[[jax.Array], jax.Array], timesteps: TimeStep) -> jax.Array:
     """``V(final_obs_t)`` of a rollout ``[T, num_envs]``, as the time-limit rule
     (:func:`rlhf_jax.ops.fold_time_limits`) reads it: only where a step was truncated.

@@ -41,8 +41,8 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, final_values, make_train as assemble,
-                                  rollout_rewards)
+from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_values, make_rollout as base_rollout,
+                                  make_train as assemble, rollout_rewards)
 from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
@@ -221,25 +221,9 @@ def returns_and_mask(config: TRPOConfig, rewards, timesteps: TimeStep, values, f
 
 
 def make_rollout(config: TRPOConfig, env: Environment):
-    """An iteration's rollout: ``steps_per_env`` steps of every copy under the current policy,
-    ``rollout(params, env_state, obs, key) -> ((env_state, obs, key), (observations,
-    env_actions, actions, timesteps))``, each output ``[T, num_envs, ...]``."""
-    act = make_policy(config, env.spec)
-
-    def rollout_step(carry, _):
-        params, env_state, obs, key = carry
-        key, act_key = jax.random.split(key)
-        action = act(params, obs, act_key)
-        env_state, timestep, env_action = env_step(env, env_state, action)
-        return (params, env_state, timestep.obs, key), (obs, env_action, action, timestep)
-
-    def rollout(params, env_state, obs, key):
-        (_, env_state, obs, key), outputs = jax.lax.scan(
-            rollout_step, (params, env_state, obs, key), None, steps_per_env(config, env)
-        )
-        return (env_state, obs, key), outputs
-
-    return rollout
+    """An iteration's rollout (:func:`rlhf_jax.agents.base.make_rollout`): ``steps_per_env``
+    steps of every copy under the current policy."""
+    return base_rollout(env, make_policy(config, env.spec), steps_per_env(config, env))
 
 
 def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
