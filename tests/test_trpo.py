@@ -365,6 +365,37 @@ def test_vmap_over_seeds_equals_separate_runs():
     assert not np.allclose(first[0], first[1])  # different seeds really are different runs
 
 
+def test_value_targets_are_standardised_by_the_batch_returns():
+    """``normalize_value_targets``: an iteration sets V's output scale to the mean and std of its
+    lambda-returns (worked out here in NumPy from the same rollout), and V then predicts in the
+    returns' units; without the option the scale stays (0, 1)."""
+    env = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=4))
+    reward = lambda p, o, a, ts: 100.0 * ts.reward  # returns in the thousands, far from V's start at 0
+    runs = {}
+    for normalize in (False, True):
+        config = trpo.TRPOConfig(batch_size=32, total_env_steps=32, policy_hidden=(8,), value_hidden=(8,),
+                                 value_minibatches=2, normalize_value_targets=normalize)
+        runner = trpo.init_runner(jax.random.PRNGKey(3), config, env)
+        runs[normalize] = (config, runner, jax.jit(trpo.make_iteration(config, env, reward))(runner)[0])
+    _, _, plain = runs[False]
+    assert float(plain.value_scale.mean) == 0.0 and float(plain.value_scale.std) == 1.0
+
+    config, runner, after = runs[True]
+    (_, last_obs, _), (obs, _, _, timesteps) = trpo.make_rollout(config, env)(
+        runner.params, runner.env_state, runner.obs, runner.key)
+    v = lambda o: trpo.Value(env.spec, config).apply(runner.params["value"], o)  # the first scale: (0, 1)
+    returns, mask = trpo.returns_and_mask(config, 100.0 * timesteps.reward, timesteps, v(obs),
+                                          jnp.zeros_like(timesteps.reward), v(last_obs))  # no time limit in 8 steps
+    held = np.asarray(returns)[np.asarray(mask, bool)]
+    assert held.mean() < -500  # Pendulum's rewards are -16..0 a step
+    np.testing.assert_allclose(float(after.value_scale.mean), held.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(after.value_scale.std), held.std(), rtol=1e-4)
+    # After one fit V is in the returns' units; the plain fit is still near its start at 0.
+    value = trpo.make_value(config, env.spec)
+    error = lambda run: np.abs(np.asarray(value(run.params["value"], run.value_scale, obs) - returns)).mean()
+    assert error(after) < 0.75 * error(plain)
+
+
 def test_bad_config_values():
     with pytest.raises(ConfigError, match="gamma"):
         trpo.TRPOConfig(gamma=1.5)

@@ -83,6 +83,11 @@ class TRPOConfig:
     value_learning_rate: float = in_state(positive(1e-3))
     value_epochs: int = positive(5, 1000)
     value_minibatches: int = positive(8, 65_536)
+    # Fit V to standardised returns, V(s) = mean + std f(s), with the mean and std of the last
+    # batch's returns (as rllab's value regressor does, normalize_outputs). Adam's step does not
+    # grow with the targets, so without it V lags returns far from 0: r-hat normalised to std 1
+    # gives returns up to 1 / (1 - gamma) = 200 (docs/reproducing.md, Swimmer).
+    normalize_value_targets: bool = False
     policy_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
     value_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
     activation: Literal["tanh", "relu"] = "tanh"
@@ -131,6 +136,14 @@ class Value(nn.Module):
         return nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(features)[..., 0]
 
 
+class TargetScale(NamedTuple):
+    """The value network's output scale: ``V(s) = mean + std * f(s)`` (0 and 1 unless
+    ``normalize_value_targets``)."""
+
+    mean: jax.Array
+    std: jax.Array
+
+
 class Runner(NamedTuple):
     params: Any  # {"policy": ..., "value": ...}
     opt_state: Any  # the value network's Adam state (the policy has no optimiser state)
@@ -138,6 +151,7 @@ class Runner(NamedTuple):
     obs: jax.Array
     key: jax.Array
     env_steps: jax.Array
+    value_scale: TargetScale
 
 
 def steps_per_env(config: TRPOConfig, env: Environment) -> int:
@@ -165,7 +179,8 @@ def init_runner(key, config: TRPOConfig, env: Environment) -> Runner:
         "value": Value(env.spec, config).init(value_key, timestep.obs[:1]),
     }
     opt_state = make_value_optimizer(config).init(params["value"])
-    return Runner(params, opt_state, env_state, timestep.obs, key, jnp.zeros((), jnp.int32))
+    scale = TargetScale(jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32))
+    return Runner(params, opt_state, env_state, timestep.obs, key, jnp.zeros((), jnp.int32), scale)
 
 
 # --- The policy's distribution: one set of functions for both action spaces ----------
@@ -202,6 +217,13 @@ def make_policy(config: TRPOConfig, spec: EnvSpec):
     return act
 
 
+def make_value(config: TRPOConfig, spec: EnvSpec):
+    """``value(params, scale, obs) -> V(obs)`` in the returns' units: ``scale.mean + scale.std
+    * f(obs)``, with ``f`` the value network and ``params`` the runner's ``params["value"]``."""
+    network = Value(spec, config)
+    return lambda params, scale, obs: scale.mean + scale.std * network.apply(params, obs)
+
+
 def returns_and_mask(config: TRPOConfig, rewards, timesteps: TimeStep, values, final_values, bootstrap):
     """Lambda-returns ``G_t`` ``[T, N]`` and the mask of the steps that enter the losses.
 
@@ -228,6 +250,7 @@ def make_rollout(config: TRPOConfig, env: Environment):
 
 def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
     policy, value = Policy(env.spec, config), Value(env.spec, config)
+    value_in_units = make_value(config, env.spec)
     value_optimizer = make_value_optimizer(config)
     rollout = make_rollout(config, env)
     continuous = isinstance(env.spec.action_space, Box)
@@ -265,10 +288,12 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         }
         return unravel(flat_new), metrics
 
-    def update_value(value_params, opt_state, observations, returns, mask, key):
-        """Regression of V on the returns: ``value_epochs`` passes of ``value_minibatches`` Adam steps."""
+    def update_value(value_params, opt_state, observations, returns, mask, key, scale: TargetScale):
+        """Regression of V on the returns: ``value_epochs`` passes of ``value_minibatches`` Adam
+        steps, fitting ``f(s)`` to ``(G - scale.mean) / scale.std``."""
         flat = lambda x: x.reshape((-1,) + x.shape[2:])  # [T, N, ...] -> [T*N, ...]
         observations, returns, mask = flat(observations), flat(returns), flat(mask)
+        returns = (returns - scale.mean) / scale.std
         size = returns.shape[0] // config.value_minibatches
 
         def loss_fn(params, obs, target, weight):
@@ -296,8 +321,8 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         )
         rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps, config.reward_scale)
         key, value_key = jax.random.split(key)
-        params = runner.params
-        value_of = lambda o: value.apply(params["value"], o)
+        params, scale = runner.params, runner.value_scale
+        value_of = lambda o: value_in_units(params["value"], scale, o)
         values = value_of(observations)
         returns, mask = returns_and_mask(config, rewards, timesteps, values, final_values(value_of, timesteps),
                                          value_of(obs))
@@ -308,15 +333,18 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
             advantages = (advantages - mean) / (std + 1e-8)
 
         policy_params, policy_metrics = update_policy(params["policy"], observations, actions, advantages, mask)
+        if config.normalize_value_targets:
+            mean = ops.masked_mean(returns, mask)
+            scale = TargetScale(mean, jnp.maximum(jnp.sqrt(ops.masked_mean((returns - mean) ** 2, mask)), 1e-6))
         value_params, opt_state, value_loss = update_value(
-            params["value"], runner.opt_state, observations, returns, mask, value_key
+            params["value"], runner.opt_state, observations, returns, mask, value_key, scale
         )
         env_steps = runner.env_steps + env_steps_per_iteration(config, env)
         metrics = {**policy_metrics, "value_loss": value_loss, "env_steps": env_steps,
                    **episode_metrics(timesteps.info)}
         transitions = Transitions(observations, env_actions, timesteps.reward, timesteps.done)
         params = {"policy": policy_params, "value": value_params}
-        return Runner(params, opt_state, env_state, obs, key, env_steps), metrics, transitions
+        return Runner(params, opt_state, env_state, obs, key, env_steps, scale), metrics, transitions
 
     return iteration
 
