@@ -244,7 +244,8 @@ def slug(text: str) -> str:
 # leaves a run as it was before them: at that value they stay out of the fingerprint, so a
 # finished cell stays finished; set to anything else they make a new cell.
 ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "labels_from"): "",
-                           ("preferences", "score_pairs"): 256, ("ibt", "marks_from"): ""}
+                           ("preferences", "score_pairs"): 256, ("ibt", "marks_from"): "",
+                           ("trpo", "normalize_value_targets"): False, ("run", "score_on_task"): False}
 
 
 def fingerprinted_fields(config: ExperimentConfig) -> dict:
@@ -295,15 +296,23 @@ def fingerprint_of(config: ExperimentConfig) -> str:
     return Path(config.run.dir).name.rsplit("-", 1)[-1]
 
 
-def read_curve(run_dir: Path) -> dict:
-    """A finished run's ``metrics.csv`` as lists (NaN, a chunk where no episode ended, as None)."""
-    with (run_dir / "metrics.csv").open() as f:
-        rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
-    curve = {}
-    for key in ("env_steps", "episode_return", "labels", "reward_accuracy"):
-        if rows and key in rows[0]:
-            curve[key] = [None if math.isnan(r[key]) else r[key] for r in rows]
+def curve_of(rows: list[dict]) -> dict:
+    """A run's rows (one per chunk) as the lists a ledger record keeps (NaN, a chunk where no
+    episode ended, as None). ``episode_return`` is the return on the task itself: the run's
+    ``task_return`` where it scored one (``run.score_on_task``: its training episodes are not
+    the task's), its training episodes' true return otherwise, kept then as ``training_return``."""
+    column = lambda key: [None if math.isnan(r[key]) else r[key] for r in rows]
+    curve = {key: column(key) for key in ("env_steps", "episode_return", "labels", "reward_accuracy")
+             if rows and key in rows[0]}
+    if rows and "task_return" in rows[0]:
+        curve["training_return"], curve["episode_return"] = curve["episode_return"], column("task_return")
     return curve
+
+
+def read_curve(run_dir: Path) -> dict:
+    """A finished run's ``metrics.csv`` as :func:`curve_of` lists."""
+    with (run_dir / "metrics.csv").open() as f:
+        return curve_of([{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)])
 
 
 def load_ledger(path: Path) -> dict:
@@ -581,9 +590,7 @@ def sweep_records(cell: Cell, config: ExperimentConfig, directory: Path, seconds
     rows = Sweep.load(directory).rows()
     records = []
     for seed in sorted({int(r["seed"]) for r in rows}):
-        mine = sorted((r for r in rows if int(r["seed"]) == seed), key=lambda r: r["chunk"])
-        curve = {key: [None if math.isnan(r[key]) else r[key] for r in mine]
-                 for key in ("env_steps", "episode_return", "labels", "reward_accuracy") if key in mine[0]}
+        curve = curve_of(sorted((r for r in rows if int(r["seed"]) == seed), key=lambda r: r["chunk"]))
         records.append({"task": cell.task, "line": cell.line, "kind": cell.kind, "seed": seed, "backend": "cpu",
                         "config": str(cell.config_path.relative_to(ROOT)), "overrides": list(cell.overrides),
                         "fingerprint": fingerprint_of(config), "run_dir": str(directory),

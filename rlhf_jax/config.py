@@ -62,6 +62,12 @@ class RunConfig:
     wandb_mode: Literal["offline", "online"] = "offline"
     eval_episodes: int = positive(32, MAX_ENVS)  # one copy of the environment each
     eval_max_steps: int = non_negative(0, INT32_MAX)  # 0: the environment's episode limit
+    # After every chunk, also score each run's policy on eval_episodes whole episodes of the
+    # task itself: the run's environment without its changes to episode ends and lengths
+    # (env.hide_episode_end, env.max_episode_steps), as the metric task_return. Where those
+    # changes make the training episodes other than the task's (InvertedPendulum from labels in
+    # 100-step episodes), task_return is the return to set beside RL's.
+    score_on_task: bool = False
 
     def __post_init__(self):
         check_fields(self)

@@ -305,6 +305,7 @@ class Sweep:
         for g, members in enumerate(self.groups):
             program = GroupProgram(self.base, members, mesh)
             training = program.training
+            score = training.task_scorer() if training.config.run.score_on_task else None
             checkpoints = Checkpoints(self.directory / f"group{g}",
                                       resume_command=f"rlhf-jax sweep --resume {self.directory}")
             stop.hint = checkpoints.resume_hint
@@ -328,12 +329,15 @@ class Sweep:
                     state, metrics = program.run_chunk(state, chunk)
                     metrics = gather(metrics)
                     seconds = time.perf_counter() - start
+                    policies = gather(training.policy_params(state)) if score is not None else None
                     for m, member in enumerate(members):
                         row = summarize(jax.tree.map(lambda x: x[m], metrics))
                         row = {"group": g, "chunk": chunk, "member": member.index, "seed": member.seed,
                                "label": member.label(), **row,
                                "steps_per_second": len(members) * training.chunk_inputs(chunk)[0]
                                * training.steps_per_iteration / seconds}
+                        if policies is not None:
+                            row["task_return"] = score(jax.tree.map(lambda x: x[m], policies))
                         rows.append(row)
                         if member.index in wandb_runs:
                             wandb_runs[member.index].log_row(row)

@@ -165,6 +165,26 @@ class AgentRun:
         and the answers the synthetic labeler gives at its end (none here)."""
         return self.chunk_length(chunk), 0
 
+    def task_scorer(self):
+        """``score(policy_params) -> float`` (``run.score_on_task``): the mean true return of
+        ``run.eval_episodes`` whole episodes of the task itself, the run's environment without
+        its changes to episode ends and lengths. The same starts at every call where the
+        environment draws them from the key (gymnax); EnvPool's pool draws new ones."""
+        config = self.config
+        env = make(dataclasses.replace(config.env, hide_episode_end=False, max_episode_steps=0,
+                                       num_envs=config.run.eval_episodes, seed=config.env.seed + 10_000))
+        act = self.agent.make_policy(self.agent_config, env.spec)
+        steps = config.run.eval_max_steps or env.spec.max_episode_steps + 1
+        key = jax.random.PRNGKey(config.seed + 10_000)
+        score = jax.jit(lambda params: evaluate(act, params, env, key, steps))
+
+        def mean_return(params) -> float:
+            result = score(params)
+            episodes = int(result["episodes"])
+            return float(result["episode_return_sum"]) / episodes if episodes else math.nan
+
+        return mean_return
+
     def reset_env(self, runner, key):
         """``runner`` (an agent's) with freshly reset environments: after restoring an EnvPool run."""
         env_state, timestep = self.env.reset(key)
@@ -649,6 +669,7 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
                    disable=not progress, dynamic_ncols=True)
         schedule = SaveSchedule(config.run, training.chunk_iterations, training.num_chunks)
         saved_chunk = first_chunk - 1  # the newest chunk whose state is saved
+        score = training.task_scorer() if config.run.score_on_task else None
         try:
             for chunk in range(first_chunk, training.num_chunks):
                 if stop.requested():
@@ -657,6 +678,8 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
                 runner, metrics = training.run_chunk(runner, chunk)
                 row = summarize(metrics)
                 row["steps_per_second"] = (row["env_steps"] - bar.n) / (time.perf_counter() - start)
+                if score is not None:
+                    row["task_return"] = score(training.policy_params(runner))
                 log.append(row)
                 try:
                     check_finite(row, chunk, training.unmeasured(row))

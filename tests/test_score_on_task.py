@@ -1,0 +1,73 @@
+"""``run.score_on_task``: runs whose training episodes are not the task's (here CartPole cut to
+20-step episodes) are also scored, after every chunk, on whole episodes of the task itself
+(CartPole's own 500-step limit), by ``rlhf-jax train`` and by a sweep alike."""
+import csv
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from rlhf_jax.agents import a2c
+from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
+from rlhf_jax.envs import EnvConfig, make
+from rlhf_jax.evaluation import evaluate
+from rlhf_jax.checkpoints import Checkpoints
+from rlhf_jax.sweep import GroupProgram, Sweep, device_mesh
+from rlhf_jax.trainer import make_training, restore_latest, train
+
+ROOT = Path(__file__).resolve().parent.parent
+EPISODES = 8
+OVERRIDES = ["env.num_envs=8", "env.max_episode_steps=20", "a2c.total_env_steps=16384", "run.chunk_env_steps=8192",
+             "run.checkpoint_every_updates=1", "run.tensorboard=false", "run.score_on_task=true",
+             f"run.eval_episodes={EPISODES}"]
+
+
+def base_config() -> dict:
+    return apply_overrides(read_yaml(ROOT / "configs" / "a2c_cartpole.yaml"), OVERRIDES)
+
+
+def task_return(config: ExperimentConfig, params) -> float:
+    """The policy's mean return over the first whole episode of 8 copies of plain CartPole-v1,
+    written out here as the option's docstring says it: no shortened episodes."""
+    env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=EPISODES, seed=config.env.seed + 10_000))
+    act = a2c.make_policy(config.a2c, env.spec)
+    score = evaluate(act, params, env, jax.random.PRNGKey(config.seed + 10_000), 501)
+    return float(score["episode_return_sum"]) / int(score["episodes"])
+
+
+def rows_of(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [{k: float(v) for k, v in row.items() if k != "label"} for row in csv.DictReader(f)]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    config = build(ExperimentConfig, apply_overrides(base_config(), [f"run.dir={tmp_path_factory.mktemp('run')}"]))
+    directory = train(config, progress=False)
+    return config, directory
+
+
+def test_a_run_logs_its_policy_scored_on_the_task(run):
+    config, directory = run
+    rows = rows_of(directory / "metrics.csv")
+    assert len(rows) == 2 and all(r["episode_return"] <= 20 for r in rows)  # the training episodes
+    _, runner = restore_latest(make_training(config), directory)
+    assert rows[-1]["task_return"] == pytest.approx(task_return(config, runner.params), rel=1e-6)
+    assert rows[-1]["task_return"] > 20  # longer than any training episode could be
+
+
+def test_a_sweep_scores_each_member_on_the_task(tmp_path):
+    """Every member on the same episodes of the task (the base config's seed draws them)."""
+    directory = tmp_path / "sweep"
+    Sweep.create(directory, base_config(), {}, seeds=2).run(progress=False)
+    sweep = Sweep.load(directory)
+    program = GroupProgram(sweep.base, sweep.groups[0], device_mesh())
+    _, state = Checkpoints(directory / "group0", resume_command="").restore(program.abstract_state())
+    params = program.training.policy_params(state)
+    config = build(ExperimentConfig, base_config())
+    rows = [r for r in rows_of(directory / "members.csv") if r["chunk"] == 1]
+    assert len(rows) == 2
+    for row in rows:
+        member = jax.tree.map(lambda x: np.asarray(x)[int(row["member"])], params)
+        assert row["task_return"] == pytest.approx(task_return(config, member), rel=1e-6)
