@@ -143,9 +143,20 @@ ORACLE_LINE = "TRPO on the oracle, ends hidden"
 
 def _mujoco(slug: str, title: str, ends_when_unhealthy: bool) -> Task:
     folder = PAPER / "mujoco"
-    rl = folder / f"{slug}_trpo.yaml"
-    oracle = (Baseline("oracle", rl, ("env.hide_episode_end=true",), ORACLE_LINE),) if ends_when_unhealthy else ()
-    return Task(title, folder / f"{slug}.yaml", (Baseline("trpo", rl), *oracle))
+    rl, rlhf = folder / f"{slug}_trpo.yaml", folder / f"{slug}.yaml"
+    oracle = (Baseline("oracle", rl, ("env.hide_episode_end=true", *shortened_episodes(rlhf)), ORACLE_LINE),
+              ) if ends_when_unhealthy else ()
+    return Task(title, rlhf, (Baseline("trpo", rl), *oracle))
+
+
+def shortened_episodes(config_path: Path) -> tuple[str, ...]:
+    """The overrides that give another run the preference config's shortened episodes, where it
+    has them (``env.max_episode_steps``), with their scoring on the task (its ``run`` keys)."""
+    data = read_yaml(config_path)
+    steps = data.get("env", {}).get("max_episode_steps")
+    if not steps:
+        return ()
+    return (f"env.max_episode_steps={steps}", *(f"run.{key}={value}" for key, value in data.get("run", {}).items()))
 
 
 ATARI_TASKS = {slug: _atari(slug, title) for slug, title in [
