@@ -99,6 +99,16 @@ def summarize(metrics: dict) -> dict:
     return row
 
 
+def scoring_env_config(config: ExperimentConfig) -> EnvConfig:
+    """Where a run's policy is scored (``rlhf-jax eval``, ``run.score_on_task``): ``run.eval_episodes``
+    copies of its environment, seeded apart from training's; with ``run.score_on_task``, the task
+    itself, without the run's changes to episode ends and lengths."""
+    env = dataclasses.replace(config.env, num_envs=config.run.eval_episodes, seed=config.env.seed + 10_000)
+    if config.run.score_on_task:
+        env = dataclasses.replace(env, hide_episode_end=False, max_episode_steps=0)
+    return env
+
+
 def true_reward_env_config(config: ExperimentConfig) -> EnvConfig:
     """The environment a run on the true reward uses: DQN on Atari ends the agent's
     episode at each lost life (Mnih 2015), unless the config turns that off."""
@@ -171,8 +181,7 @@ class AgentRun:
         its changes to episode ends and lengths. The same starts at every call where the
         environment draws them from the key (gymnax); EnvPool's pool draws new ones."""
         config = self.config
-        env = make(dataclasses.replace(config.env, hide_episode_end=False, max_episode_steps=0,
-                                       num_envs=config.run.eval_episodes, seed=config.env.seed + 10_000))
+        env = make(scoring_env_config(config))
         act = self.agent.make_policy(self.agent_config, env.spec)
         steps = config.run.eval_max_steps or env.spec.max_episode_steps + 1
         key = jax.random.PRNGKey(config.seed + 10_000)
@@ -735,7 +744,7 @@ def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0
         episode_video.check_video_request(config.env.id, videos, num_envs)
     training = make_training(config)
     _, runner = restore_latest(training, run_dir)
-    env = make(dataclasses.replace(config.env, num_envs=num_envs, seed=config.env.seed + 10_000))
+    env = make(dataclasses.replace(scoring_env_config(config), num_envs=num_envs))
     max_steps = config.run.eval_max_steps or env.spec.max_episode_steps + 1
     act = training.agent.make_policy(training.agent_config, env.spec)
     params, key = training.policy_params(runner), jax.random.PRNGKey(seed)

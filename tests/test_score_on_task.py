@@ -14,7 +14,7 @@ from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.evaluation import evaluate
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.sweep import GroupProgram, Sweep, device_mesh
-from rlhf_jax.trainer import make_training, restore_latest, train
+from rlhf_jax.trainer import evaluate_run, make_training, restore_latest, train
 
 ROOT = Path(__file__).resolve().parent.parent
 EPISODES = 8
@@ -55,6 +55,7 @@ def test_a_run_logs_its_policy_scored_on_the_task(run):
     _, runner = restore_latest(make_training(config), directory)
     assert rows[-1]["task_return"] == pytest.approx(task_return(config, runner.params), rel=1e-6)
     assert rows[-1]["task_return"] > 20  # longer than any training episode could be
+    assert evaluate_run(directory, episodes=EPISODES)["mean_true_return"] > 20  # `rlhf-jax eval` scores the task too
 
 
 def test_a_sweep_scores_each_member_on_the_task(tmp_path):
