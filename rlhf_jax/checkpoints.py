@@ -209,9 +209,14 @@ class Checkpoints:
                          f". Restored checkpoint {chunk}, the newest intact one; the next save moves the damaged "
                          f"one{'s' if len(damaged) > 1 else ''} aside to <chunk>{DAMAGED_SUFFIX}.", flush=True)
             return chunk, state
+        # None reads back, though their bytes were not found changed: most likely they hold a
+        # state of another shape, the state of another version of rlhf_jax.
+        unreadable = all(why.startswith("it cannot be read") for _, why in damaged)
         raise ConfigError(
             f"no checkpoint in {self.directory} is intact: "
             + "; ".join(f"{c} is damaged: {why}" for c, why in damaged)
+            + (". If config.yaml is unchanged they were likely written by another version of rlhf_jax, whose "
+               "state has another structure: resume with that version" if unreadable else "")
             + ". Nothing was overwritten; start the run again in a new directory.")
 
     def _read(self, chunk: int, abstract):

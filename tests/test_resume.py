@@ -447,6 +447,18 @@ def test_a_damaged_checkpoint_is_passed_over_for_the_newest_intact_one(how, dqn_
     assert_same_trees(resumed, whole)
 
 
+def test_checkpoints_of_another_state_structure_point_at_another_version(tmp_path):
+    """Every checkpoint readable as bytes but not as the state asked for (a field the state
+    gained since, as TRPO's runner did): the error says another version likely wrote them."""
+    checkpoints = Checkpoints(tmp_path / "run")
+    for chunk in (0, 1):
+        checkpoints.save(chunk, {"params": np.zeros(3, np.float32)})
+    checkpoints.close()
+    like = {"params": np.zeros(3, np.float32), "value_scale": np.zeros((), np.float32)}
+    with pytest.raises(ConfigError, match="likely written by another version of rlhf_jax"):
+        Checkpoints(tmp_path / "run").restore(like)
+
+
 def test_a_run_whose_every_checkpoint_is_damaged_says_so(dqn_whole, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(dqn_whole, run_dir)
