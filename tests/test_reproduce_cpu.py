@@ -45,7 +45,10 @@ def test_trpo_on_the_oracle_runs_after_the_second_budget_with_the_ends_hidden():
         reproduce.cpu_cells(reproduce.FIGURES[2], ["reacher"], [700], ["trpo", "oracle"])
     rl, hidden = (reproduce.cell_config(cells[i], 20_000, 4, Path("/tmp/unused")) for i in (2, 6))
     assert not rl.env.hide_episode_end and hidden.env.hide_episode_end
-    assert dataclasses.replace(hidden.env, hide_episode_end=False) == rl.env and hidden.trpo == rl.trpo
+    # the preference runs' task: their hidden ends and 200-step episodes, scored on the task itself
+    assert hidden.env.max_episode_steps == 200 and hidden.run.score_on_task
+    assert dataclasses.replace(hidden.env, hide_episode_end=False, max_episode_steps=0) == rl.env
+    assert hidden.trpo == rl.trpo
     assert hidden.reward == rl.reward == "env"
     cell = {"final_return": 50.0, "ratio_to_rl": 0.5, "gain_ratio_to_rl": 0.4}
     table = reproduce.ratio_table({"hopper": {"RL (trpo)": {**cell, "final_return": 100.0},
@@ -66,7 +69,7 @@ def test_inverted_pendulum_trains_on_short_episodes_and_every_line_is_scored_on_
     assert rl.env.max_episode_steps == 0 and not rl.run.score_on_task and not rl.env.hide_episode_end
     # 5 copies x 1,000 steps a batch: whole 100-step episodes, as on MJX (50 copies x 100)
     assert labels.trpo.batch_size % (labels.env.num_envs * 100) == 0
-    assert reproduce.shortened_episodes(reproduce.PAPER / "mujoco/hopper.yaml") == ()
+    assert reproduce.shortened_episodes(reproduce.PAPER / "mujoco/halfcheetah.yaml") == ()
 
 
 def test_where_metrics_are_also_sent_leaves_a_cell_the_same_cell():
