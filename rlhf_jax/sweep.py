@@ -305,7 +305,7 @@ class Sweep:
         for g, members in enumerate(self.groups):
             program = GroupProgram(self.base, members, mesh)
             training = program.training
-            score = training.task_scorer() if training.config.run.score_on_task else None
+            score = training.task_scorer()
             checkpoints = Checkpoints(self.directory / f"group{g}",
                                       resume_command=f"rlhf-jax sweep --resume {self.directory}")
             stop.hint = checkpoints.resume_hint

@@ -109,6 +109,12 @@ def scoring_env_config(config: ExperimentConfig) -> EnvConfig:
     return env
 
 
+def scoring_steps(config: ExperimentConfig, spec) -> int:
+    """How long a scored play runs: ``run.eval_max_steps``, or one step past the episode limit,
+    so that every copy's first episode ends inside it."""
+    return config.run.eval_max_steps or spec.max_episode_steps + 1
+
+
 def true_reward_env_config(config: ExperimentConfig) -> EnvConfig:
     """The environment a run on the true reward uses: DQN on Atari ends the agent's
     episode at each lost life (Mnih 2015), unless the config turns that off."""
@@ -176,14 +182,16 @@ class AgentRun:
         return self.chunk_length(chunk), 0
 
     def task_scorer(self):
-        """``score(policy_params) -> float`` (``run.score_on_task``): the mean true return of
-        ``run.eval_episodes`` whole episodes of the task itself, the run's environment without
-        its changes to episode ends and lengths. The same starts at every call where the
+        """``score(policy_params) -> float`` with ``run.score_on_task`` (else None): the mean true
+        return of ``run.eval_episodes`` whole episodes of the task itself, the run's environment
+        without its changes to episode ends and lengths. The same starts at every call where the
         environment draws them from the key (gymnax); EnvPool's pool draws new ones."""
         config = self.config
+        if not config.run.score_on_task:
+            return None
         env = make(scoring_env_config(config))
         act = self.agent.make_policy(self.agent_config, env.spec)
-        steps = config.run.eval_max_steps or env.spec.max_episode_steps + 1
+        steps = scoring_steps(config, env.spec)
         key = jax.random.PRNGKey(config.seed + 10_000)
         score = jax.jit(lambda params: evaluate(act, params, env, key, steps))
 
@@ -678,7 +686,7 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
                    disable=not progress, dynamic_ncols=True)
         schedule = SaveSchedule(config.run, training.chunk_iterations, training.num_chunks)
         saved_chunk = first_chunk - 1  # the newest chunk whose state is saved
-        score = training.task_scorer() if config.run.score_on_task else None
+        score = training.task_scorer()
         try:
             for chunk in range(first_chunk, training.num_chunks):
                 if stop.requested():
@@ -745,7 +753,7 @@ def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0
     training = make_training(config)
     _, runner = restore_latest(training, run_dir)
     env = make(dataclasses.replace(scoring_env_config(config), num_envs=num_envs))
-    max_steps = config.run.eval_max_steps or env.spec.max_episode_steps + 1
+    max_steps = scoring_steps(config, env.spec)
     act = training.agent.make_policy(training.agent_config, env.spec)
     params, key = training.policy_params(runner), jax.random.PRNGKey(seed)
     score = jax.jit(lambda params, key: evaluate(act, params, env, key, max_steps))(params, key)
