@@ -90,7 +90,7 @@ def score_seeds(env, act, params, seed: int) -> list[float]:
     score = jax.jit(jax.vmap(lambda p, k: evaluate(act, p, env, k, env.spec.max_episode_steps + 1)))
     keys = jax.random.split(jax.random.PRNGKey(seed + 1), SEEDS)
     result = jax.device_get(score(params, keys))
-    return [float(s / max(n, 1)) for s, n in zip(result["episode_return_sum"], result["episodes"])]
+    return [float(s / max(n, 1)) for s, n in zip(result.return_sum, result.episodes)]
 
 
 def chunk_curves(training, metrics, learned) -> dict:

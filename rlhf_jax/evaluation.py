@@ -6,6 +6,7 @@ recorded are the episodes scored.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -57,17 +58,30 @@ def first_episode_ends(true_done: jax.Array) -> jax.Array:
     return true_done & (jnp.cumsum(true_done, axis=0) == 1)
 
 
-def evaluate(act, params, env: Environment, key, max_steps: int) -> dict:
+class Score(NamedTuple):
+    """What :func:`evaluate` measured: the count and the summed true return of the copies'
+    first episodes that ended in time (device scalars, so that ``evaluate`` can be jitted)."""
+
+    episodes: jax.Array
+    return_sum: jax.Array
+
+    def mean_return(self) -> float:
+        """The mean first-episode return on the host; NaN where no episode ended in time."""
+        episodes = int(self.episodes)
+        return float(self.return_sum) / episodes if episodes else math.nan
+
+
+def evaluate(act, params, env: Environment, key, max_steps: int) -> Score:
     """Run ``act(params, obs, key)`` for up to ``max_steps`` steps and score each copy's first episode.
 
     Only the first true episode of each copy counts: counting every finished episode
-    in a fixed window would favour short (often bad) episodes. Returns the sum and
-    count of first-episode returns (copies still running at ``max_steps`` do not count).
+    in a fixed window would favour short (often bad) episodes. Copies still running at
+    ``max_steps`` do not count.
     """
     true_done, episode_return = play(act, params, env, key, max_steps,
                                      lambda obs, action, t: (t.info["true_done"], t.info["episode_return"]))
     first = first_episode_ends(true_done)
-    return {"episodes": first.sum(), "episode_return_sum": jnp.where(first, episode_return, 0.0).sum()}
+    return Score(episodes=first.sum(), return_sum=jnp.where(first, episode_return, 0.0).sum())
 
 
 def record_episodes(act, params, env: Environment, key, max_steps: int, copies: int,

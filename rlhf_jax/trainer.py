@@ -194,13 +194,7 @@ class AgentRun:
         steps = scoring_steps(config, env.spec)
         key = jax.random.PRNGKey(config.seed + 10_000)
         score = jax.jit(lambda params: evaluate(act, params, env, key, steps))
-
-        def mean_return(params) -> float:
-            result = score(params)
-            episodes = int(result["episodes"])
-            return float(result["episode_return_sum"]) / episodes if episodes else math.nan
-
-        return mean_return
+        return lambda params: score(params).mean_return()
 
     def reset_env(self, runner, key):
         """``runner`` (an agent's) with freshly reset environments: after restoring an EnvPool run."""
@@ -757,11 +751,10 @@ def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0
     act = training.agent.make_policy(training.agent_config, env.spec)
     params, key = training.policy_params(runner), jax.random.PRNGKey(seed)
     score = jax.jit(lambda params, key: evaluate(act, params, env, key, max_steps))(params, key)
-    finished = int(score["episodes"])
+    finished, mean_return = int(score.episodes), score.mean_return()
     result = {
         "env": config.env.id, "agent": config.agent, "env_steps": int(runner.env_steps),
-        "episodes": finished,
-        "mean_true_return": float(score["episode_return_sum"]) / finished if finished else None,
+        "episodes": finished, "mean_true_return": None if math.isnan(mean_return) else mean_return,
     }
     if videos:
         # The same key and environment as the score: the videos show episodes it counted.

@@ -12,8 +12,8 @@ from rlhf_jax.evaluation import evaluate
 
 
 def mean_return(score) -> float:
-    assert int(score["episodes"]) > 0
-    return float(score["episode_return_sum"] / score["episodes"])
+    assert int(score.episodes) > 0
+    return score.mean_return()
 
 
 def train_and_evaluate(env_id, config, num_envs, seed=0):

@@ -374,8 +374,8 @@ def test_a_tight_trust_region_keeps_the_policy_near_its_average():
 
 
 def mean_return(score) -> float:
-    assert int(score["episodes"]) > 0
-    return float(score["episode_return_sum"] / score["episodes"])
+    assert int(score.episodes) > 0
+    return score.mean_return()
 
 
 def train_shipped_config(name, seed=0):

@@ -58,8 +58,8 @@ def test_learns_cartpole():
     eval_env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=32))
     act = dqn.make_policy(CARTPOLE, env.spec)  # epsilon = eval_epsilon = 0.05
     score = jax.jit(lambda p, k: evaluate(act, p, eval_env, k, 600))(runner.params, jax.random.PRNGKey(1))
-    assert int(score["episodes"]) == 32
-    assert float(score["episode_return_sum"]) / 32 >= 475
+    assert int(score.episodes) == 32
+    assert float(score.return_sum) / 32 >= 475
 
 
 SHORT = dqn.DQNConfig(total_env_steps=1024, replay_capacity=512, replay_start=256, batch_size=16,

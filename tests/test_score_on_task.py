@@ -11,7 +11,7 @@ import pytest
 from rlhf_jax.agents import a2c
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
 from rlhf_jax.envs import EnvConfig, make
-from rlhf_jax.evaluation import evaluate
+from rlhf_jax.evaluation import Score, evaluate
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.sweep import GroupProgram, Sweep, device_mesh
 from rlhf_jax.trainer import evaluate_run, make_training, restore_latest, train
@@ -33,7 +33,7 @@ def task_return(config: ExperimentConfig, params) -> float:
     env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=EPISODES, seed=config.env.seed + 10_000))
     act = a2c.make_policy(config.a2c, env.spec)
     score = evaluate(act, params, env, jax.random.PRNGKey(config.seed + 10_000), 501)
-    return float(score["episode_return_sum"]) / int(score["episodes"])
+    return score.mean_return()
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -72,3 +72,10 @@ def test_a_sweep_scores_each_member_on_the_task(tmp_path):
     for row in rows:
         member = jax.tree.map(lambda x: np.asarray(x)[int(row["member"])], params)
         assert row["task_return"] == pytest.approx(task_return(config, member), rel=1e-6)
+
+
+def test_a_score_is_the_mean_first_episode_return_and_nan_without_one():
+    """Worked by hand: 3 first episodes summing to 12 score 4; none ended in time scores NaN
+    (``rlhf-jax eval`` writes that as null, the chunk rows as NaN), never a division by zero."""
+    assert Score(episodes=np.int32(3), return_sum=np.float32(12.0)).mean_return() == 4.0
+    assert np.isnan(Score(episodes=np.int32(0), return_sum=np.float32(0.0)).mean_return())

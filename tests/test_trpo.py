@@ -302,8 +302,8 @@ def test_returns_and_advantages_of_a_tiny_episode_by_hand():
 
 
 def mean_return(score) -> float:
-    assert int(score["episodes"]) > 0
-    return float(score["episode_return_sum"] / score["episodes"])
+    assert int(score.episodes) > 0
+    return score.mean_return()
 
 
 @pytest.fixture(scope="module")
