@@ -43,9 +43,11 @@ import numpy as np
 from benchmarks.common import (Headline, Side, Target, compiled_chunk, enable_compilation_cache, ratio, side_by_side,
                                stacked_runners, steps_per_second, write_result)
 from benchmarks.env_throughput import envpool_python_side
+from rlhf_jax import replay
 from rlhf_jax.agents import a2c, acer, dqn, trpo
 from rlhf_jax.config import ExperimentConfig, RunConfig
 from rlhf_jax.envs import EnvConfig, make
+from rlhf_jax.networks import apply_time_major
 from rlhf_jax.trainer import Training
 
 # The settings that solve CartPole (configs/a2c_cartpole.yaml).
@@ -125,6 +127,78 @@ def network_milliseconds(config: a2c.A2CConfig, env_config: EnvConfig, repeats: 
     return {"acting_ms_per_update": config.num_steps * acting, "gradient_ms_per_update": gradient}
 
 
+# The Nature CNN's forward pass on one 84x84x4 frame, counted by hand (docs/notes.md): convolutions
+# 6.6 + 5.3 + 3.6 MFLOP and the dense layer 3.2; a backward pass costs about twice a forward one.
+NATURE_FORWARD_MFLOP = 18.7
+
+
+def atari_gradient_steps(env_config: EnvConfig, repeats: int) -> dict:
+    """One gradient step of each agent's loss on Atari frames, on the batch its paper updates on,
+    timed alone (compile excluded): milliseconds, frames through the network forward and backward,
+    and the GFLOP/s that makes with the Nature CNN's hand count (ACER's default torso is the 2013
+    CNN; the Nature one is set here so that all three run the same network).
+
+    * A2C: n = 5 steps of 16 copies, forward and backward over the 80 frames (in passes of
+      :func:`rlhf_jax.networks.apply_time_major`, as its loss runs them; ACER's too);
+    * DQN: 32 transitions, forward and backward over o_t, forward of the target network over o_{t+1};
+    * ACER: k = 20 steps of 16 copies, forward and backward over the 21 x 16 frames, forward of the
+      average network over 20 x 16.
+    """
+    env = make(env_config)
+    spec, n = env.spec, env_config.num_envs
+    frames_rng = np.random.default_rng(0)
+
+    def frames(*lead):
+        return jnp.asarray(frames_rng.integers(0, 256, (*lead, *spec.observation_shape), dtype=np.uint8))
+
+    def zeros(*shape, dtype=jnp.float32):
+        return jnp.zeros(shape, dtype)
+
+    def timed(name: str, grad_fn, inputs: tuple, forward_frames: int, backward_frames: int) -> dict:
+        # Parameters and frames are arguments, never closed over: XLA would fold constants.
+        step = jax.jit(grad_fn)
+        jax.block_until_ready(step(*inputs))
+        ms = 1e3 / steps_per_second(lambda: jax.block_until_ready(step(*inputs)), 1, repeats)
+        gflop = NATURE_FORWARD_MFLOP * (forward_frames + 2 * backward_frames) / 1e3
+        print(f"{name}: {ms:.1f} ms a gradient step, {forward_frames} frames forward, {backward_frames} "
+              f"backward, {gflop / ms * 1e3:.0f} GFLOP/s", flush=True)
+        return {f"{name}_gradient_step_ms": ms, f"{name}_gradient_step_gflop_per_s": gflop / ms * 1e3}
+
+    key = jax.random.PRNGKey(0)
+    results = {}
+    a2c_config = a2c.A2CConfig(network="nature")
+    a2c_net = a2c.ActorCritic(spec, a2c_config)
+    a2c_frames = frames(a2c_config.num_steps, n)  # time-major, as the loss takes them
+    a2c_params = a2c_net.init(key, a2c_frames[0])
+    a2c_outputs = lambda p, x: sum(y.sum() for y in apply_time_major(a2c_net.apply, p, x))
+    results.update(timed("a2c", jax.grad(a2c_outputs), (a2c_params, a2c_frames), a2c_frames[:, :, 0, 0, 0].size,
+                         a2c_frames[:, :, 0, 0, 0].size))
+
+    dqn_config = dqn.DQNConfig()
+    batch_size = dqn_config.batch_size
+    q_net = dqn.QNetwork(spec, dqn_config)
+    batch = replay.Batch(obs=frames(batch_size), action=zeros(batch_size, dtype=jnp.int32), reward=zeros(batch_size),
+                         terminated=zeros(batch_size, dtype=bool), truncated=zeros(batch_size, dtype=bool),
+                         action_ignored=zeros(batch_size, dtype=bool), next_obs=frames(batch_size),
+                         final_obs=frames(batch_size), mask=jnp.ones(batch_size, bool))
+    q_params = q_net.init(key, batch.obs[:1])
+    dqn_loss = dqn.make_loss(dqn_config, spec)
+    results.update(timed("dqn", jax.grad(lambda p, target, b: dqn_loss(p, target, b, b.reward)[0]),
+                         (q_params, q_params, batch), 2 * batch_size, batch_size))
+
+    acer_config = acer.ACERConfig(network="nature")
+    k = acer_config.num_steps
+    trajectories = acer.Trajectories(
+        obs=frames(k + 1, n), action=zeros(k, n, dtype=jnp.int32), reward=zeros(k, n),
+        terminated=zeros(k, n, dtype=bool), truncated=zeros(k, n, dtype=bool), action_ignored=zeros(k, n, dtype=bool),
+        final_obs=None, behaviour=jnp.full((k, n, spec.action_space.n), -jnp.log(spec.action_space.n)))
+    acer_params = acer.make_network(acer_config, spec).init(key, trajectories.obs[0])
+    acer_loss = acer.make_loss(acer_config, spec)
+    results.update(timed("acer", jax.grad(lambda p, average, b: acer_loss(p, average, b, key)[0]),
+                         (acer_params, acer_params, trajectories), (2 * k + 1) * n, (k + 1) * n))
+    return results
+
+
 def sb3_a2c_side(config: a2c.A2CConfig, env_steps: int, vec_env=None, torch_threads: int | None = None) -> Side | str:
     """Stable-Baselines3's A2C learning ``env_steps`` steps per run, with our A2C's settings where
     SB3 has them (n-step, gamma, entropy and value weights, RMSprop, gradient clip); on
@@ -202,7 +276,7 @@ def envpool_vec_env(task: str, num_envs: int):
     return EnvPoolVecEnv()
 
 
-PARTS = ("seeds", "sb3_cartpole", "pong")
+PARTS = ("seeds", "sb3_cartpole", "pong", "atari_gradients")
 
 
 def main() -> None:
@@ -278,6 +352,9 @@ def main() -> None:
             results.update(side_by_side(trained, sb3, rounds, "A2C Pong: ours vs SB3").fields(
                 "a2c_pong_paired_steps_per_s", "sb3_a2c_pong_steps_per_s", "a2c_pong_over_sb3"))
         results["pong_envs"] = pong_envs
+
+    if "atari_gradients" in parts:
+        results.update(atari_gradient_steps(EnvConfig(id="envpool/Pong-v5", num_envs=16), repeats))
 
     write_result("agent_throughput", {
         "quick": quick, "cartpole_envs": CARTPOLE_ENVS, "pendulum_envs": CARTPOLE_ENVS, "parts": list(parts),

@@ -12,6 +12,7 @@ from rlhf_jax.networks import (
     NatureCNN,
     PolicyValueHead,
     QHead,
+    apply_time_major,
     torso_for,
 )
 
@@ -110,3 +111,24 @@ def test_torso_and_head_compose():
     net = nn.Sequential([torso_for((4,)), PolicyValueHead(num_actions=2)])
     _, (logits, value) = shapes(net, jnp.zeros((7, 4)))
     assert logits.shape == (7, 2) and value.shape == (7,)
+
+
+def test_time_major_atari_frames_go_through_in_passes_of_whole_time_steps_joined_in_order():
+    """84 frames of 12 copies: 32 // 12 = 2 time steps a pass, so passes of 2, 2, 2 and 1 steps,
+    and the joined outputs are the one-pass outputs; vector observations go in one pass."""
+    passes = []
+
+    def per_frame(params, obs):
+        passes.append(obs.shape[:2])
+        value = obs.reshape(*obs.shape[:2], -1).astype(jnp.float32).mean(-1) * params
+        return value, -value
+
+    obs = frames(7, 12)
+    joined = apply_time_major(per_frame, 2.0, obs)
+    assert passes == [(2, 12), (2, 12), (2, 12), (1, 12)]
+    for part, whole in zip(joined, per_frame(2.0, obs)):
+        np.testing.assert_array_equal(part, whole)
+    passes.clear()
+    vectors = jnp.arange(7 * 12 * 4, dtype=jnp.float32).reshape(7, 12, 4)
+    np.testing.assert_array_equal(apply_time_major(per_frame, 2.0, vectors)[0], per_frame(2.0, vectors)[0])
+    assert passes == [(7, 12), (7, 12)]

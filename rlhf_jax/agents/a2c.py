@@ -23,7 +23,7 @@ from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_
                                   make_train as assemble, rollout_rewards)
 from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
-from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, torso_for
+from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, apply_time_major, torso_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
 
 # The agent contract (rlhf_jax.agents.base), and the pieces a sweep of your own reads.
@@ -166,7 +166,7 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
     continuous = isinstance(env.spec.action_space, Box)
 
     def loss_fn(params, obs, actions, returns, mask):
-        out = network.apply(params, obs)
+        out = apply_time_major(network.apply, params, obs)
         if continuous:
             mean, log_std, values = out
             log_pi_a = ops.gaussian_log_prob(mean, log_std, actions)

@@ -60,6 +60,7 @@ reward parameters (:func:`relabel_rewards`), the rule every off-policy agent fol
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Literal, NamedTuple, Optional
 
@@ -74,7 +75,7 @@ from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metri
 from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, non_negative, positive
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.networks import torso_for
+from rlhf_jax.networks import apply_time_major, torso_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,17 +386,18 @@ def make_loss(config: ACERConfig, spec: EnvSpec):
     """``loss(params, avg_params, batch, key) -> (loss, metrics)`` of one ACER update."""
     network = make_network(config, spec)
     c = config.truncation
+    apply = functools.partial(apply_time_major, network.apply)  # [T, N, ...] observations
 
     def value_of(logits, q):  # V(x) = sum_a pi(a|x) Q(x, a)
         return jax.lax.stop_gradient(jnp.sum(jax.nn.softmax(logits) * q, -1))
 
     def discrete_loss(params, avg_params, batch: Trajectories, key):
         del key
-        logits, q = network.apply(params, batch.obs)  # [k+1, B, A]
-        avg_logits = jax.lax.stop_gradient(network.apply(avg_params, batch.obs[:-1])[0])
+        logits, q = apply(params, batch.obs)  # [k+1, B, A]
+        avg_logits = jax.lax.stop_gradient(apply(avg_params, batch.obs[:-1])[0])
         log_pi = jax.nn.log_softmax(logits)
         values = value_of(logits, q)
-        final_values = values[1:] if batch.final_obs is None else value_of(*network.apply(params, batch.final_obs))
+        final_values = values[1:] if batch.final_obs is None else value_of(*apply(params, batch.final_obs))
         take = lambda x: jnp.take_along_axis(x, batch.action[..., None], -1)[..., 0]
         q_t, v_t = q[:-1], values[:-1]
         q_taken = take(q_t)
