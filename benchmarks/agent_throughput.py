@@ -16,7 +16,7 @@
 Each "over" is timed side by side in one run (:func:`benchmarks.common.side_by_side`: the
 two alternate over 5 rounds, compiling excluded; medians, [min, max] and the load stored).
 SB3 is optional: without it one line says so and our figures are still written.
-``--only PART`` (seeds, sb3_cartpole, pong) measures some parts, each short enough to time
+``--only PART`` (seeds, sb3_cartpole, pong, atari_gradients) measures some parts, each short enough to time
 on a paused machine, and keeps the stored result's other figures.
 
 Every seed count runs the same env steps per seed (``--quick``: 2,048, with DQN learning
