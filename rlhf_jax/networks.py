@@ -156,19 +156,21 @@ def is_atari_frames(observation_shape: Sequence[int]) -> bool:
 
 
 # XLA:CPU (2 cores) runs the Nature CNN at 120-160 GFLOP/s on passes of up to about 80 frames and at
-# 45-72 on 160-336 (docs/notes.md): time-major batches of Atari frames go through in smaller passes.
+# 45-72 on 160-336 (docs/notes.md): on a CPU, time-major batches of Atari frames go through in
+# smaller passes. An accelerator, unmeasured, keeps one pass.
 ATARI_FRAMES_PER_PASS = 32
 
 
 def apply_time_major(apply: Callable, params, obs: jax.Array):
     """``apply(params, obs)`` on time-major observations ``[T, N, *observation_shape]``.
 
-    Atari frames go through in passes of ``max(1, ATARI_FRAMES_PER_PASS // N)`` time steps,
-    written out one after another (in a ``lax.map`` loop the convolutions ran 4x slower still),
-    and the outputs are joined on the time axis: the same values up to float rounding, since
-    the weight gradient then sums the passes in another order. Other observations go in one pass.
+    On a CPU, Atari frames go through in passes of ``max(1, ATARI_FRAMES_PER_PASS // N)`` time
+    steps, written out one after another (in a ``lax.map`` loop the convolutions ran 4x slower
+    still), and the outputs are joined on the time axis: the same values up to float rounding,
+    since the weight gradient then sums the passes in another order. Other observations, and
+    every observation on an accelerator, go in one pass.
     """
-    if not is_atari_frames(obs.shape[2:]):
+    if not is_atari_frames(obs.shape[2:]) or jax.default_backend() != "cpu":
         return apply(params, obs)
     steps = max(1, ATARI_FRAMES_PER_PASS // obs.shape[1])
     passes = [apply(params, obs[t : t + steps]) for t in range(0, obs.shape[0], steps)]
