@@ -115,12 +115,13 @@ def network_milliseconds(config: a2c.A2CConfig, env_config: EnvConfig, repeats: 
     """The network's share of one A2C update: num_steps acting passes and one gradient."""
     env = make(env_config)
     network = a2c.ActorCritic(env.spec, config)
-    batch = config.num_steps * env_config.num_envs
-    frames = jnp.zeros((batch, *env.spec.observation_shape), env.spec.observation_dtype)
-    params = network.init(jax.random.PRNGKey(0), frames[:1])
+    # Time-major, and through apply_time_major, as A2C's loss takes them.
+    frames = jnp.zeros((config.num_steps, env_config.num_envs, *env.spec.observation_shape),
+                       env.spec.observation_dtype)
+    params = network.init(jax.random.PRNGKey(0), frames[0])
     act = jax.jit(lambda p, x: network.apply(p, x))
-    grad = jax.jit(jax.grad(lambda p, x: sum(y.sum() for y in network.apply(p, x))))
-    act_frames = frames[: env_config.num_envs]
+    grad = jax.jit(jax.grad(lambda p, x: sum(y.sum() for y in apply_time_major(network.apply, p, x))))
+    act_frames = frames[0]
     jax.block_until_ready((act(params, act_frames), grad(params, frames)))
     acting = 1e3 / steps_per_second(lambda: jax.block_until_ready(act(params, act_frames)), 1, repeats)
     gradient = 1e3 / steps_per_second(lambda: jax.block_until_ready(grad(params, frames)), 1, repeats)
@@ -171,8 +172,8 @@ def atari_gradient_steps(env_config: EnvConfig, repeats: int) -> dict:
     a2c_frames = frames(a2c_config.num_steps, n)  # time-major, as the loss takes them
     a2c_params = a2c_net.init(key, a2c_frames[0])
     a2c_outputs = lambda p, x: sum(y.sum() for y in apply_time_major(a2c_net.apply, p, x))
-    results.update(timed("a2c", jax.grad(a2c_outputs), (a2c_params, a2c_frames), a2c_frames[:, :, 0, 0, 0].size,
-                         a2c_frames[:, :, 0, 0, 0].size))
+    a2c_batch = a2c_config.num_steps * n
+    results.update(timed("a2c", jax.grad(a2c_outputs), (a2c_params, a2c_frames), a2c_batch, a2c_batch))
 
     dqn_config = dqn.DQNConfig()
     batch_size = dqn_config.batch_size
