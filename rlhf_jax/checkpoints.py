@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -355,9 +356,12 @@ _UNREAD_WRITE_FAILURE = _UnreadWriteFailure()
 
 def _drop_late_reports_of_failed_writes() -> None:
     """After a failed write: asyncio reports the futures orbax left unread when it collects
-    them, as late as the interpreter's exit, and TensorStore's last callbacks find the event
-    loop closed. The run has reported the failure in one line: drop those two reports from now
+    them, as late as the interpreter's exit, TensorStore's last callbacks find the event loop
+    closed, and sometimes a write coroutine of orbax's that never ran is collected with a
+    warning. The run has reported the failure in one line: drop those three reports from now
     on (nothing else)."""
+    warnings.filterwarnings("ignore", message=r"coroutine '.*write_fragment' was never awaited",
+                            category=RuntimeWarning)
     asyncio_logger = logging.getLogger("asyncio")
     if _UNREAD_WRITE_FAILURE not in asyncio_logger.filters:
         asyncio_logger.addFilter(_UNREAD_WRITE_FAILURE)
