@@ -144,19 +144,22 @@ ORACLE_LINE = "TRPO on the oracle, ends hidden"
 def _mujoco(slug: str, title: str, ends_when_unhealthy: bool) -> Task:
     folder = PAPER / "mujoco"
     rl, rlhf = folder / f"{slug}_trpo.yaml", folder / f"{slug}.yaml"
-    oracle = (Baseline("oracle", rl, ("env.hide_episode_end=true", *shortened_episodes(rlhf)), ORACLE_LINE),
+    oracle = (Baseline("oracle", rl, ("env.hide_episode_end=true", *preference_task(rlhf)), ORACLE_LINE),
               ) if ends_when_unhealthy else ()
     return Task(title, rlhf, (Baseline("trpo", rl), *oracle))
 
 
-def shortened_episodes(config_path: Path) -> tuple[str, ...]:
-    """The overrides that give another run the preference config's shortened episodes, where it
-    has them (``env.max_episode_steps``), with their scoring on the task (its ``run`` keys)."""
+def preference_task(config_path: Path) -> tuple[str, ...]:
+    """The overrides that give another run the preference config's task: its shortened episodes,
+    where it has them (``env.max_episode_steps``), with their scoring on the task (its ``run``
+    keys), and its oracle (``env.oracle``), where it sets one."""
     data = read_yaml(config_path)
-    steps = data.get("env", {}).get("max_episode_steps")
+    env = data.get("env", {})
+    oracle = (f"env.oracle={env['oracle']}",) if "oracle" in env else ()
+    steps = env.get("max_episode_steps")
     if not steps:
-        return ()
-    return (f"env.max_episode_steps={steps}", *(f"run.{key}={value}" for key, value in data.get("run", {}).items()))
+        return oracle
+    return (f"env.max_episode_steps={steps}", *oracle, *(f"run.{key}={value}" for key, value in data.get("run", {}).items()))
 
 
 ATARI_TASKS = {slug: _atari(slug, title) for slug, title in [
@@ -256,7 +259,8 @@ def slug(text: str) -> str:
 # finished cell stays finished; set to anything else they make a new cell.
 ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "labels_from"): "",
                            ("preferences", "score_pairs"): 256, ("ibt", "marks_from"): "",
-                           ("trpo", "normalize_value_targets"): False, ("run", "score_on_task"): False}
+                           ("trpo", "normalize_value_targets"): False, ("run", "score_on_task"): False,
+                           ("env", "oracle"): "penalty"}
 
 
 def fingerprinted_fields(config: ExperimentConfig) -> dict:

@@ -102,10 +102,10 @@ def summarize(metrics: dict) -> dict:
 def scoring_env_config(config: ExperimentConfig) -> EnvConfig:
     """Where a run's policy is scored (``rlhf-jax eval``, ``run.score_on_task``): ``run.eval_episodes``
     copies of its environment, seeded apart from training's; with ``run.score_on_task``, the task
-    itself, without the run's changes to episode ends and lengths."""
+    itself, without the run's changes to episode ends, lengths and the oracle (the true reward scores)."""
     env = dataclasses.replace(config.env, num_envs=config.run.eval_episodes, seed=config.env.seed + 10_000)
     if config.run.score_on_task:
-        env = dataclasses.replace(env, hide_episode_end=False, max_episode_steps=0)
+        env = dataclasses.replace(env, hide_episode_end=False, max_episode_steps=0, oracle="penalty")
     return env
 
 

@@ -289,6 +289,20 @@ def test_control_cost_removed(hide_rollout, hopper_step):
     np.testing.assert_allclose(default_ts.info["true_reward"], info["true_reward"][0, 0] - expected_cost[0], atol=1e-5)
 
 
+def test_smooth_oracle_pays_height_not_health(hide_rollout):
+    """env.oracle=smooth on the same two copies (one upright, one unhealthy throughout): no
+    healthy bonus, no penalty, the torso's height less 1 on every step (rl-teacher's Hopper)."""
+    _, qpos, qvel, actions, _ = hide_rollout
+    env = make_mjx("Hopper-v5", mjx_config("Hopper-v5", num_envs=2, hide_episode_end=True, control_cost=False,
+                                           max_episode_steps=HIDE_LIMIT, oracle="smooth"))
+    _, ts = jax.jit(lambda s, a: jax.lax.scan(env.step, s, a))(env.state_from_qpos_qvel(qpos, qvel),
+                                                                jnp.asarray(actions[:3]))
+    ts = jax.tree.map(np.asarray, ts)
+    assert not ts.info["unhealthy"][:, 0].any() and ts.info["unhealthy"][:, 1].all()
+    z = ts.obs[..., 0]
+    np.testing.assert_allclose(ts.reward, ts.info["x_velocity"] + z - 1.0, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------
 # Auto-reset on termination, unmodified options, under jax.jit(lax.scan).
 # ---------------------------------------------------------------------------------------

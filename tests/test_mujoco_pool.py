@@ -14,11 +14,13 @@ simulates on after its episode ends, which is what the modification asks of ours
 import envpool
 import gymnasium
 import jax
+import mujoco
 import numpy as np
 import pytest
 
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.envs.options import MUJOCO_NAMES
+from rlhf_jax.errors import ConfigError
 
 SEED = 3
 PENALTY = 1.0
@@ -52,6 +54,30 @@ FIRST_STATE = {
 STEPS = {"Walker2d-v5": 70, "Reacher-v5": 45}
 
 
+# What rl-teacher's smooth oracle (env.oracle=smooth) pays on each step besides the task's
+# reward without its healthy bonus, read from Gymnasium's simulation, not the observation:
+# the torso's height qpos[1] (Ant: qpos[2]), the pole's angle, the double pendulum's tip height.
+def _tip_height(model, data):
+    """The tip site's height in the state the step ended in (``data.site_xpos`` after ``mj_step``
+    still holds the kinematics of the step's last substep's start)."""
+    now = mujoco.MjData(model)
+    now.qpos[:] = data.qpos
+    mujoco.mj_kinematics(model, now)
+    return now.site_xpos[0][2]
+
+
+HEIGHT = {
+    "Hopper-v5": lambda model, data: data.qpos[1], "Walker2d-v5": lambda model, data: data.qpos[1],
+    "Ant-v5": lambda model, data: data.qpos[2], "InvertedPendulum-v5": lambda model, data: data.qpos[1],
+    "InvertedDoublePendulum-v5": _tip_height,
+}
+SMOOTH_BONUS = {"Hopper-v5": lambda h: h - 1.0, "Walker2d-v5": lambda h: h - 2.0, "Ant-v5": lambda h: h - 1.2,
+                "InvertedPendulum-v5": lambda angle: -angle**2,
+                "InvertedDoublePendulum-v5": lambda y: 10.0 * (y - 1.0)}
+HEALTHY_REWARD = {"Hopper-v5": 1.0, "Walker2d-v5": 1.0, "Ant-v5": 1.0, "InvertedPendulum-v5": 1.0,
+                  "InvertedDoublePendulum-v5": 10.0}
+
+
 def rollout(env, actions):
     """reset, then ``actions`` [T, 1, ...] in one jit(lax.scan): (first TimeStep, stacked TimeSteps) as NumPy."""
     def run(actions):
@@ -73,14 +99,17 @@ def reference(request):
     space = gym.action_space
     steps = STEPS.get(name, 40)
     actions = np.random.default_rng(0).uniform(space.low, space.high, (steps, 1, *space.shape)).astype(np.float32)
-    rows = [gym.step(a[0].astype(np.float64)) for a in actions]
+    rows, heights = [], []
+    for a in actions:
+        rows.append(gym.step(a[0].astype(np.float64)))
+        heights.append(HEIGHT[name](gym.model, gym.data) if name in HEIGHT else np.nan)
     obs, reward, terminated = (np.array([row[i] for row in rows]) for i in range(3))
     ctrl_cost = np.array([-row[4].get("reward_ctrl", 0.0) for row in rows])
-    return name, first_obs, actions, obs, reward, terminated, ctrl_cost
+    return name, first_obs, actions, obs, reward, terminated, ctrl_cost, np.array(heights)
 
 
 def test_the_pool_steps_as_gymnasium_does(reference):
-    name, first_obs, actions, obs, reward, terminated, ctrl_cost = reference
+    name, first_obs, actions, obs, reward, terminated, ctrl_cost, _ = reference
     tolerance = dict(rtol=1e-4, atol=1e-4)
     plain_first, plain = rollout(make(EnvConfig(id=f"envpool/{name}", num_envs=1, seed=SEED)), actions)
     np.testing.assert_allclose(plain_first.obs[0], first_obs[0], rtol=1e-6)
@@ -105,6 +134,37 @@ def test_the_pool_steps_as_gymnasium_does(reference):
     np.testing.assert_allclose(modified.info["true_reward"][:, 0], np.where(counted, reward + ctrl_cost, 0.0),
                                **tolerance)
     np.testing.assert_array_equal(modified.info["unhealthy"][:, 0], terminated)
+
+
+def test_the_smooth_oracle_pays_gymnasiums_reward_without_health_and_with_the_height(reference):
+    """env.oracle=smooth: Gymnasium's reward without the control cost and without the healthy
+    bonus it pays while not terminated, plus the task's smooth bonus, on every step."""
+    name, _, actions, obs, reward, terminated, ctrl_cost, heights = reference
+    config = dict(id=f"envpool/{name}", num_envs=1, seed=SEED, hide_episode_end=True, control_cost=False,
+                  oracle="smooth")
+    if name not in SMOOTH_BONUS:
+        with pytest.raises(ConfigError, match=f"env.oracle=smooth applies only to the tasks that end when unhealthy.*{name}"):
+            make(EnvConfig(**config))
+        return
+    _, smooth = rollout(make(EnvConfig(**config)), actions)
+    expected = reward + ctrl_cost - HEALTHY_REWARD[name] * ~terminated + SMOOTH_BONUS[name](heights)
+    np.testing.assert_allclose(smooth.reward[:, 0], expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(smooth.obs[:, 0], obs, rtol=1e-4, atol=1e-4)
+    # The true reward is the task's whatever the oracle: Gymnasium's until its first end, then 0.
+    ends = np.flatnonzero(terminated)
+    counted = np.arange(len(actions)) <= (ends[0] if len(ends) else len(actions))
+    np.testing.assert_allclose(smooth.info["true_reward"][:, 0], np.where(counted, reward + ctrl_cost, 0.0),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("options, error", [
+    (dict(id="envpool/InvertedDoublePendulum-v5"), "set env.hide_episode_end=true too"),
+    (dict(id="gymnax/CartPole-v1", hide_episode_end=True), "env.oracle='smooth' does not apply to the gymnax"),
+    (dict(id="envpool/Pong-v5", hide_episode_end=True), "env.oracle='smooth' does not apply to the EnvPool Atari"),
+])
+def test_the_smooth_oracle_is_refused_where_it_means_nothing(options, error):
+    with pytest.raises(ConfigError, match=error):
+        make(EnvConfig(num_envs=1, oracle="smooth", **options))
 
 
 def test_terminating_tasks_fail_within_their_parity_test():

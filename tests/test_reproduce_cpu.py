@@ -69,7 +69,18 @@ def test_inverted_pendulum_trains_on_short_episodes_and_every_line_is_scored_on_
     assert rl.env.max_episode_steps == 0 and not rl.run.score_on_task and not rl.env.hide_episode_end
     # 5 copies x 1,000 steps a batch: whole 100-step episodes, as on MJX (50 copies x 100)
     assert labels.trpo.batch_size % (labels.env.num_envs * 100) == 0
-    assert reproduce.shortened_episodes(reproduce.PAPER / "mujoco/halfcheetah.yaml") == ()
+    assert reproduce.preference_task(reproduce.PAPER / "mujoco/halfcheetah.yaml") == ()
+
+
+def test_the_double_pendulums_oracle_line_takes_the_labels_smooth_oracle():
+    """InvertedDoublePendulum's labels come from the smooth oracle in 50-step episodes; TRPO on
+    the oracle runs on that same task, and RL on the task's own."""
+    cells = {c.line: reproduce.cell_config(c, 20_000, 4, Path("/tmp/unused")) for c in reproduce.cpu_cells(
+        reproduce.FIGURES[2], ["inverteddoublependulum"], [700], ["trpo", "oracle"])}
+    rl, labels, oracle = cells["RL (trpo)"], cells["700 labels"], cells[reproduce.ORACLE_LINE]
+    for changed in (labels, oracle):
+        assert changed.env.oracle == "smooth" and changed.env.max_episode_steps == 50 and changed.run.score_on_task
+    assert rl.env.oracle == "penalty" and not rl.env.hide_episode_end
 
 
 def test_where_metrics_are_also_sent_leaves_a_cell_the_same_cell():

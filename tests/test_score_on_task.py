@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from rlhf_jax.agents import a2c
-from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
+from rlhf_jax.config import ExperimentConfig, apply_overrides, build, load_config, read_yaml
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.evaluation import Score, evaluate
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.sweep import GroupProgram, Sweep, device_mesh
-from rlhf_jax.trainer import evaluate_run, make_training, restore_latest, train
+from rlhf_jax.trainer import evaluate_run, make_training, restore_latest, scoring_env_config, train
 
 ROOT = Path(__file__).resolve().parent.parent
 EPISODES = 8
@@ -79,3 +79,15 @@ def test_a_score_is_the_mean_first_episode_return_and_nan_without_one():
     (``rlhf-jax eval`` writes that as null, the chunk rows as NaN), never a division by zero."""
     assert Score(episodes=np.int32(3), return_sum=np.float32(12.0)).mean_return() == 4.0
     assert np.isnan(Score(episodes=np.int32(0), return_sum=np.float32(0.0)).mean_return())
+
+
+def test_the_task_scored_on_has_none_of_the_runs_changes_the_oracle_included():
+    """InvertedDoublePendulum's figure-2 runs train on the smooth oracle in 50-step hidden-end
+    episodes; they are scored on the task itself, which a smooth oracle without hidden ends would
+    refuse to build."""
+    config = load_config(ExperimentConfig, None, [
+        "agent=trpo", "env.id=envpool/InvertedDoublePendulum-v5", "env.hide_episode_end=true",
+        "env.oracle=smooth", "env.max_episode_steps=50", "run.score_on_task=true"])
+    env = scoring_env_config(config)
+    assert (env.hide_episode_end, env.max_episode_steps, env.oracle) == (False, 0, "penalty")
+    assert make(env).spec.max_episode_steps == 1000

@@ -38,6 +38,7 @@ from jax.experimental import io_callback
 from rlhf_jax.envs.atari_masks import hide_score
 from rlhf_jax.envs.core import MUJOCO_SEGMENT_FPS, Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
+from rlhf_jax.envs.smooth_oracle import check_oracle, smooth_reward, tip_height
 from rlhf_jax.errors import ConfigError
 
 # Appendix A.2: episode ends become an oracle penalty "in all games except Pong".
@@ -115,7 +116,7 @@ class AtariEnv(EnvPoolEnv):
     """
 
     def __init__(self, name: str, config: EnvConfig, members: int = 1):
-        reject_options(config, "EnvPool Atari", control_cost=True, hidden_end="continue")
+        reject_options(config, "EnvPool Atari", control_cost=True, hidden_end="continue", oracle="penalty")
         if config.hide_episode_end and config.episodic_life:
             raise ConfigError("env.hide_episode_end and env.episodic_life contradict each other: choose one")
         self._game = name.split("-")[0]
@@ -193,11 +194,8 @@ def _pendulum_upright(obs, reward, info, task):
 
 
 def _double_pendulum_tip_up(obs, reward, info, task):
-    """InvertedDoublePendulum-v5's health, the tip's height ``y > 1``: with the poles 0.6 long and
-    hinged about y, ``y = 0.6 cos(t1) + 0.6 cos(t1 + t2)``, read from the observation's
-    ``sin(qpos[1:])`` (obs[1:3]) and ``cos(qpos[1:])`` (obs[3:5])."""
-    s1, s2, c1, c2 = obs[:, 1], obs[:, 2], obs[:, 3], obs[:, 4]
-    return 0.6 * c1 + 0.6 * (c1 * c2 - s1 * s2) > 1.0
+    """InvertedDoublePendulum-v5's health: the tip's height (:func:`tip_height`) above 1."""
+    return tip_height(obs) > 1.0
 
 
 class RunOn(NamedTuple):
@@ -236,7 +234,8 @@ class MujocoPoolEnv(EnvPoolEnv):
       (:data:`RUN_ON`); every step in an unhealthy state costs the oracle
       ``termination_penalty``, the healthy bonus is paid only while healthy, and the true
       reward (the task's) stops counting after the first unhealthy step, so the true return
-      is the unmodified episode's.
+      is the unmodified episode's. ``oracle="smooth"`` pays :mod:`rlhf_jax.envs.smooth_oracle`'s
+      reward instead of the bonus and the penalty.
 
     ``members`` runs of a sweep share one pool of ``members x num_envs`` copies
     (:func:`shared_by_members`); the pool is stepped through an ordered ``io_callback``
@@ -245,8 +244,9 @@ class MujocoPoolEnv(EnvPoolEnv):
 
     def __init__(self, name: str, config: EnvConfig, members: int = 1):
         reject_options(config, "EnvPool MuJoCo", hide_score=False, episodic_life=False, noop_max=30, hidden_end="continue")
+        check_oracle(name, config.oracle, config.hide_episode_end)
         defaults = envpool.make_spec(name, num_envs=1).config
-        self._task = defaults
+        self._name, self._task = name, defaults
         self._ctrl_cost_weight = float(getattr(defaults, "ctrl_cost_weight", 0.0))
         self._healthy_reward = float(getattr(defaults, "healthy_reward", 0.0))
         self._run_on = RUN_ON.get(name) if config.hide_episode_end else None
@@ -322,7 +322,11 @@ class MujocoPoolEnv(EnvPoolEnv):
         oracle = true_reward = task_reward
         failed = inner.failed
         if self._run_on:
-            oracle = oracle - self._config.termination_penalty * (~healthy & ~reset_step)
+            if self._config.oracle == "smooth":
+                oracle = jnp.where(reset_step, 0.0,
+                                   smooth_reward(self._name, task_reward, self._healthy_reward * healthy, obs))
+            else:
+                oracle = oracle - self._config.termination_penalty * (~healthy & ~reset_step)
             true_reward = jnp.where(failed, 0.0, task_reward)  # the unmodified episode has ended
             failed = (failed | ~healthy) & ~game_over & ~reset_step
         info = {"true_reward": true_reward, "true_done": game_over, "unhealthy": ~healthy & ~reset_step}

@@ -42,7 +42,8 @@ class GymnaxInner(NamedTuple):
 
 class GymnaxEnv(Environment):
     def __init__(self, name: str, config: EnvConfig):
-        reject_options(config, "gymnax", hide_score=False, episodic_life=False, noop_max=30, control_cost=True)
+        reject_options(config, "gymnax", hide_score=False, episodic_life=False, noop_max=30, control_cost=True,
+                       oracle="penalty")
         self._env, params = gymnax.make(name)
         if config.max_episode_steps:
             params = params.replace(max_steps_in_episode=config.max_episode_steps)

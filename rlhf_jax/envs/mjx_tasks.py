@@ -15,7 +15,7 @@ How a step works (``MjxEnv._step``), for a batch of ``num_envs`` copies:
 2. compute the v5 observation and the reward split into terms
    (:class:`RewardTerms`), and whether the new state is healthy;
 3. combine the terms under the options of appendix A (``control_cost``,
-   ``hide_episode_end``, ``termination_penalty``) into ``TimeStep.reward``,
+   ``hide_episode_end``, ``termination_penalty``, ``oracle``) into ``TimeStep.reward``,
    ``TimeStep.terminated`` / ``truncated`` and the unmodified episode's
    ``info["true_reward"]`` (the task's reward: without the torque cost where
    ``control_cost`` removed it, as the paper's tasks) / ``info["true_done"]``;
@@ -79,6 +79,7 @@ with contextlib.redirect_stdout(io.StringIO()):
 
 from rlhf_jax.envs.core import MUJOCO_SEGMENT_FPS, Box, EnvSpec, EnvState, Environment, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
+from rlhf_jax.envs.smooth_oracle import check_oracle, smooth_reward
 
 logger = logging.getLogger(__name__)
 
@@ -481,6 +482,7 @@ class MjxEnv(Environment):
 
     def __init__(self, task: MjxTask, config: EnvConfig):
         reject_options(config, "mjx", hide_score=False, episodic_life=False, noop_max=30, hidden_end="continue")
+        check_oracle(task.name, config.oracle, config.hide_episode_end)
         self.config = config
         self.mj_model = load_gymnasium_model(task.xml)
         self.model = mjx.put_model(self.mj_model, impl="jax")
@@ -699,7 +701,10 @@ class MjxEnv(Environment):
             # stops counting once the copy has failed.
             # A diverged copy restarts unannounced (final_obs keeps what it reached).
             agent_terminated, agent_truncated = jnp.zeros_like(at_limit), at_limit
-            oracle = oracle - config.termination_penalty * terminated
+            if config.oracle == "smooth":
+                oracle = smooth_reward(task.name, task_reward, task.healthy_reward * terms.healthy, obs)
+            else:
+                oracle = oracle - config.termination_penalty * terminated
             true_reward = jnp.where(inner.failed, 0.0, task_reward)
             failed = inner.failed | terminated
             true_done = at_limit

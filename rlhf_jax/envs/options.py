@@ -43,6 +43,11 @@ class EnvConfig:
     # would have ended the episode (for Atari: every life lost, except in Pong).
     hide_episode_end: bool = False
     termination_penalty: float = non_negative(1.0)
+    # MuJoCo only, with hide_episode_end: how the oracle keeps the robot in its healthy range.
+    # "penalty": the healthy bonus only while healthy, termination_penalty on every unhealthy
+    # step; "smooth": neither, but a bonus smooth in the height (or the pendulum's angle) on
+    # every step, as the paper's reference implementation writes its tasks (envs/smooth_oracle.py).
+    oracle: Literal["penalty", "smooth"] = "penalty"
     # gymnax only, with hide_episode_end: "continue" runs a failed copy on to its time limit
     # (the MuJoCo treatment); "reset" restarts it at once without telling the agent and the
     # oracle pays the penalty once (the Atari treatment: one continuous episode). CartPole
