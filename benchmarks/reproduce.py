@@ -90,6 +90,7 @@ from rlhf_jax.config_base import read_yaml
 from rlhf_jax.envs import make
 from rlhf_jax.reward.config import resolve
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.metrics_log import judged_return
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -316,11 +317,13 @@ def curve_of(rows: list[dict]) -> dict:
     episode ended, as None). ``episode_return`` is the return on the task itself: the run's
     ``task_return`` where it scored one (``run.score_on_task``: its training episodes are not
     the task's), its training episodes' true return otherwise, kept then as ``training_return``."""
-    column = lambda key: [None if math.isnan(r[key]) else r[key] for r in rows]
-    curve = {key: column(key) for key in ("env_steps", "episode_return", "labels", "reward_accuracy")
+    column = lambda values: [None if math.isnan(v) else v for v in values]
+    curve = {key: column(r[key] for r in rows) for key in ("env_steps", "labels", "reward_accuracy")
              if rows and key in rows[0]}
+    if rows:
+        curve["episode_return"] = column(judged_return(r) for r in rows)
     if rows and "task_return" in rows[0]:
-        curve["training_return"], curve["episode_return"] = curve["episode_return"], column("task_return")
+        curve["training_return"] = column(r["episode_return"] for r in rows)
     return curve
 
 

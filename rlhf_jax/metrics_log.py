@@ -105,15 +105,22 @@ def label_arrivals(rows: list[dict]) -> list[LabelArrival]:
     return arrivals
 
 
+def judged_return(row: dict) -> float:
+    """The true return a chunk's metrics row is judged by: the return on the task itself where the
+    run scored one (``task_return``, ``run.score_on_task``: its training episodes are not the
+    task's), its training episodes' otherwise (``episode_return``)."""
+    return row["task_return"] if "task_return" in row else row.get("episode_return", math.nan)
+
+
 def plot_learning_curve(rows: list[dict], path: Path, title: str, mark_labels: bool = False) -> LearningCurve:
-    """True episode return against env steps, as a PNG; with ``mark_labels`` (a people run),
+    """True episode return against env steps (:func:`judged_return`), as a PNG; with ``mark_labels`` (a people run),
     a faint vertical line at the end of each chunk in which labels arrived."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [(r["env_steps"], r["episode_return"]) for r in rows if not math.isnan(r.get("episode_return", math.nan))]
+    points = [(r["env_steps"], judged_return(r)) for r in rows if not math.isnan(judged_return(r))]
     fig, ax = plt.subplots(figsize=(6, 4))
     if points:
         steps, returns = zip(*points)

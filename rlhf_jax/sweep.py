@@ -55,6 +55,7 @@ from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
 from rlhf_jax.config_base import dump_yaml, is_in_state, parse_yaml
 from rlhf_jax.errors import ConfigError, RunError
+from rlhf_jax.metrics_log import judged_return
 from rlhf_jax.statistics import (CONFIDENCE, IntervalEstimate, draw_intervals, draw_profiles, interval_estimate,
                                  performance_profile, require_rliable)
 from rlhf_jax.wandb_log import WandbRun, logging_to_wandb, require_wandb
@@ -354,7 +355,7 @@ class Sweep:
                         started = schedule.clock()
                         checkpoints.save(chunk, state)
                         schedule.saved(started)
-                    returns = [r["episode_return"] for r in rows if int(r["group"]) == g and int(r["chunk"]) == chunk]
+                    returns = [judged_return(r) for r in rows if int(r["group"]) == g and int(r["chunk"]) == chunk]
                     bar.set_postfix(true_return=f"{np.nanmean(returns):.4g}")
                     bar.update()
                     if stopping:
@@ -375,7 +376,9 @@ def write_results(directory: Path, rows: list[dict], swept_keys: list[str]) -> N
     """``results.csv``/``results.md``: per combination, the last chunk's true return over seeds
     (their mean and std, and their IQM with its interval); ``curves.png``: true return against
     env steps, the mean over seeds with its range; ``statistics.png``: the IQMs and the
-    performance profiles of the last chunk's true return (:mod:`rlhf_jax.statistics`)."""
+    performance profiles of the last chunk's true return (:mod:`rlhf_jax.statistics`). Each
+    return is the one a run is judged by (:func:`~rlhf_jax.metrics_log.judged_return`): on the task
+    itself where the run scored one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -388,18 +391,18 @@ def write_results(directory: Path, rows: list[dict], swept_keys: list[str]) -> N
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for label, members in by_label.items():
         finals = [sorted(r, key=lambda r: r["chunk"])[-1] for r in members.values()]
-        returns = np.array([f["episode_return"] for f in finals])
+        returns = np.array([judged_return(f) for f in finals])
         table.append({"combination": label, "seeds": len(finals),
                       "final_true_return_mean": float(np.nanmean(returns)),
                       "final_true_return_std": float(np.nanstd(returns)),
                       "env_steps": int(finals[0]["env_steps"])})
         curves = [sorted(r, key=lambda r: r["chunk"]) for r in members.values()]
         steps = [r["env_steps"] for r in curves[0]]
-        values = np.array([[r["episode_return"] for r in curve] for curve in curves])
+        values = np.array([[judged_return(r) for r in curve] for curve in curves])
         axes.plot(steps, np.nanmean(values, 0), label=label)
         axes.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0), alpha=0.2)
     axes.set_xlabel("env steps")
-    axes.set_ylabel("true episode return (training)")
+    axes.set_ylabel("true episode return (on the task where scored)")
     axes.set_title(f"sweep over {', '.join(swept_keys) or 'seeds'}: mean and range over seeds")
     axes.legend(fontsize=8)
     figure.tight_layout()
@@ -428,7 +431,7 @@ def write_results(directory: Path, rows: list[dict], swept_keys: list[str]) -> N
 
 def final_returns(members: dict[int, list[dict]]) -> np.ndarray:
     """Each member's true return in its last chunk, those whose last chunk ended no episode left out."""
-    returns = np.array([max(rows, key=lambda r: r["chunk"])["episode_return"] for rows in members.values()])
+    returns = np.array([judged_return(max(rows, key=lambda r: r["chunk"])) for rows in members.values()])
     return returns[np.isfinite(returns)]
 
 

@@ -47,7 +47,7 @@ from rlhf_jax.reward.learner import Queries, RewardLearner
 from rlhf_jax.reward.people import HostLabels, Query, wait_for_answers
 from rlhf_jax.reward.preference_learner import PreferenceLearner
 from rlhf_jax.networks import is_atari_frames
-from rlhf_jax.metrics_log import MetricsLog, plot_learning_curve
+from rlhf_jax.metrics_log import MetricsLog, judged_return, plot_learning_curve
 from rlhf_jax.wandb_log import logging_to_wandb, require_wandb
 
 def new_run_dir(config: ExperimentConfig) -> Path:
@@ -697,7 +697,7 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
                 except RunError as error:
                     raise RunError(f"{error}, so its state was not saved. {stopped_diverging(checkpoints)}") from None
                 bar.update(int(row["env_steps"]) - bar.n)
-                shown = {"steps_per_s": f"{row['steps_per_second']:.3g}", "true_return": f"{row['episode_return']:.4g}"}
+                shown = {"steps_per_s": f"{row['steps_per_second']:.3g}", "true_return": f"{judged_return(row):.4g}"}
                 if "labels" in row:
                     shown["labels"] = int(row["labels"])
                 bar.set_postfix(shown)

@@ -12,6 +12,7 @@ from rlhf_jax.agents import a2c
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, load_config, read_yaml
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.evaluation import Score, evaluate
+from rlhf_jax.metrics_log import judged_return
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.sweep import GroupProgram, Sweep, device_mesh
 from rlhf_jax.trainer import evaluate_run, make_training, restore_latest, scoring_env_config, train
@@ -72,6 +73,10 @@ def test_a_sweep_scores_each_member_on_the_task(tmp_path):
     for row in rows:
         member = jax.tree.map(lambda x: np.asarray(x)[int(row["member"])], params)
         assert row["task_return"] == pytest.approx(task_return(config, member), rel=1e-6)
+    # The sweep's table reports the task's return, not the 20-step training episodes'.
+    with (directory / "results.csv").open() as f:
+        summary = next(csv.DictReader(f))
+    assert float(summary["final_true_return_mean"]) == pytest.approx(np.mean([r["task_return"] for r in rows]), rel=1e-6)
 
 
 def test_a_score_is_the_mean_first_episode_return_and_nan_without_one():
@@ -91,3 +96,9 @@ def test_the_task_scored_on_has_none_of_the_runs_changes_the_oracle_included():
     env = scoring_env_config(config)
     assert (env.hide_episode_end, env.max_episode_steps, env.oracle) == (False, 0, "penalty")
     assert make(env).spec.max_episode_steps == 1000
+
+
+def test_a_row_is_judged_by_its_task_return_where_it_has_one():
+    """The rule the sweep's table, the learning curve and the figures share."""
+    assert judged_return({"episode_return": 20.0, "task_return": 500.0}) == 500.0
+    assert judged_return({"episode_return": 20.0}) == 20.0
