@@ -343,28 +343,30 @@ def _save_failure_noise_held():
                 previous_hook(report)
 
 
-class _UnreadWriteFailure(logging.Filter):
-    """Asyncio's report of a future orbax left unread, whose exception is a failed write."""
+class _LateWriteFailure(logging.Filter):
+    """A log record whose exception (or, failing that, message) is a failed write: asyncio's
+    report of a future orbax left unread, or orbax's thread logging the error it raised."""
 
     def filter(self, record):
-        error = record.exc_info[1] if record.exc_info else None
-        return not ("never retrieved" in record.getMessage() and error is not None and os_error(error) is not None)
+        error = record.exc_info[1] if record.exc_info else Exception(record.getMessage())
+        return os_error(error) is None
 
 
-_UNREAD_WRITE_FAILURE = _UnreadWriteFailure()
+_LATE_WRITE_FAILURE = _LateWriteFailure()
 
 
 def _drop_late_reports_of_failed_writes() -> None:
     """After a failed write: asyncio reports the futures orbax left unread when it collects
-    them, as late as the interpreter's exit, TensorStore's last callbacks find the event loop
-    closed, and sometimes a write coroutine of orbax's that never ran is collected with a
-    warning. The run has reported the failure in one line: drop those three reports from now
-    on (nothing else)."""
+    them, as late as the interpreter's exit, orbax's threads may log the write error they raised
+    after the save has returned, TensorStore's last callbacks find the event loop closed, and
+    sometimes a write coroutine of orbax's that never ran is collected with a warning. The run
+    has reported the failure in one line: drop those four reports from now on (nothing else)."""
     warnings.filterwarnings("ignore", message=r"coroutine '.*write_fragment' was never awaited",
                             category=RuntimeWarning)
-    asyncio_logger = logging.getLogger("asyncio")
-    if _UNREAD_WRITE_FAILURE not in asyncio_logger.filters:
-        asyncio_logger.addFilter(_UNREAD_WRITE_FAILURE)
+    for name in ("asyncio", "absl"):
+        logger = logging.getLogger(name)
+        if _LATE_WRITE_FAILURE not in logger.filters:
+            logger.addFilter(_LATE_WRITE_FAILURE)
     if getattr(sys.unraisablehook, "drops_closed_loop", False):
         return
     previous = sys.unraisablehook

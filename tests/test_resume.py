@@ -470,6 +470,33 @@ def test_a_write_coroutine_left_unrun_by_a_failed_save_is_not_reported(when):
     assert reported == (when == "otherwise"), stderr
 
 
+THREAD_LOGS_WRITE_ERROR = """
+import logging, sys, threading
+from rlhf_jax import checkpoints
+if sys.argv[1] == "after a failed write":
+    checkpoints._drop_late_reports_of_failed_writes()
+def signalling_thread():  # orbax's thread, logging the error its write raised after the save returned
+    try:
+        raise ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device [os_error_code='28']")
+    except ValueError:
+        logging.getLogger("absl").exception("_SignalingThread.run() raised an exception")
+    logging.getLogger("absl").error("another error, not a write")
+thread = threading.Thread(target=signalling_thread)
+thread.start()
+thread.join()
+"""
+
+
+@pytest.mark.parametrize("when", ["after a failed write", "otherwise"])
+def test_a_write_error_logged_late_by_orbaxs_thread_is_not_reported(when):
+    """The full-disk run's one line once came with orbax's thread logging the same failure with its
+    traceback (36 lines); after a failed write that is dropped and other errors still show."""
+    stderr = subprocess.run([sys.executable, "-c", THREAD_LOGS_WRITE_ERROR, when], capture_output=True, text=True,
+                            check=True).stderr
+    assert ("raised an exception" in stderr) == (when == "otherwise"), stderr
+    assert "another error, not a write" in stderr
+
+
 def test_checkpoints_of_another_state_structure_point_at_another_version(tmp_path):
     """Every checkpoint readable as bytes but not as the state asked for (a field the state
     gained since, as TRPO's runner did): the error says another version likely wrote them."""
