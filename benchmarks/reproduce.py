@@ -322,8 +322,8 @@ def curve_of(rows: list[dict]) -> dict:
              if rows and key in rows[0]}
     if rows:
         curve["episode_return"] = column(judged_return(r) for r in rows)
-    if rows and "task_return" in rows[0]:
-        curve["training_return"] = column(r["episode_return"] for r in rows)
+        if "task_return" in rows[0]:
+            curve["training_return"] = column(r["episode_return"] for r in rows)
     return curve
 
 

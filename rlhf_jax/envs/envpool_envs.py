@@ -38,7 +38,7 @@ from jax.experimental import io_callback
 from rlhf_jax.envs.atari_masks import hide_score
 from rlhf_jax.envs.core import MUJOCO_SEGMENT_FPS, Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
-from rlhf_jax.envs.smooth_oracle import check_oracle, smooth_reward, tip_height
+from rlhf_jax.envs.smooth_oracle import check_oracle, hidden_end_oracle, tip_height
 from rlhf_jax.errors import ConfigError
 
 # Appendix A.2: episode ends become an oracle penalty "in all games except Pong".
@@ -322,11 +322,8 @@ class MujocoPoolEnv(EnvPoolEnv):
         oracle = true_reward = task_reward
         failed = inner.failed
         if self._run_on:
-            if self._config.oracle == "smooth":
-                oracle = jnp.where(reset_step, 0.0,
-                                   smooth_reward(self._name, task_reward, self._healthy_reward * healthy, obs))
-            else:
-                oracle = oracle - self._config.termination_penalty * (~healthy & ~reset_step)
+            oracle = jnp.where(reset_step, 0.0, hidden_end_oracle(self._config, self._name, task_reward,
+                                                                  self._healthy_reward * healthy, ~healthy, obs))
             true_reward = jnp.where(failed, 0.0, task_reward)  # the unmodified episode has ended
             failed = (failed | ~healthy) & ~game_over & ~reset_step
         info = {"true_reward": true_reward, "true_done": game_over, "unhealthy": ~healthy & ~reset_step}

@@ -79,7 +79,7 @@ with contextlib.redirect_stdout(io.StringIO()):
 
 from rlhf_jax.envs.core import MUJOCO_SEGMENT_FPS, Box, EnvSpec, EnvState, Environment, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
-from rlhf_jax.envs.smooth_oracle import check_oracle, smooth_reward
+from rlhf_jax.envs.smooth_oracle import check_oracle, hidden_end_oracle
 
 logger = logging.getLogger(__name__)
 
@@ -697,14 +697,13 @@ class MjxEnv(Environment):
         oracle = task_reward
         if config.hide_episode_end:
             # Fixed-length episodes: the simulation runs on after failure; the oracle pays
-            # the penalty for every step in a terminal state; the unmodified evaluation
+            # the penalty for every step in a terminal state (or, with oracle="smooth", its
+            # smooth bonus: hidden_end_oracle); the unmodified evaluation
             # stops counting once the copy has failed.
             # A diverged copy restarts unannounced (final_obs keeps what it reached).
             agent_terminated, agent_truncated = jnp.zeros_like(at_limit), at_limit
-            if config.oracle == "smooth":
-                oracle = smooth_reward(task.name, task_reward, task.healthy_reward * terms.healthy, obs)
-            else:
-                oracle = oracle - config.termination_penalty * terminated
+            oracle = hidden_end_oracle(config, task.name, task_reward, task.healthy_reward * terms.healthy,
+                                       terminated, obs)
             true_reward = jnp.where(inner.failed, 0.0, task_reward)
             failed = inner.failed | terminated
             true_done = at_limit

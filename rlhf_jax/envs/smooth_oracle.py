@@ -13,7 +13,8 @@ is about,
 
 with ``r_task`` Gymnasium's v5 reward (less its torque cost when ``control_cost=False``) and
 ``bonus`` from :data:`SMOOTH_BONUS`. Only the tasks that end when unhealthy have one. Ant keeps
-v5's contact cost, which rl-teacher's Ant drops.
+v5's contact cost, which rl-teacher's Ant drops. Both back ends take the oracle's reward from
+:func:`hidden_end_oracle`, which holds both readings.
 
 Where it matters: on InvertedDoublePendulum the penalty oracle pays for swinging the poles over
 the top, which a hinge without limits allows, and the runs from labels learned to spin; with
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rlhf_jax.envs.options import EnvConfig
 from rlhf_jax.errors import ConfigError
 
 
@@ -60,3 +62,12 @@ def check_oracle(name: str, oracle: str, hide_episode_end: bool) -> None:
 def smooth_reward(name: str, task_reward, healthy_bonus_paid, obs):
     """``r_smooth`` of the module docstring: ``task_reward - healthy_bonus_paid + bonus(obs)``."""
     return task_reward - healthy_bonus_paid + SMOOTH_BONUS[name](obs)
+
+
+def hidden_end_oracle(config: EnvConfig, name: str, task_reward, healthy_bonus_paid, unhealthy, obs):
+    """The oracle's reward of a MuJoCo task run on past its ends (``hide_episode_end``), for both
+    back ends: ``task_reward - termination_penalty * unhealthy`` (``oracle="penalty"``, the task's
+    healthy bonus being paid only while healthy), or :func:`smooth_reward` (``oracle="smooth"``)."""
+    if config.oracle == "smooth":
+        return smooth_reward(name, task_reward, healthy_bonus_paid, obs)
+    return task_reward - config.termination_penalty * unhealthy
