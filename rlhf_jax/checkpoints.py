@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -115,9 +116,25 @@ class Checkpoints:
             cause = os_error(error)
             if cause is None:
                 raise
-            for unfinished in self.directory.glob(f"{chunk}{TMP_SUFFIX}*"):
-                shutil.rmtree(unfinished, ignore_errors=True)  # give back the space it took
+            self._remove_unfinished(chunk)
             raise write_failed(cause, f"checkpoint {chunk} in {self.directory}", self) from None
+
+    def _remove_unfinished(self, chunk: int, settle_s: float = 0.2, patience_s: float = 10.0) -> None:
+        """Give back the space a failed save of ``chunk`` took. Orbax's writer threads can outlive
+        the error (they log it late, :func:`_drop_late_reports_of_failed_writes`) and recreate
+        the unfinished directory after a first removal: wait for the manager's own threads, then
+        remove until nothing has reappeared for ``settle_s`` (at most ``patience_s``)."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception:  # the same failed write, reported by the caller
+            pass
+        deadline = time.monotonic() + patience_s
+        while True:
+            for unfinished in self.directory.glob(f"{chunk}{TMP_SUFFIX}*"):
+                shutil.rmtree(unfinished, ignore_errors=True)
+            time.sleep(settle_s)
+            if not any(self.directory.glob(f"{chunk}{TMP_SUFFIX}*")) or time.monotonic() > deadline:
+                return
 
     def _rotate(self) -> None:
         """Delete all but the newest ``keep`` checkpoints and the verified one."""

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -468,6 +469,29 @@ def test_a_write_coroutine_left_unrun_by_a_failed_save_is_not_reported(when):
                             check=True).stderr
     reported = "coroutine 'write_fragment' was never awaited" in stderr
     assert reported == (when == "otherwise"), stderr
+
+
+def test_a_failed_save_leaves_no_unfinished_checkpoint_though_a_writer_thread_outlives_it(tmp_path):
+    """Orbax's writer threads can outlive a failed save and recreate its unfinished directory after
+    the first removal (the fresh-clone suite's full-disk run once kept one): the space is still
+    given back."""
+    checkpoints = Checkpoints(tmp_path / "run")
+    unfinished = checkpoints.directory / f"1{TMP_SUFFIX}"
+
+    def late_writer():  # still writing 0.05 s after the save has failed
+        time.sleep(0.05)
+        (unfinished / "array").mkdir(parents=True, exist_ok=True)
+
+    def failing_save(*args, **kwargs):
+        unfinished.mkdir(parents=True)
+        threading.Thread(target=late_writer).start()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    checkpoints._manager.save = failing_save
+    with pytest.raises(RunError, match="the disk is full"):
+        checkpoints.save(1, {"params": np.zeros(3, np.float32)})
+    time.sleep(0.2)  # long after the writer
+    assert not list(checkpoints.directory.glob(f"*{TMP_SUFFIX}*"))
 
 
 THREAD_LOGS_WRITE_ERROR = """
