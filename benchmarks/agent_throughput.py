@@ -12,6 +12,9 @@
 * ``a2c_pong_over_raw_env``: the same training over raw EnvPool stepping with the same
   number of environments (target >= 0.8 on CPU). Also the time of each part of one update,
   so the ceiling on 2 cores can be read off: env steps and the network's passes share the cores.
+* ``a2c_pong_network_over_sb3``: the network's arithmetic of one such update alone (five
+  acting passes over 16 frames, one gradient over the 80), ours over SB3's own policy on the
+  same frames: how much of the whole run's ratio is the network's kernels.
 
 Each "over" is timed side by side in one run (:func:`benchmarks.common.side_by_side`: the
 two alternate over 5 rounds, compiling excluded; medians, [min, max] and the load stored).
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -111,21 +115,49 @@ def command_training_side(config: ExperimentConfig) -> Side:
     return Side(run, training.chunk_length(0) * training.steps_per_iteration)
 
 
-def network_milliseconds(config: a2c.A2CConfig, env_config: EnvConfig, repeats: int) -> dict:
-    """The network's share of one A2C update: num_steps acting passes and one gradient."""
+class NetworkWork(NamedTuple):
+    """Our A2C network's arithmetic in one update, each part blocking until done: ``num_steps``
+    acting passes over the copies' frames, and one gradient over the rollout's frames (time-major,
+    through :func:`apply_time_major`, as the loss runs them)."""
+
+    acting: Callable[[], None]
+    gradient: Callable[[], None]
+
+
+def network_work(config: a2c.A2CConfig, env_config: EnvConfig) -> NetworkWork:
     env = make(env_config)
     network = a2c.ActorCritic(env.spec, config)
-    # Time-major, and through apply_time_major, as A2C's loss takes them.
-    frames = jnp.zeros((config.num_steps, env_config.num_envs, *env.spec.observation_shape),
-                       env.spec.observation_dtype)
+    # Random frames, passed as arguments: XLA would fold constants.
+    frames = jnp.asarray(np.random.default_rng(0).integers(
+        0, 256, (config.num_steps, env_config.num_envs, *env.spec.observation_shape), dtype=np.uint8))
     params = network.init(jax.random.PRNGKey(0), frames[0])
-    act = jax.jit(lambda p, x: network.apply(p, x))
+    act = jax.jit(network.apply)
     grad = jax.jit(jax.grad(lambda p, x: sum(y.sum() for y in apply_time_major(network.apply, p, x))))
-    act_frames = frames[0]
-    jax.block_until_ready((act(params, act_frames), grad(params, frames)))
-    acting = 1e3 / steps_per_second(lambda: jax.block_until_ready(act(params, act_frames)), 1, repeats)
-    gradient = 1e3 / steps_per_second(lambda: jax.block_until_ready(grad(params, frames)), 1, repeats)
-    return {"acting_ms_per_update": config.num_steps * acting, "gradient_ms_per_update": gradient}
+
+    def acting():
+        for step in range(config.num_steps):
+            jax.block_until_ready(act(params, frames[step]))
+
+    return NetworkWork(acting, lambda: jax.block_until_ready(grad(params, frames)))
+
+
+def network_milliseconds(config: a2c.A2CConfig, env_config: EnvConfig, repeats: int) -> dict:
+    """The network's share of one A2C update: num_steps acting passes and one gradient."""
+    work = network_work(config, env_config)
+    work.acting(), work.gradient()
+    return {"acting_ms_per_update": 1e3 / steps_per_second(work.acting, 1, repeats),
+            "gradient_ms_per_update": 1e3 / steps_per_second(work.gradient, 1, repeats)}
+
+
+def network_side(config: a2c.A2CConfig, env_config: EnvConfig, updates: int) -> Side:
+    """:func:`network_work`'s acting and gradient, ``updates`` times. Units: env steps."""
+    work = network_work(config, env_config)
+
+    def run():
+        for _ in range(updates):
+            work.acting(), work.gradient()
+
+    return Side(run, updates * config.num_steps * env_config.num_envs)
 
 
 # The Nature CNN's forward pass on one 84x84x4 frame, counted by hand (docs/notes.md): convolutions
@@ -211,15 +243,12 @@ def sb3_a2c_side(config: a2c.A2CConfig, env_steps: int, vec_env=None, torch_thre
     2 shared cores: alternated at load 5.2, 0.8-3.2k steps/s with torch's default 2 threads
     against 6.5-16k with 1 (the two threads wait on each other while other jobs hold the cores)."""
     try:
-        from stable_baselines3 import A2C
         from stable_baselines3.common.env_util import make_vec_env
     except Exception as error:  # ImportError, or a version clash inside it
         return f"stable-baselines3 not importable ({type(error).__name__}: {error})"
-    policy = "MlpPolicy" if vec_env is None else "CnnPolicy"
-    vec_env = vec_env if vec_env is not None else make_vec_env("CartPole-v1", n_envs=CARTPOLE_ENVS, seed=0)
-    model = A2C(policy, vec_env, n_steps=config.num_steps, learning_rate=config.learning_rate, gamma=config.gamma,
-                ent_coef=config.entropy_coef, vf_coef=config.value_coef, max_grad_norm=config.max_grad_norm,
-                rms_prop_eps=config.rms_eps, device="cpu", seed=0)
+    model = sb3_a2c_model(config, vec_env if vec_env is not None else make_vec_env("CartPole-v1", n_envs=CARTPOLE_ENVS,
+                                                                                     seed=0))
+
     def run():
         import torch
 
@@ -231,6 +260,45 @@ def sb3_a2c_side(config: a2c.A2CConfig, env_steps: int, vec_env=None, torch_thre
             torch.set_num_threads(previous)
 
     return Side(run, env_steps)
+
+
+def sb3_a2c_model(config: a2c.A2CConfig, vec_env):
+    """SB3's A2C on ``vec_env`` with our A2C's settings where SB3 has them (n-step, gamma, entropy
+    and value weights, RMSprop, gradient clip); an MLP policy on vector observations, SB3's
+    NatureCNN on frames."""
+    from stable_baselines3 import A2C
+
+    policy = "CnnPolicy" if len(vec_env.observation_space.shape) == 3 else "MlpPolicy"
+    return A2C(policy, vec_env, n_steps=config.num_steps, learning_rate=config.learning_rate, gamma=config.gamma,
+               ent_coef=config.entropy_coef, vf_coef=config.value_coef, max_grad_norm=config.max_grad_norm,
+               rms_prop_eps=config.rms_eps, device="cpu", seed=0)
+
+
+def sb3_network_side(config: a2c.A2CConfig, vec_env, updates: int) -> Side | str:
+    """The same arithmetic through SB3's own A2C policy (its NatureCNN and heads, torch's default
+    threads, as its A2C learns), ``updates`` times: ``n_steps`` acting passes under ``no_grad``,
+    then ``evaluate_actions`` and a backward pass over the rollout's frames. Or why there is none."""
+    try:
+        import torch
+
+        model = sb3_a2c_model(config, vec_env)
+    except Exception as error:  # ImportError, or a version clash inside it
+        return f"stable-baselines3 not importable ({type(error).__name__}: {error})"
+    policy, n = model.policy, vec_env.num_envs
+    frames = torch.as_tensor(np.random.default_rng(0).integers(
+        0, 256, (config.num_steps * n, *vec_env.observation_space.shape), dtype=np.uint8))
+    actions = torch.zeros(config.num_steps * n, dtype=torch.long)
+
+    def run():
+        for _ in range(updates):
+            with torch.no_grad():
+                for step in range(config.num_steps):
+                    policy(frames[step * n:(step + 1) * n])
+            values, log_prob, entropy = policy.evaluate_actions(frames, actions)
+            policy.zero_grad()
+            (values.sum() + log_prob.sum() + entropy.sum()).backward()
+
+    return Side(run, updates * config.num_steps * n)
 
 
 def envpool_vec_env(task: str, num_envs: int):
@@ -352,6 +420,14 @@ def main() -> None:
         else:
             results.update(side_by_side(trained, sb3, rounds, "A2C Pong: ours vs SB3").fields(
                 "a2c_pong_paired_steps_per_s", "sb3_a2c_pong_steps_per_s", "a2c_pong_over_sb3"))
+        # The network alone, ours against SB3's policy on the same frames: what the whole run's
+        # ratio would be if nothing but the network's arithmetic counted.
+        network_updates = 2 if quick else 20  # about a second a side
+        sb3_network = sb3_network_side(pong.a2c, envpool_vec_env("Pong-v5", pong_envs), network_updates)
+        if not isinstance(sb3_network, str):
+            results.update(side_by_side(network_side(pong.a2c, pong.env, network_updates), sb3_network, rounds,
+                                        "A2C Pong network: ours vs SB3's policy").fields(
+                "a2c_pong_network_steps_per_s", "sb3_pong_network_steps_per_s", "a2c_pong_network_over_sb3"))
         results["pong_envs"] = pong_envs
 
     if "atari_gradients" in parts:
@@ -374,6 +450,9 @@ def headline(result: dict) -> list[Headline]:
         Headline(f"A2C Pong training env steps/s, Nature CNN, vs Stable-Baselines3 A2C ({r['pong_envs']} envs; "
                  f"alternating)", r.get("a2c_pong_paired_steps_per_s"), r.get("sb3_a2c_pong_steps_per_s"),
                  r.get("a2c_pong_over_sb3"), Target.on(r, "a2c_pong_over_sb3", ">=", 1.5)),
+        Headline(f"A2C Pong network alone (acting and gradient of one update), env steps/s, vs SB3's policy "
+                 f"({r['pong_envs']} envs; alternating)", r.get("a2c_pong_network_steps_per_s"),
+                 r.get("sb3_pong_network_steps_per_s"), r.get("a2c_pong_network_over_sb3")),
         Headline(f"A2C Pong training env steps/s vs raw EnvPool stepping ({r['pong_envs']} envs)",
                  r["a2c_pong_steps_per_s"], r["envpool_pong_raw_steps_per_s"], r["a2c_pong_over_raw_env"],
                  Target.on(r, "a2c_pong_over_raw_env", ">=", 0.8)),  # the target is for CPU
