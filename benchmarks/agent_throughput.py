@@ -36,7 +36,6 @@ LAPACK QRs; TRPO and ACER do): TRPO on Pendulum with 8 or 64 seeds sat idle in
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from typing import Callable, NamedTuple
 
@@ -44,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import (Headline, Side, Target, compiled_chunk, enable_compilation_cache, ratio, side_by_side,
-                               stacked_runners, steps_per_second, write_result)
+from benchmarks.common import (Headline, Side, Target, compiled_chunk, enable_compilation_cache, parse_parts, ratio,
+                               side_by_side, stacked_runners, steps_per_second, write_result)
 from benchmarks.env_throughput import envpool_python_side
 from rlhf_jax import replay
 from rlhf_jax.agents import a2c, acer, dqn, trpo
@@ -349,16 +348,8 @@ PARTS = ("seeds", "sb3_cartpole", "pong", "atari_gradients")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small budgets: under a minute on 2 CPU cores")
-    parser.add_argument("--only", action="append", choices=PARTS,
-                        help="measure only these parts (repeatable) and keep the stored result's other figures")
-    args = parser.parse_args()
+    quick, parts, merge, repeats, rounds = parse_parts(__doc__.split("\n\n")[0], PARTS)
     enable_compilation_cache()
-    quick = args.quick
-    parts = args.only or PARTS
-    repeats = 1 if quick else 3
-    rounds = 3 if quick else 5
     results: dict = {}
 
     cartpole = EnvConfig(id="gymnax/CartPole-v1", num_envs=CARTPOLE_ENVS)
@@ -436,7 +427,7 @@ def main() -> None:
     write_result("agent_throughput", {
         "quick": quick, "cartpole_envs": CARTPOLE_ENVS, "pendulum_envs": CARTPOLE_ENVS, "parts": list(parts),
         **{k: (round(v, 4) if "over" in k else round(v, 1)) if isinstance(v, float) else v for k, v in results.items()},
-    }, headline=headline, merge=args.only is not None)
+    }, headline=headline, merge=merge)
 
 
 def headline(result: dict) -> list[Headline]:

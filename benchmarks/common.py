@@ -2,6 +2,7 @@
 the typed rows (:class:`Headline`) each benchmark gives the report's table."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
@@ -36,6 +37,27 @@ def machine() -> dict:
         "jax": jax.__version__,
         "written": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+class PartsRun(NamedTuple):
+    """How a benchmark made of named parts runs (:func:`parse_parts`)."""
+
+    quick: bool  # small budgets
+    parts: tuple[str, ...]  # the parts to measure
+    merge: bool  # only some parts: keep the stored result's other figures
+    repeats: int  # timings of which the best is kept
+    rounds: int  # rounds of a side-by-side timing
+
+
+def parse_parts(description: str, parts: tuple[str, ...], argv: list[str] | None = None) -> PartsRun:
+    """``--quick`` and ``--only PART`` (repeatable), read the same way by every benchmark of parts."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="small budgets: under a minute on 2 CPU cores")
+    parser.add_argument("--only", action="append", choices=parts,
+                        help="measure only these parts (repeatable) and keep the stored result's other figures")
+    args = parser.parse_args(argv)
+    return PartsRun(args.quick, tuple(args.only or parts), args.only is not None,
+                    repeats=1 if args.quick else 3, rounds=3 if args.quick else 5)
 
 
 def steps_per_second(run, steps: int, repeats: int = 3) -> float:

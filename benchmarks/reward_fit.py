@@ -40,7 +40,6 @@ Adam at 3e-4, l2 penalty 1e-3, and the 10% random-answer likelihood.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import os
@@ -51,8 +50,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import (Headline, Side, Target, enable_compilation_cache, side_by_side, steps_per_second,
-                               write_result)
+from benchmarks.common import (Headline, Side, Target, enable_compilation_cache, parse_parts, side_by_side,
+                               steps_per_second, write_result)
 from rlhf_jax.envs.core import Discrete, EnvSpec
 from rlhf_jax.networks import reward_network_for
 from rlhf_jax.reward import ensemble
@@ -301,16 +300,8 @@ PARTS = ("mlp", "members", "torch", "imitation")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small budgets: under a minute on 2 CPU cores")
-    parser.add_argument("--only", action="append", choices=PARTS,
-                        help="measure only these parts (repeatable) and keep the stored result's other figures")
-    args = parser.parse_args()
+    quick, parts, merge, repeats, rounds = parse_parts(__doc__.split("\n\n")[0], PARTS)
     enable_compilation_cache()
-    quick = args.quick
-    parts = args.only or PARTS
-    repeats = 1 if quick else 3
-    rounds = 3 if quick else 5
     cpu = jax.default_backend() == "cpu"
     cnn_config = dataclasses.replace(CONFIG, batch_size=4) if quick and cpu else CONFIG
     results: dict = {}
@@ -350,7 +341,7 @@ def main() -> None:
         "quick": quick, "ensemble_size": CONFIG.ensemble_size, "batch_size": CONFIG.batch_size,
         "segment_length": SEGMENT, "parts": list(parts), "seconds": round(time.perf_counter() - start, 1),
         **results,
-    }, headline=headline, merge=args.only is not None)
+    }, headline=headline, merge=merge)
 
 
 def headline(result: dict) -> list[Headline]:

@@ -244,3 +244,14 @@ def test_across_commits_reads_the_key_each_tree_writes_and_names_a_missing_one(t
     (row,) = across_commits.headline(result)
     assert (row.ours, row.peer, row.ratio, row.target.met) == (120.0, 10.0, 12.0, True)
     assert across_commits.headline({**result, "target": None})[0].target is None
+
+
+def test_a_benchmark_of_parts_reads_only_and_quick_one_way():
+    from benchmarks.common import PartsRun, parse_parts
+
+    parts = ("seeds", "pong")
+    assert parse_parts("", parts, []) == PartsRun(False, parts, merge=False, repeats=3, rounds=5)
+    # Some parts only: the stored result's other figures are kept.
+    assert parse_parts("", parts, ["--only", "pong", "--quick"]) == PartsRun(True, ("pong",), True, 1, 3)
+    with pytest.raises(SystemExit):
+        parse_parts("", parts, ["--only", "atari"])
