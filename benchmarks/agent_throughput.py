@@ -37,7 +37,7 @@ LAPACK QRs; TRPO and ACER do): TRPO on Pendulum with 8 or 64 seeds sat idle in
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -245,8 +245,10 @@ def sb3_a2c_side(config: a2c.A2CConfig, env_steps: int, vec_env=None, torch_thre
         from stable_baselines3.common.env_util import make_vec_env
     except Exception as error:  # ImportError, or a version clash inside it
         return f"stable-baselines3 not importable ({type(error).__name__}: {error})"
-    model = sb3_a2c_model(config, vec_env if vec_env is not None else make_vec_env("CartPole-v1", n_envs=CARTPOLE_ENVS,
-                                                                                     seed=0))
+    if vec_env is None:
+        model = sb3_a2c_model(config, make_vec_env("CartPole-v1", n_envs=CARTPOLE_ENVS, seed=0), "MlpPolicy")
+    else:
+        model = sb3_a2c_model(config, vec_env, "CnnPolicy")
 
     def run():
         import torch
@@ -261,13 +263,11 @@ def sb3_a2c_side(config: a2c.A2CConfig, env_steps: int, vec_env=None, torch_thre
     return Side(run, env_steps)
 
 
-def sb3_a2c_model(config: a2c.A2CConfig, vec_env):
+def sb3_a2c_model(config: a2c.A2CConfig, vec_env, policy: Literal["MlpPolicy", "CnnPolicy"]):
     """SB3's A2C on ``vec_env`` with our A2C's settings where SB3 has them (n-step, gamma, entropy
-    and value weights, RMSprop, gradient clip); an MLP policy on vector observations, SB3's
-    NatureCNN on frames."""
+    and value weights, RMSprop, gradient clip); ``CnnPolicy`` is SB3's NatureCNN."""
     from stable_baselines3 import A2C
 
-    policy = "CnnPolicy" if len(vec_env.observation_space.shape) == 3 else "MlpPolicy"
     return A2C(policy, vec_env, n_steps=config.num_steps, learning_rate=config.learning_rate, gamma=config.gamma,
                ent_coef=config.entropy_coef, vf_coef=config.value_coef, max_grad_norm=config.max_grad_norm,
                rms_prop_eps=config.rms_eps, device="cpu", seed=0)
@@ -280,7 +280,7 @@ def sb3_network_side(config: a2c.A2CConfig, vec_env, updates: int) -> Side | str
     try:
         import torch
 
-        model = sb3_a2c_model(config, vec_env)
+        model = sb3_a2c_model(config, vec_env, "CnnPolicy")
     except Exception as error:  # ImportError, or a version clash inside it
         return f"stable-baselines3 not importable ({type(error).__name__}: {error})"
     policy, n = model.policy, vec_env.num_envs
