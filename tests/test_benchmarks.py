@@ -185,11 +185,14 @@ def test_headline_rows_of_a_benchmark_come_from_its_result():
     from benchmarks import env_throughput, replay_memory
     from benchmarks.common import Headline, Target
 
-    result = {"atari_replay_1m_gib": 6.0, "atari_replay_1m_target_gib": 8, "stacked_obs_and_next_gib": 48.0}
-    (row,) = replay_memory.headline(result)
+    result = {"atari_replay_1m_gib": 6.0, "atari_replay_1m_target_gib": 8, "stacked_obs_and_next_gib": 48.0,
+              "atari_labels_3000_gib": 1.5, "atari_labels_3000_target_gib": 1, "atari_labels_3000_stacked_gib": 4.5}
+    row, labels = replay_memory.headline(result)
     assert (row.ours, row.peer, row.ratio) == (6.0, 48.0, 0.125)
     assert row.target == Target("atari_replay_1m_gib", "<=", 8, 6.0) and row.target.met
     assert not replay_memory.headline({**result, "atari_replay_1m_gib": 9.0})[0].target.met
+    assert (labels.ours, labels.peer) == (1.5, 4.5) and labels.ratio == pytest.approx(1 / 3)
+    assert labels.target == Target("atari_labels_3000_gib", "<=", 1, 1.5) and not labels.target.met
 
     result = {"atari_envs": 8, "gymnax_envs": 1024, "envpool_hopper_envs": 16, "mjx_hopper_envs": 64,
               "envpool_pong_python_steps_per_s": 1000.0, "envpool_pong_xla_steps_per_s": 1100.0,

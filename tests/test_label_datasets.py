@@ -88,7 +88,8 @@ def atari_labels():
         frames=jnp.asarray(rng.integers(0, 256, (rows, 2, k + stack - 1, 84, 84), np.uint8)),
         restart=jnp.asarray(restart), action=jnp.asarray(rng.integers(0, 6, (rows, 2, k), np.int32)),
         mu=jnp.asarray([1.0, 0.5, 0.0], jnp.float32), oracle_return=jnp.asarray(rng.normal(size=(rows, 2)), jnp.float32),
-        holdout=jnp.asarray(rng.random((rows, 3)) < 0.37), count=jnp.int32(rows), next=jnp.int32(0), stack=stack)
+        holdout=jnp.asarray(rng.random((rows, 3)) < 0.37), count=jnp.int32(rows), next=jnp.int32(0), stack=stack,
+        history=stack - 1)
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,10 @@ class PreferenceConfig:
     segment_length: int = non_negative(0, 1_000)
     segment_capacity: int = in_range(1_000, 2, 100_000)  # recent segments that candidate pairs are drawn from
     label_capacity: int = non_negative(0, 1_000_000)  # the newest labels kept: 3,000 on Atari, all of them elsewhere
+    # Stacked frames (Atari): keep the 3 frames before each labelled clip that its first stacks
+    # reach back to. Off, the reward model is fitted on the clip's own frames, as the labeller
+    # saw it (3,000 Atari labels: 0.99 GiB instead of 1.10; rlhf_jax.reward.data).
+    frames_before_clip: bool = False
     selection: Literal["disagreement", "random"] = "disagreement"
     candidates_factor: int = positive(10, 1_000)  # candidate pairs drawn per query presented
     # The predictor "processes 1 label per 10 RL timesteps" (appendix A.2).

@@ -10,19 +10,29 @@
   out its own random 1/e of them for validation (section 2.2.3).
 
 **Frames stored once.** An Atari observation is a stack of the 4 newest 84x84 frames,
-so a segment's ``k`` stacks hold only ``k + 3`` distinct frames. ``Labels`` keeps those
-(as :mod:`rlhf_jax.replay` does, and by the same rule, :func:`~rlhf_jax.replay.frame_stack`):
-a segment's first stack whole, then each later step's newest frame. Each step's stack
-either continues the one before (drops the oldest frame, appends one) or restarts: at
-an episode's first observation EnvPool fills the whole stack with that one frame. A
+so a segment's ``k`` stacks hold only ``k + 3`` distinct frames: the ``k`` it shows and
+the 3 before it that its first stacks reach back to. ``Labels`` keeps each frame once (as
+:mod:`rlhf_jax.replay` does, and by the same rule, :func:`~rlhf_jax.replay.frame_stack`):
+each step's newest frame, after ``history`` frames from before the segment. Each step's
+stack either continues the one before (drops the oldest frame, appends one) or restarts:
+at an episode's first observation EnvPool fills the whole stack with that one frame. A
 restarted step is flagged (``add_labels`` compares neighbouring stacks), and
 :meth:`Labels.observations` rebuilds every stack from the frames (:func:`segment_stacks`,
 the replay's rule: walk back one frame per channel, stopping at the episode's first).
-Stacks that continue or restart this way come back bit for bit. Other observations
-(vectors, MinAtar's grids) are stored whole, ``frames`` being the observations themselves.
 
-Both are pytrees of arrays (``Labels`` also carries its static ``stack``), so they travel
-through ``jit``, ``vmap`` and ``lax.scan`` and are saved with the rest of a run's state.
+How much history a label keeps is ``preferences.frames_before_clip``. By default none: the
+reward model is fitted on the frames the labeller saw ("only decide on events you actually
+witness in the clip", appendix B), each segment's first step rebuilt as an episode's first
+stack is, its frame repeated; so 3,000 Atari labels take 25 frames a segment (0.99 GiB)
+instead of 28 (1.10 GiB), and the first 3 stacks of each labelled clip differ from the ones
+the policy saw in their older frames. With ``frames_before_clip`` (``history = 3``) every
+stack comes back bit for bit, as it was played. Other observations (vectors, MinAtar's
+grids) are stored whole, ``frames`` being the observations themselves. Label datasets on
+disk always keep the history (:func:`frames_on_host`).
+
+Both are pytrees of arrays (``Labels`` also carries its static ``stack`` and ``history``), so
+they travel through ``jit``, ``vmap`` and ``lax.scan`` and are saved with the rest of a run's
+state.
 """
 from __future__ import annotations
 
@@ -69,7 +79,7 @@ class Segments(NamedTuple):
 
 @struct.dataclass
 class Labels:
-    frames: jax.Array  # [C, 2, k + stack - 1, *frame_shape] each segment's frames, oldest first (stack 1: its k observations)
+    frames: jax.Array  # [C, 2, history + k, *frame_shape] each segment's frames, oldest first (stack 1: its k observations)
     restart: jax.Array  # [C, 2, k] bool: step t's stack does not continue step t-1's (always False at t = 0)
     action: jax.Array  # [C, 2, k, *action_shape]
     mu: jax.Array  # [C] float32: probability that segment 0 is the preferred one
@@ -78,6 +88,7 @@ class Labels:
     count: jax.Array  # int32: valid rows (<= C)
     next: jax.Array  # int32: the row the next label is written to (ring)
     stack: int = struct.field(pytree_node=False, default=1)  # frames per observation: replay.frame_stack(spec)
+    history: int = struct.field(pytree_node=False, default=0)  # frames kept from before each segment: 0 or stack - 1
 
     @property
     def capacity(self) -> int:
@@ -92,7 +103,7 @@ class Labels:
         Atari stacks rebuilt from their frames (module docstring). The one way to read them."""
         if self.stack == 1:
             return self.frames[rows]
-        rebuild = jax.vmap(jax.vmap(functools.partial(segment_stacks, stack=self.stack)))
+        rebuild = jax.vmap(jax.vmap(functools.partial(segment_stacks, stack=self.stack, history=self.history)))
         return rebuild(self.frames[rows], self.restart[rows])
 
 
@@ -101,45 +112,54 @@ class LabelledPairs(NamedTuple):
     them: what a label dataset gives a run to start from (``preferences.labels_from``;
     :func:`rlhf_jax.reward.labelers.add_pairs` stores them)."""
 
-    frames: jax.Array  # [P, 2, k + stack - 1, *frame_shape]
+    frames: jax.Array  # [P, 2, k + stack - 1, *frame_shape]: the history always kept, as on disk
     restart: jax.Array  # [P, 2, k] bool
     action: jax.Array  # [P, 2, k, *action_shape]
     mu: jax.Array  # [P] float32
     oracle_return: jax.Array  # [P, 2] float32, NaN where the dataset does not know it
 
 
-def pair_frames(obs: jax.Array, stack: int) -> tuple[jax.Array, jax.Array]:
+def pair_frames(obs: jax.Array, stack: int, history: int) -> tuple[jax.Array, jax.Array]:
     """``(frames, restart)`` as ``Labels`` stores pairs of segments ``obs [P, 2, k, *observation_shape]``
     (:func:`segment_frames` of each; with ``stack = 1`` the observations and no restarts).
     :meth:`Labels.observations` is its inverse."""
     if stack == 1:
         return obs, jnp.zeros(obs.shape[:3], bool)
-    return jax.vmap(jax.vmap(functools.partial(segment_frames, stack=stack)))(obs)
+    return jax.vmap(jax.vmap(functools.partial(segment_frames, stack=stack, history=history)))(obs)
 
 
-def segment_frames(obs: jax.Array, stack: int) -> tuple[jax.Array, jax.Array]:
+def segment_frames(obs: jax.Array, stack: int, history: int) -> tuple[jax.Array, jax.Array]:
     """What ``Labels`` keeps of one segment's stacks ``obs [k, *frame_shape, stack]``: its
-    frames ``[k + stack - 1, *frame_shape]``, the first stack's then each later step's newest,
-    and ``restart [k]``, where a stack does not continue the one before (module docstring)."""
+    frames ``[history + k, *frame_shape]``, the newest ``history + 1`` of the first stack's then
+    each later step's newest, and ``restart [k]``, where a stack does not continue the one
+    before (module docstring)."""
     frame_axes = tuple(range(1, obs.ndim))
     continues = jnp.all(obs[1:, ..., :-1] == obs[:-1, ..., 1:], axis=frame_axes)  # [k - 1]
     restart = jnp.concatenate([jnp.zeros((1,), bool), ~continues])
-    frames = jnp.concatenate([jnp.moveaxis(obs[0], -1, 0), obs[1:, ..., -1]])
-    return frames, restart
+    first = jnp.moveaxis(obs[0], -1, 0)[stack - 1 - history:]
+    return jnp.concatenate([first, obs[1:, ..., -1]]), restart
 
 
-def segment_stacks(frames: jax.Array, restart: jax.Array, stack: int) -> jax.Array:
-    """One segment's stacks ``[k, *frame_shape, stack]`` from :func:`segment_frames`'s output:
+def segment_stacks(frames: jax.Array, restart: jax.Array, stack: int, history: int) -> jax.Array:
+    """One segment's stacks ``[k, *frame_shape, stack]`` from :func:`segment_frames`'s output.
+    Step t's newest frame is ``frames[history + t]``; each channel walks back one frame:
 
-        stack(t)[..., c] = frames[max(t + c, floor(t))],   c = 0 .. stack - 1,
+        stack(t)[..., c] = frames[max(history + t - (stack - 1) + c, floor(t))],   c = 0 .. stack - 1,
 
-    ``floor(t)`` the newest frame of the last restarted step at or before t, 0 if none.
-    Exact (bit for bit) when every stack continued the one before or restarted as EnvPool's
-    do, its newest frame repeated."""
+    ``floor(t)`` the newest frame of the last restarted step at or before t, 0 if none: with
+    ``history = 0`` the first step's own frame, so the first stacks repeat it as an episode's
+    first stack does. Exact (bit for bit) with ``history = stack - 1`` when every stack
+    continued the one before or restarted as EnvPool's do, its newest frame repeated."""
     steps = jnp.arange(restart.shape[0])
-    floor = jax.lax.cummax(jnp.where(restart, steps + stack - 1, 0))
-    index = jnp.maximum(steps[:, None] + jnp.arange(stack), floor[:, None])  # [k, stack]
+    floor = jax.lax.cummax(jnp.where(restart, steps + history, 0))
+    index = jnp.maximum(steps[:, None] + history - (stack - 1) + jnp.arange(stack), floor[:, None])  # [k, stack]
     return jnp.moveaxis(frames[index], 1, -1)
+
+
+def drop_history(frames: jax.Array, length: int, history: int) -> jax.Array:
+    """Pairs' frames kept with their full history (``[P, 2, length + stack - 1, ...]``, as on
+    disk) cut down to ``history`` frames before each segment, for ``Labels``."""
+    return frames[:, :, frames.shape[2] - length - history:]
 
 
 def empty_segments(spec: EnvSpec, capacity: int, length: int) -> Segments:
@@ -153,14 +173,17 @@ def empty_segments(spec: EnvSpec, capacity: int, length: int) -> Segments:
     )
 
 
-def empty_labels(spec: EnvSpec, capacity: int, length: int, ensemble_size: int) -> Labels:
+def empty_labels(spec: EnvSpec, capacity: int, length: int, ensemble_size: int,
+                 frames_before_clip: bool = False) -> Labels:
     """An empty database of ``capacity`` labels of ``length``-step segments; Atari frame
-    stacks (:func:`~rlhf_jax.replay.frame_stack`) are kept as frames, each once."""
+    stacks (:func:`~rlhf_jax.replay.frame_stack`) are kept as frames, each once, with the
+    ``stack - 1`` frames before each segment if ``frames_before_clip`` (module docstring)."""
     shape, dtype = action_shape_dtype(spec)
     stack = frame_stack(spec)
+    history = stack - 1 if frames_before_clip else 0
     frame_shape = tuple(spec.observation_shape[:-1]) if stack > 1 else tuple(spec.observation_shape)
     return Labels(
-        frames=jnp.zeros((capacity, 2, length + stack - 1, *frame_shape), spec.observation_dtype),
+        frames=jnp.zeros((capacity, 2, history + length, *frame_shape), spec.observation_dtype),
         restart=jnp.zeros((capacity, 2, length), bool),
         action=jnp.zeros((capacity, 2, length, *shape), dtype),
         mu=jnp.zeros((capacity,), jnp.float32),
@@ -169,12 +192,14 @@ def empty_labels(spec: EnvSpec, capacity: int, length: int, ensemble_size: int) 
         count=jnp.zeros((), jnp.int32),
         next=jnp.zeros((), jnp.int32),
         stack=stack,
+        history=history,
     )
 
 
-def labels_nbytes(spec: EnvSpec, capacity: int, length: int, ensemble_size: int) -> int:
+def labels_nbytes(spec: EnvSpec, capacity: int, length: int, ensemble_size: int,
+                  frames_before_clip: bool = False) -> int:
     """Device bytes of ``empty_labels(...)``, found with ``jax.eval_shape`` (nothing is allocated)."""
-    shapes = jax.eval_shape(lambda: empty_labels(spec, capacity, length, ensemble_size))
+    shapes = jax.eval_shape(lambda: empty_labels(spec, capacity, length, ensemble_size, frames_before_clip))
     return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(shapes)))
 
 
@@ -191,7 +216,7 @@ def frames_on_host(obs: np.ndarray, stack: int, chunk: int = 256) -> tuple[np.nd
     NumPy, ``chunk`` rows at a time: ``(frames [N, c, k + stack - 1, *frame_shape], restart [N, c, k])``."""
     if stack == 1:
         return np.asarray(obs), np.zeros(obs.shape[:3], bool)
-    split = jax.jit(functools.partial(pair_frames, stack=stack))
+    split = jax.jit(functools.partial(pair_frames, stack=stack, history=stack - 1))
     parts = [jax.device_get(split(obs[i:i + chunk])) for i in range(0, len(obs), chunk)]
     if not parts:
         return (np.zeros((0, *obs.shape[1:2], obs.shape[2] + stack - 1, *obs.shape[3:-1]), obs.dtype),
@@ -204,7 +229,7 @@ def stacks_on_host(frames: np.ndarray, restart: np.ndarray, stack: int, chunk: i
     rebuilt from its frames (:func:`segment_stacks`), ``chunk`` rows at a time."""
     if stack == 1:
         return np.asarray(frames)
-    rebuild = jax.jit(jax.vmap(jax.vmap(functools.partial(segment_stacks, stack=stack))))
+    rebuild = jax.jit(jax.vmap(jax.vmap(functools.partial(segment_stacks, stack=stack, history=stack - 1))))
     parts = [np.asarray(rebuild(frames[i:i + chunk], restart[i:i + chunk])) for i in range(0, len(frames), chunk)]
     if not parts:
         return np.zeros((*restart.shape, *frames.shape[3:], stack), frames.dtype)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.config_base import check_fields, in_range, non_negative
-from rlhf_jax.reward.data import Labels, LabelledPairs, Segments, pair_frames
+from rlhf_jax.reward.data import Labels, LabelledPairs, Segments, drop_history, pair_frames
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +117,7 @@ def add_labels(
     def pair(x):
         return jnp.stack([x[index_1], x[index_2]], axis=1)  # [P, 2, ...]
 
-    frames, restart = pair_frames(pair(segments.obs), labels.stack)
+    frames, restart = pair_frames(pair(segments.obs), labels.stack, labels.history)
     holdout = jax.random.bernoulli(key, validation_fraction, (index_1.shape[0], labels.holdout.shape[1]))
     pairs = LabelledPairs(frames, restart, pair(segments.action), mu, pair(segments.oracle_reward.sum(axis=-1)))
     return _write(labels, pairs, answered.astype(bool), holdout)
@@ -130,7 +130,8 @@ def add_pairs(labels: Labels, pairs: LabelledPairs, key: jax.Array,
     training set as :func:`add_labels` holds out new labels: this run's own draw."""
     count = pairs.mu.shape[0]
     holdout = jax.random.bernoulli(key, validation_fraction, (count, labels.holdout.shape[1]))
-    return _write(labels, pairs, jnp.ones((count,), bool), holdout)
+    frames = drop_history(pairs.frames, labels.length, labels.history)
+    return _write(labels, pairs._replace(frames=frames), jnp.ones((count,), bool), holdout)
 
 
 def _write(labels: Labels, pairs: LabelledPairs, answered: jax.Array, holdout: jax.Array) -> Labels:

@@ -74,7 +74,8 @@ class PreferenceLearner:
         ensemble = reward_model.init_ensemble(key, self.model, self.spec)
         obs = clips.obs.reshape(-1, *self.spec.observation_shape)
         ensemble = reward_model.set_input_statistics(ensemble, self.model, self.spec, obs)
-        labels = empty_labels(self.spec, self.settings.label_capacity, self.clip_length, self.model.ensemble_size)
+        labels = empty_labels(self.spec, self.settings.label_capacity, self.clip_length, self.model.ensemble_size,
+                              self.prefs.frames_before_clip)
         return PreferenceState(ensemble, labels)
 
     def head_start(self, state: PreferenceState, given: HeadStart, key) -> PreferenceState:
