@@ -513,7 +513,8 @@ def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick:
 
 
 def summary(ledger: dict, task_order: list[str], max_points: int = 200) -> dict:
-    """Per task and line: the seeds' final returns and the mean curve (at most ``max_points``)."""
+    """Per task and line: the seeds' final returns, the mean curve (at most ``max_points``), and
+    the command and commit that made it."""
     result = {}
     for task, lines in lines_by_task(ledger, task_order).items():
         result[task] = {}
@@ -527,6 +528,8 @@ def summary(ledger: dict, task_order: list[str], max_points: int = 200) -> dict:
                 "final_return": float(np.mean(known)) if known else None,
                 "final_return_per_seed": finals,
                 "seconds_per_seed": [r["seconds"] for r in records],
+                # What made the cell (one sweep: the same for every seed); absent from old ledgers.
+                "made_by": sorted({(r.get("command"), r.get("commit")) for r in records if "commit" in r}),
                 "env_steps": steps[::every].tolist(),
                 "mean_return": [None if not np.isfinite(v) else round(float(v), 3) for v in mean[::every]],
             }
@@ -617,11 +620,14 @@ def sweep_records(cell: Cell, config: ExperimentConfig, directory: Path, seconds
 
 
 def execute_cells(cells: list[Cell], ledger_path: Path, runs_dir: Path, steps: int, points: int, seeds: int,
-                  after_cell: Callable | None = None, run_sweep: Callable | None = None) -> dict:
+                  after_cell: Callable | None = None, run_sweep: Callable | None = None,
+                  provenance: dict | None = None) -> dict:
     """Run every cell the ledger lacks, one sweep of ``seeds`` seeds each, and record it when it
     finishes. A cell begun before goes on from its newest checkpoint (every chunk has one); a
     finished one never runs again. ``run_sweep(directory, base, seeds)`` is the sweep unless given
-    (the tests give a stand-in); ``after_cell(ledger)`` runs after each cell is recorded."""
+    (the tests give a stand-in); ``after_cell(ledger)`` runs after each cell is recorded;
+    ``provenance`` (the command and the commit this process runs, :func:`provenance_of`) goes
+    into each record."""
     from rlhf_jax.sweep import SWEEP_FILE, Sweep
 
     def sweep(directory: Path, base: dict, seeds: int) -> None:
@@ -646,7 +652,7 @@ def execute_cells(cells: list[Cell], ledger_path: Path, runs_dir: Path, steps: i
         run_sweep(Path(config.run.dir), to_dict(config), seeds)
         records = sweep_records(cell, config, Path(config.run.dir), time.perf_counter() - start)
         for record in records:
-            ledger["runs"][f"{cell.key}/seed{record['seed']}"] = record
+            ledger["runs"][f"{cell.key}/seed{record['seed']}"] = {**record, **(provenance or {})}
         save_json(ledger_path, ledger)
         finals = [final_return(r["episode_return"]) for r in records]
         print(f"    finished in {_duration(time.perf_counter() - start)}: final true returns "
@@ -721,6 +727,12 @@ def cpu_headline(result: dict) -> list:
                          result["tasks_at_0.8_from_700_labels"], len(rows), None,
                          Target.on(result, "tasks_at_0.8_from_700_labels", ">=", 6)))
     return rows
+
+
+def provenance_of(argv: list[str]) -> dict:
+    """What made a cell: the command, and the commit whose code this process imported (taken at
+    its start, before any cell runs: commits made while it runs do not change its code)."""
+    return {"command": "python -m benchmarks.reproduce " + " ".join(argv), **git_commit()}
 
 
 def git_commit() -> dict:
@@ -805,6 +817,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{run_command(run, config)}   # {run.key}")
         return
     enable_compilation_cache()
+    provenance = provenance_of(sys.argv[1:] if argv is None else argv)
     ledger_path = RESULTS / f"{name}_runs.json"
     png = RESULTS / f"{name}.png"
     task_order = list(task_table)
@@ -822,8 +835,7 @@ def main(argv: list[str] | None = None) -> None:
             result = with_ratios(result)
             gains = {task: cells["700 labels"]["gain_ratio_to_rl"] for task, cells in result.items()
                      if "700 labels" in cells and rl_cell(cells) is not None}
-            extra = {"command": "python -m benchmarks.reproduce " + " ".join(sys.argv[1:] if argv is None else argv),
-                     **git_commit(), "cells_finished": sorted({f"{r['task']}/{r['line']}" for r in ledger["runs"].values()}),
+            extra = {**provenance, "cells_finished": sorted({f"{r['task']}/{r['line']}" for r in ledger["runs"].values()}),
                      "table": ratio_table(result, budgets),
                      **{f"{task}_700_labels_gain_ratio": gain for task, gain in gains.items()},
                      "tasks_at_0.8_from_700_labels": sum(1 for g in gains.values() if g is not None and g >= 0.8)}
@@ -840,7 +852,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if cpu:
             ledger = execute_cells(cpu_cells(figure, tasks, budgets, baselines), ledger_path, runs_dir, steps, points,
-                                   seeds, after_cell=publish)
+                                   seeds, after_cell=publish, provenance=provenance)
         else:
             ledger = execute(runs, ledger_path, runs_dir, steps, points,
                              after_run=lambda ledger: plot(ledger, figure, task_order, png, args.quick))

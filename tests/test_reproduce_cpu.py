@@ -115,8 +115,9 @@ def fake_sweep(calls, interrupt_at=None):
 def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     cells = reproduce.cpu_cells(reproduce.FIGURES[2], ["hopper"], [700], ["trpo"])
     ledger_path, runs_dir = tmp_path / "ledger.json", tmp_path / "runs"
+    made_by = {"command": "python -m benchmarks.reproduce --figure 2 --backend cpu", "commit": "abc", "uncommitted_changes": False}
     execute = lambda calls, **kw: reproduce.execute_cells(  # noqa: E731
-        cells, ledger_path, runs_dir, 10_000, 2, 2, run_sweep=fake_sweep(calls, **kw))
+        cells, ledger_path, runs_dir, 10_000, 2, 2, run_sweep=fake_sweep(calls, **kw), provenance=made_by)
     calls = []
     with pytest.raises(KeyboardInterrupt):  # the second cell is interrupted: the first is kept
         execute(calls, interrupt_at=2)
@@ -126,12 +127,14 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     assert len(calls) == 1 and calls[0].name.startswith("700-labels-")  # only the unfinished cell
     record = ledger["runs"]["hopper/700 labels/seed1"]
     assert record["episode_return"] == [40.0, 80.0] and record["backend"] == "cpu"
+    assert {key: record[key] for key in made_by} == made_by  # each cell says what made it
     calls = []
     execute(calls)
     assert calls == []  # every cell finished: nothing runs again
 
     result = reproduce.with_ratios(reproduce.summary(ledger, ["hopper"]))
     cell = result["hopper"]["700 labels"]
+    assert cell["made_by"] == [(made_by["command"], "abc")]
     assert cell["ratio_to_rl"] == pytest.approx(0.8)
     # gains over the first point (the mean of both lines' first points, 45): (80 - 45) / (100 - 45)
     assert cell["gain_ratio_to_rl"] == pytest.approx(35 / 55, abs=1e-4)
