@@ -89,7 +89,7 @@ from rlhf_jax.config import ExperimentConfig, flat_keys, load_config, to_dict
 from rlhf_jax.config_base import read_yaml
 from rlhf_jax.envs import make
 from rlhf_jax.reward.config import resolve
-from rlhf_jax.errors import ConfigError
+from rlhf_jax.errors import ConfigError, Interrupted
 from rlhf_jax.metrics_log import judged_return
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -856,10 +856,11 @@ def main(argv: list[str] | None = None) -> None:
         else:
             ledger = execute(runs, ledger_path, runs_dir, steps, points,
                              after_run=lambda ledger: plot(ledger, figure, task_order, png, args.quick))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted) as stop:
+        # Ctrl-C inside a cell reaches here as the run's Interrupted, its checkpoint whole.
         print(f"\ninterrupted: finished runs are in {ledger_path}; the same command goes on from there",
               file=sys.stderr)
-        sys.exit(130)
+        sys.exit(stop.exit_code if isinstance(stop, Interrupted) else 130)
     result = publish(ledger)
     print(ratio_table(result, budgets) if cpu else table(result))
 
