@@ -357,12 +357,14 @@ def run_command(run: Run, config: ExperimentConfig) -> str:
 
 
 def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, points: int = 0,
-            train_fn: Callable | None = None, progress: bool = True, after_run: Callable | None = None) -> dict:
+            train_fn: Callable | None = None, progress: bool = True, after_run: Callable | None = None,
+            provenance: dict | None = None) -> dict:
     """Train every run of ``runs`` that the ledger lacks, recording each as it finishes.
 
     ``train_fn(config, resume=None, progress=True)`` is :func:`rlhf_jax.trainer.train`
     unless given (the tests give a stand-in). ``after_run(ledger)`` is called after each
-    run is recorded (the figure is redrawn there). Returns the ledger."""
+    run is recorded (the figure is redrawn there); ``provenance`` (:func:`provenance_of`)
+    goes into each record, as :func:`execute_cells` puts it. Returns the ledger."""
     if train_fn is None:
         from rlhf_jax.trainer import train as train_fn
     ledger = load_ledger(ledger_path)
@@ -389,7 +391,8 @@ def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, 
                   "config": str(run.config_path.relative_to(ROOT) if run.config_path.is_relative_to(ROOT)
                                 else run.config_path),
                   "overrides": list(run.overrides), "fingerprint": fingerprint_of(config),
-                  "run_dir": str(run_dir), "seconds": round(spent[-1], 1), **read_curve(run_dir)}
+                  "run_dir": str(run_dir), "seconds": round(spent[-1], 1), **read_curve(run_dir),
+                  **(provenance or {})}
         ledger["runs"][run.key] = record
         save_json(ledger_path, ledger)
         final = final_return(record["episode_return"])
@@ -854,7 +857,7 @@ def main(argv: list[str] | None = None) -> None:
             ledger = execute_cells(cpu_cells(figure, tasks, budgets, baselines), ledger_path, runs_dir, steps, points,
                                    seeds, after_cell=publish, provenance=provenance)
         else:
-            ledger = execute(runs, ledger_path, runs_dir, steps, points,
+            ledger = execute(runs, ledger_path, runs_dir, steps, points, provenance=provenance,
                              after_run=lambda ledger: plot(ledger, figure, task_order, png, args.quick))
     except (KeyboardInterrupt, Interrupted) as stop:
         # Ctrl-C inside a cell reaches here as the run's Interrupted, its checkpoint whole.

@@ -163,8 +163,10 @@ def test_reproduce_records_each_run_and_skips_finished_ones(tmp_path):
     figure = reproduce.FIGURES[5]
     runs = reproduce.plan(figure, ["cartpole"], [20], ["target"], ["a2c"], 2, reproduce.QUICK_TASKS)
     ledger_path, runs_dir = tmp_path / "ledger.json", tmp_path / "runs"
+    made_by = {"command": "python -m benchmarks.reproduce --figure 5 --quick", "commit": "abc", "uncommitted_changes": True}
     execute = lambda calls, **kw: reproduce.execute(runs, ledger_path, runs_dir, steps=300, points=3,  # noqa: E731
-                                                    train_fn=fake_training(calls, **kw), progress=False)
+                                                    train_fn=fake_training(calls, **kw), progress=False,
+                                                    provenance=made_by)
     calls = []
     with pytest.raises(KeyboardInterrupt):  # the second run is interrupted: the first is kept
         execute(calls, interrupt_at=2)
@@ -178,6 +180,7 @@ def test_reproduce_records_each_run_and_skips_finished_ones(tmp_path):
     record = ledger["runs"]["cartpole/target/seed1"]
     assert record["episode_return"] == [10.0, None, 30.0] and record["labels"] == [5.0, 7.0, 9.0]
     assert record["overrides"] == ["preferences.labels=20", "reward_model.loss=target"]
+    assert {key: record[key] for key in made_by} == made_by  # each run says what made it
 
     calls = []
     execute(calls)

@@ -121,23 +121,24 @@ class LabelledPairs(NamedTuple):
 
 def pair_frames(obs: jax.Array, stack: int, history: int) -> tuple[jax.Array, jax.Array]:
     """``(frames, restart)`` as ``Labels`` stores pairs of segments ``obs [P, 2, k, *observation_shape]``
-    (:func:`segment_frames` of each; with ``stack = 1`` the observations and no restarts).
+    (:func:`segment_frames` of each, cut to ``history`` frames before each segment by
+    :func:`drop_history`; with ``stack = 1`` the observations and no restarts).
     :meth:`Labels.observations` is its inverse."""
     if stack == 1:
         return obs, jnp.zeros(obs.shape[:3], bool)
-    return jax.vmap(jax.vmap(functools.partial(segment_frames, stack=stack, history=history)))(obs)
+    frames, restart = jax.vmap(jax.vmap(functools.partial(segment_frames, stack=stack)))(obs)
+    return drop_history(frames, obs.shape[2], history), restart
 
 
-def segment_frames(obs: jax.Array, stack: int, history: int) -> tuple[jax.Array, jax.Array]:
-    """What ``Labels`` keeps of one segment's stacks ``obs [k, *frame_shape, stack]``: its
-    frames ``[history + k, *frame_shape]``, the newest ``history + 1`` of the first stack's then
-    each later step's newest, and ``restart [k]``, where a stack does not continue the one
-    before (module docstring)."""
+def segment_frames(obs: jax.Array, stack: int) -> tuple[jax.Array, jax.Array]:
+    """Every distinct frame of one segment's stacks ``obs [k, *frame_shape, stack]``: its
+    frames ``[k + stack - 1, *frame_shape]``, the first stack's then each later step's newest,
+    and ``restart [k]``, where a stack does not continue the one before (module docstring)."""
     frame_axes = tuple(range(1, obs.ndim))
     continues = jnp.all(obs[1:, ..., :-1] == obs[:-1, ..., 1:], axis=frame_axes)  # [k - 1]
     restart = jnp.concatenate([jnp.zeros((1,), bool), ~continues])
-    first = jnp.moveaxis(obs[0], -1, 0)[stack - 1 - history:]
-    return jnp.concatenate([first, obs[1:, ..., -1]]), restart
+    frames = jnp.concatenate([jnp.moveaxis(obs[0], -1, 0), obs[1:, ..., -1]])
+    return frames, restart
 
 
 def segment_stacks(frames: jax.Array, restart: jax.Array, stack: int, history: int) -> jax.Array:
@@ -157,8 +158,9 @@ def segment_stacks(frames: jax.Array, restart: jax.Array, stack: int, history: i
 
 
 def drop_history(frames: jax.Array, length: int, history: int) -> jax.Array:
-    """Pairs' frames kept with their full history (``[P, 2, length + stack - 1, ...]``, as on
-    disk) cut down to ``history`` frames before each segment, for ``Labels``."""
+    """Pairs' frames kept with their full history (``[P, 2, length + stack - 1, ...]``, as
+    :func:`segment_frames` gives them and as on disk) cut down to ``history`` frames before
+    each segment, for ``Labels``: the one place a layout's history is chosen."""
     return frames[:, :, frames.shape[2] - length - history:]
 
 
