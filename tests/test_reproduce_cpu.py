@@ -4,12 +4,14 @@ for the sweep."""
 import csv
 import dataclasses
 import json
+import signal
 from pathlib import Path
 
 import pytest
 import yaml
 
 from benchmarks import reproduce
+from rlhf_jax.errors import Interrupted
 from rlhf_jax.sweep import SWEEP_FILE
 
 TASKS = ["reacher", "hopper"]
@@ -139,3 +141,18 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     # gains over the first point (the mean of both lines' first points, 45): (80 - 45) / (100 - 45)
     assert cell["gain_ratio_to_rl"] == pytest.approx(35 / 55, abs=1e-4)
     assert "| hopper | 100.0 | 80.0 (0.80; 0.64) |" in reproduce.ratio_table(result, [700])
+
+
+@pytest.mark.parametrize("stop, code", [(KeyboardInterrupt(), 130), (Interrupted(signal.SIGTERM, "stopped"), 143)])
+def test_a_stop_inside_a_cell_ends_the_command_with_its_resume_message(monkeypatch, capsys, stop, code):
+    """Ctrl-C (or SIGTERM) inside a cell reaches the command as the run's Interrupted, its
+    checkpoint whole: the command says where the finished cells are and that the same command
+    goes on from there, and exits with the signal's status instead of a traceback."""
+    def interrupted(*args, **kwargs):
+        raise stop
+
+    monkeypatch.setattr(reproduce, "execute_cells", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        reproduce.main(["--figure", "2", "--backend", "cpu", "--tasks", "hopper"])
+    assert exit_.value.code == code
+    assert "the same command goes on from there" in capsys.readouterr().err
