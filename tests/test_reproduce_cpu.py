@@ -60,17 +60,17 @@ def test_trpo_on_the_oracle_runs_after_the_second_budget_with_the_ends_hidden():
 
 
 def test_inverted_pendulum_trains_on_short_episodes_and_every_line_is_scored_on_the_task():
-    """InvertedPendulum's preference runs and its oracle line train on 100-step episodes and are
+    """InvertedPendulum's preference runs and its oracle line train on 250-step episodes and are
     scored on the task's own (``run.score_on_task``); RL trains on the task itself."""
     cells = {c.line: reproduce.cell_config(c, 20_000, 4, Path("/tmp/unused")) for c in reproduce.cpu_cells(
         reproduce.FIGURES[2], ["invertedpendulum"], [700], ["trpo", "oracle"])}
     rl, labels, oracle = cells["RL (trpo)"], cells["700 labels"], cells[reproduce.ORACLE_LINE]
     for shortened in (labels, oracle):
-        assert shortened.env.max_episode_steps == 100 and shortened.env.hide_episode_end
+        assert shortened.env.max_episode_steps == 250 and shortened.env.hide_episode_end
         assert shortened.run.score_on_task and shortened.run.eval_episodes == 8
     assert rl.env.max_episode_steps == 0 and not rl.run.score_on_task and not rl.env.hide_episode_end
-    # 5 copies x 1,000 steps a batch: whole 100-step episodes, as on MJX (50 copies x 100)
-    assert labels.trpo.batch_size % (labels.env.num_envs * 100) == 0
+    # 5 copies x 1,000 steps a batch: whole 250-step episodes, as on MJX (20 copies x 250)
+    assert labels.trpo.batch_size % (labels.env.num_envs * 250) == 0
     assert reproduce.preference_task(reproduce.PAPER / "mujoco/halfcheetah.yaml") == ()
 
 
