@@ -575,16 +575,19 @@ def test_an_edited_learning_rate_is_applied_on_resume_and_other_edits_are_refuse
 
 
 # ------------------------------------------------------------------- Ctrl-C and SIGTERM
-# Chunks of 200 DQN steps take milliseconds: a quarter of a second after each logged row keeps
-# the run going until the signal from a busy test process reaches it.
-SLOW_ROWS = """
-import sys, time
+# The run signals itself once its first chunk's row is written, so the signal lands while
+# chunks are left, however slowly the machine runs the test (a test that polled for the row
+# from outside once saw the whole run end first under the suite's load on two cores).
+SIGNAL_AFTER_FIRST_ROW = """
+import os, sys
 from rlhf_jax import metrics_log
 append = metrics_log.MetricsLog.append
-def append_slowly(self, row):
+def append_then_signal(self, row):
     append(self, row)
-    time.sleep(0.25)
-metrics_log.MetricsLog.append = append_slowly
+    if not getattr(append_then_signal, "sent", False):
+        append_then_signal.sent = True
+        os.kill(os.getpid(), SIGNAL_NUMBER)
+metrics_log.MetricsLog.append = append_then_signal
 from rlhf_jax.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -593,19 +596,12 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.parametrize("number, name", [(signal.SIGINT, "Ctrl-C (SIGINT)"), (signal.SIGTERM, "SIGTERM")],
                          ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_and_sigterm_save_the_newest_state_and_exit_cleanly(number, name, dqn_whole, tmp_path):
-    """A real signal to a real run that saves only at its end: it stops after the chunk in
-    flight, saves it, says so and exits with 128 + the signal's number; resumed, it ends
-    exactly like a run never interrupted."""
+    """A real signal to a real run that saves only at its end, sent once its first chunk is
+    done: it stops after the chunk in flight, saves it, says so and exits with 128 + the
+    signal's number; resumed, it ends exactly like a run never interrupted."""
     run_dir = tmp_path / "stopped"
     process, log = start_training([*DQN, "run.checkpoint_every_updates=1000000", "run.checkpoint_every_minutes=0"],
-                                  run_dir, SLOW_ROWS)
-    metrics = run_dir / "metrics.csv"
-    deadline = time.monotonic() + 300
-    while process.poll() is None and time.monotonic() < deadline:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:  # a chunk done
-            os.kill(process.pid, number)
-            break
-        time.sleep(0.02)
+                                  run_dir, f"SIGNAL_NUMBER = {int(number)}\n" + SIGNAL_AFTER_FIRST_ROW)
     assert process.wait(timeout=120) == 128 + number, log.read_text()[-3000:]
     text = log.read_text()
     (chunk,) = saved_chunks(run_dir)
