@@ -576,9 +576,13 @@ def test_an_edited_learning_rate_is_applied_on_resume_and_other_edits_are_refuse
 
 # ------------------------------------------------------------------- Ctrl-C and SIGTERM
 # The run signals itself once its first chunk's row is written, so no timing between two
-# processes decides whether chunks are left when the signal lands.
+# processes decides whether chunks are left when the signal lands. It first takes Ctrl-C as a
+# terminal's foreground job does: a suite started in the background by a non-interactive
+# shell hands its children SIGINT ignored, and a run keeps a signal it was started ignoring
+# ignored, as nohup expects.
 SIGNAL_AFTER_FIRST_ROW = """
-import os, sys
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 from rlhf_jax import metrics_log
 append = metrics_log.MetricsLog.append
 def append_then_signal(self, row):
