@@ -576,13 +576,13 @@ def test_an_edited_learning_rate_is_applied_on_resume_and_other_edits_are_refuse
 
 # ------------------------------------------------------------------- Ctrl-C and SIGTERM
 # The run signals itself once its first chunk's row is written, so no timing between two
-# processes decides whether chunks are left when the signal lands. It first takes Ctrl-C as a
-# terminal's foreground job does: a suite started in the background by a non-interactive
-# shell hands its children SIGINT ignored, and a run keeps a signal it was started ignoring
-# ignored, as nohup expects.
+# processes decides whether chunks are left when the signal lands. It first sets how it takes
+# Ctrl-C (SIGINT_AT_START), as a terminal's foreground job (SIG_DFL) or a script's background
+# job (SIG_IGN) would: a suite started with & by a non-interactive shell hands its children
+# SIGINT ignored, so the tests say which they mean.
 SIGNAL_AFTER_FIRST_ROW = """
 import os, signal, sys
-signal.signal(signal.SIGINT, signal.SIG_DFL)
+signal.signal(signal.SIGINT, SIGINT_AT_START)
 from rlhf_jax import metrics_log
 append = metrics_log.MetricsLog.append
 def append_then_signal(self, row):
@@ -596,6 +596,11 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def signal_after_first_row(number: int, sigint_at_start: signal.Handlers) -> str:
+    return f"import signal\nSIGNAL_NUMBER = {int(number)}\nSIGINT_AT_START = signal.{sigint_at_start.name}\n" \
+           + SIGNAL_AFTER_FIRST_ROW
+
+
 @pytest.mark.parametrize("number, name", [(signal.SIGINT, "Ctrl-C (SIGINT)"), (signal.SIGTERM, "SIGTERM")],
                          ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_and_sigterm_save_the_newest_state_and_exit_cleanly(number, name, dqn_whole, tmp_path):
@@ -604,7 +609,7 @@ def test_ctrl_c_and_sigterm_save_the_newest_state_and_exit_cleanly(number, name,
     signal's number; resumed, it ends exactly like a run never interrupted."""
     run_dir = tmp_path / "stopped"
     process, log = start_training([*DQN, "run.checkpoint_every_updates=1000000", "run.checkpoint_every_minutes=0"],
-                                  run_dir, f"SIGNAL_NUMBER = {int(number)}\n" + SIGNAL_AFTER_FIRST_ROW)
+                                  run_dir, signal_after_first_row(number, signal.SIG_DFL))
     assert process.wait(timeout=120) == 128 + number, log.read_text()[-3000:]
     text = log.read_text()
     (chunk,) = saved_chunks(run_dir)
@@ -615,3 +620,14 @@ def test_ctrl_c_and_sigterm_save_the_newest_state_and_exit_cleanly(number, name,
     assert main(["train", "--resume", str(run_dir)]) == 0
     (_, resumed), (_, whole) = final_states(run_dir, dqn_whole)
     assert_same_trees(resumed, whole)
+
+
+def test_a_run_started_ignoring_ctrl_c_keeps_ignoring_it(tmp_path):
+    """A background job of a script starts with SIGINT ignored; as nohup expects, the run does
+    not take it up: a Ctrl-C after its first chunk changes nothing, and it runs to its end."""
+    run_dir = tmp_path / "background"
+    process, log = start_training([*DQN, "run.checkpoint_every_updates=1000000", "run.checkpoint_every_minutes=0"],
+                                  run_dir, signal_after_first_row(signal.SIGINT, signal.SIG_IGN))
+    assert process.wait(timeout=120) == 0, log.read_text()[-3000:]
+    assert saved_chunks(run_dir) == [7]
+    assert "Ctrl-C" not in log.read_text()
