@@ -577,28 +577,25 @@ def test_an_edited_learning_rate_is_applied_on_resume_and_other_edits_are_refuse
 # ------------------------------------------------------------------- Ctrl-C and SIGTERM
 # The run signals itself once its first chunk's row is written, so no timing between two
 # processes decides whether chunks are left when the signal lands. It first sets how it takes
-# Ctrl-C (SIGINT_AT_START), as a terminal's foreground job (SIG_DFL) or a script's background
+# Ctrl-C ({sigint_at_start}), as a terminal's foreground job (SIG_DFL) or a script's background
 # job (SIG_IGN) would: a suite started with & by a non-interactive shell hands its children
 # SIGINT ignored, so the tests say which they mean.
 SIGNAL_AFTER_FIRST_ROW = """
 import os, signal, sys
-signal.signal(signal.SIGINT, SIGINT_AT_START)
+signal.signal(signal.SIGINT, signal.{sigint_at_start})
 from rlhf_jax import metrics_log
 append = metrics_log.MetricsLog.append
 def append_then_signal(self, row):
     append(self, row)
     if not getattr(append_then_signal, "sent", False):
         append_then_signal.sent = True
-        os.kill(os.getpid(), SIGNAL_NUMBER)
+        os.kill(os.getpid(), {number})
 metrics_log.MetricsLog.append = append_then_signal
 from rlhf_jax.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-
-
-def signal_after_first_row(number: int, sigint_at_start: signal.Handlers) -> str:
-    return f"import signal\nSIGNAL_NUMBER = {int(number)}\nSIGINT_AT_START = signal.{sigint_at_start.name}\n" \
-           + SIGNAL_AFTER_FIRST_ROW
+# A DQN run that saves only at its end, so the one checkpoint a stop leaves is the stop's.
+DQN_SAVED_AT_END = [*DQN, "run.checkpoint_every_updates=1000000", "run.checkpoint_every_minutes=0"]
 
 
 @pytest.mark.parametrize("number, name", [(signal.SIGINT, "Ctrl-C (SIGINT)"), (signal.SIGTERM, "SIGTERM")],
@@ -608,8 +605,8 @@ def test_ctrl_c_and_sigterm_save_the_newest_state_and_exit_cleanly(number, name,
     done: it stops after the chunk in flight, saves it, says so and exits with 128 + the
     signal's number; resumed, it ends exactly like a run never interrupted."""
     run_dir = tmp_path / "stopped"
-    process, log = start_training([*DQN, "run.checkpoint_every_updates=1000000", "run.checkpoint_every_minutes=0"],
-                                  run_dir, signal_after_first_row(number, signal.SIG_DFL))
+    process, log = start_training(DQN_SAVED_AT_END, run_dir,
+                                  SIGNAL_AFTER_FIRST_ROW.format(number=int(number), sigint_at_start="SIG_DFL"))
     assert process.wait(timeout=120) == 128 + number, log.read_text()[-3000:]
     text = log.read_text()
     (chunk,) = saved_chunks(run_dir)
@@ -626,8 +623,8 @@ def test_a_run_started_ignoring_ctrl_c_keeps_ignoring_it(tmp_path):
     """A background job of a script starts with SIGINT ignored; as nohup expects, the run does
     not take it up: a Ctrl-C after its first chunk changes nothing, and it runs to its end."""
     run_dir = tmp_path / "background"
-    process, log = start_training([*DQN, "run.checkpoint_every_updates=1000000", "run.checkpoint_every_minutes=0"],
-                                  run_dir, signal_after_first_row(signal.SIGINT, signal.SIG_IGN))
+    process, log = start_training(DQN_SAVED_AT_END, run_dir,
+                                  SIGNAL_AFTER_FIRST_ROW.format(number=int(signal.SIGINT), sigint_at_start="SIG_IGN"))
     assert process.wait(timeout=120) == 0, log.read_text()[-3000:]
     assert saved_chunks(run_dir) == [7]
     assert "Ctrl-C" not in log.read_text()
