@@ -83,10 +83,19 @@ def test_fisher_vector_product_equals_the_explicit_hessian_of_the_kl(space):
     hessian = np.asarray(jax.jit(jax.hessian(mean_kl))(flat))  # the whole P x P matrix, only for the test
     assert hessian.shape == (flat.size, flat.size)
     vectors = jax.random.normal(jax.random.PRNGKey(3), (4, flat.size))
-    fvp = jax.jit(jax.vmap(lambda v: ops.fisher_vector_product(mean_kl, flat, v)))
-    damped = jax.jit(jax.vmap(lambda v: ops.fisher_vector_product(mean_kl, flat, v, damping=0.1)))
-    np.testing.assert_allclose(fvp(vectors), vectors @ hessian, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(damped(vectors), vectors @ hessian + 0.1 * vectors, rtol=1e-4, atol=1e-5)
+    outputs = lambda theta: policy.apply(unravel(theta), obs)
+    kl_from = lambda old, new: trpo._kl(old, new, continuous).mean()
+
+    def products(damping):
+        dist, product = ops.fisher_vector_product(outputs, kl_from, flat, damping)
+        return dist, jax.vmap(product)(vectors)
+
+    dist, undamped = jax.jit(lambda: products(0.0))()
+    _, damped = jax.jit(lambda: products(0.1))()
+    np.testing.assert_allclose(undamped, vectors @ hessian, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(damped, vectors @ hessian + 0.1 * vectors, rtol=1e-4, atol=1e-5)
+    # It hands back the old policy's distribution, which it computes anyway.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), dist, old)
 
 
 def test_the_kl_hessian_is_the_fisher_information_of_the_gaussian_policy():
@@ -95,7 +104,6 @@ def test_the_kl_hessian_is_the_fisher_information_of_the_gaussian_policy():
     # information of a Gaussian in those coordinates.
     policy, flat, unravel, obs = tiny_policy(Box(-1.0, 1.0, (2,)))
     old = jax.lax.stop_gradient(policy.apply(unravel(flat), obs))
-    mean_kl = lambda theta: trpo._kl(old, policy.apply(unravel(theta), obs), True).mean()
 
     outputs = lambda theta: jnp.concatenate(policy.apply(unravel(theta), obs), axis=-1)  # [S, 4]
     jacobian = np.asarray(jax.jit(jax.jacobian(outputs))(flat), np.float64)  # [S, 4, P]
@@ -105,7 +113,8 @@ def test_the_kl_hessian_is_the_fisher_information_of_the_gaussian_policy():
         m = np.diag(np.concatenate([1.0 / sigma2[s], [2.0, 2.0]]))
         fisher += jacobian[s].T @ m @ jacobian[s] / obs.shape[0]
     v = np.asarray(jax.random.normal(jax.random.PRNGKey(4), (flat.size,)))
-    fvp = jax.jit(lambda v: ops.fisher_vector_product(mean_kl, flat, v))
+    kl_from = lambda old, new: trpo._kl(old, new, True).mean()
+    fvp = jax.jit(lambda v: ops.fisher_vector_product(lambda theta: policy.apply(unravel(theta), obs), kl_from, flat)[1](v))
     np.testing.assert_allclose(fvp(jnp.asarray(v, jnp.float32)), fisher @ v, rtol=1e-3, atol=1e-5)
 
 
@@ -153,14 +162,18 @@ def test_the_line_search_never_accepts_a_step_that_breaks_the_kl_bound():
         return g @ d - 0.5 * curvature * xp.sum(d**2)
 
     def search(a, x0, g, quartic, curvature, full_step):
-        evaluate = lambda x: (surrogate(x, x0, g, curvature, jnp), kl(x, a, x0, quartic, jnp))
+        # L(theta_old) = 3, so that the gain reported is not L itself.
+        evaluate = lambda x: (3.0 + surrogate(x, x0, g, curvature, jnp), kl(x, a, x0, quartic, jnp))
         return ops.backtracking_line_search(evaluate, x0, full_step, max_kl, 10, 0.5)
 
     f32 = lambda x: jnp.asarray(x, jnp.float32)
-    xs, fractions = jax.jit(jax.vmap(search))(*map(f32, (a, x0, g, quartic, curvature, full_step)))
+    xs, fractions, gains, kls = jax.jit(jax.vmap(search))(*map(f32, (a, x0, g, quartic, curvature, full_step)))
     for i in range(trials):
         x = np.asarray(xs[i], np.float64)
         assert kl(x, a[i], x0[i], quartic[i]) <= max_kl * (1 + 1e-4)
+        # What it reports is measured at the step it took (0 and 0 where it stayed put).
+        np.testing.assert_allclose(float(kls[i]), kl(x, a[i], x0[i], quartic[i]), rtol=1e-3, atol=1e-6)
+        np.testing.assert_allclose(float(gains[i]), surrogate(x, x0[i], g[i], curvature[i]), rtol=1e-3, atol=1e-6)
         expected = numpy_line_search(lambda x: surrogate(x, x0[i], g[i], curvature[i]),
                                      lambda x: kl(x, a[i], x0[i], quartic[i]), x0[i], full_step[i], max_kl, 10, 0.5)
         np.testing.assert_allclose(float(fractions[i]), expected)
@@ -173,8 +186,9 @@ def test_the_line_search_never_accepts_a_step_that_breaks_the_kl_bound():
 def test_the_line_search_stays_put_when_every_step_makes_things_worse():
     x0 = jnp.zeros(3)
     evaluate = lambda x: (-jnp.sum(x), 0.5 * jnp.sum(x**2))  # the step direction lowers the surrogate
-    x, fraction = ops.backtracking_line_search(evaluate, x0, jnp.ones(3), 0.01)
+    x, fraction, gain, kl = ops.backtracking_line_search(evaluate, x0, jnp.ones(3), 0.01)
     assert float(fraction) == 0.0 and np.all(np.asarray(x) == 0.0)
+    assert float(gain) == 0.0 and float(kl) == 0.0
 
 
 # --- KL divergences -------------------------------------------------------------------------

@@ -261,32 +261,30 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
     def update_policy(policy_params, observations, actions, advantages, mask):
         """One natural-gradient step with a line search (Schulman et al. 2015, appendix C)."""
         flat_old, unravel = ravel_pytree(policy_params)
-        old_dist = jax.lax.stop_gradient(policy.apply(policy_params, observations))
+        dist_of = lambda flat: policy.apply(unravel(flat), observations)
+        mean_kl_from = lambda old, new: ops.masked_mean(_kl(old, new, continuous), mask)
+        old_dist, fvp = fisher_vector_product(dist_of, mean_kl_from, flat_old, config.cg_damping)
         old_log_prob = _log_prob(old_dist, actions, continuous)
 
-        def surrogate(flat):
-            dist = policy.apply(unravel(flat), observations)
+        def surrogate(dist):
             ratio = jnp.exp(_log_prob(dist, actions, continuous) - old_log_prob)
             entropy = jnp.broadcast_to(_entropy(dist, continuous), mask.shape)
             return ops.masked_mean(ratio * advantages, mask) + config.entropy_coef * ops.masked_mean(entropy, mask)
 
-        def mean_kl(flat):
-            return ops.masked_mean(_kl(old_dist, policy.apply(unravel(flat), observations), continuous), mask)
+        def surrogate_and_kl(flat):  # one pass of the network for both
+            dist = dist_of(flat)
+            return surrogate(dist), mean_kl_from(old_dist, dist)
 
-        gradient = jax.grad(surrogate)(flat_old)
-        fvp = lambda v: fisher_vector_product(mean_kl, flat_old, v, config.cg_damping)
+        gradient = jax.grad(lambda flat: surrogate(dist_of(flat)))(flat_old)
         direction = conjugate_gradient(fvp, gradient, config.cg_iterations)
         full_step = max_step(direction, fvp(direction), config.max_kl)
-        evaluate = lambda flat: (surrogate(flat), mean_kl(flat))
-        flat_new, fraction = backtracking_line_search(
-            evaluate, flat_old, full_step, config.max_kl, config.line_search_steps, config.line_search_decay
-        )
-        surrogate_new, kl = evaluate(flat_new)
+        step = backtracking_line_search(surrogate_and_kl, flat_old, full_step, config.max_kl,
+                                        config.line_search_steps, config.line_search_decay)
         metrics = {
-            "surrogate_gain": surrogate_new - surrogate(flat_old), "kl": kl, "step_fraction": fraction,
+            "surrogate_gain": step.surrogate_gain, "kl": step.kl, "step_fraction": step.fraction,
             "entropy": ops.masked_mean(jnp.broadcast_to(_entropy(old_dist, continuous), mask.shape), mask),
         }
-        return unravel(flat_new), metrics
+        return unravel(step.params), metrics
 
     def update_value(value_params, opt_state, observations, returns, mask, key, scale: TargetScale):
         """Regression of V on the returns: ``value_epochs`` passes of ``value_minibatches`` Adam
