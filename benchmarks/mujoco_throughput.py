@@ -15,8 +15,10 @@ load from other work falls on all of them alike (compiling excluded: each side r
 Each figure is the median over rounds, with [min, max]; each ratio is the median of the
 ratios measured within a round. The machine's load average is recorded beside every
 measurement. Targets: ``trpo_over_raw`` >= 0.8 at 64 copies, ``rlhf_over_trpo`` >= 0.5.
-Beside them, what the time goes to: one TRPO iteration split into its rollout and its update,
-and XLA's count of the arithmetic per env step of TRPO and of the loop (its fitting apart).
+Beside them, what the time goes to: a TRPO iteration's time (from its median rate) against
+the same env steps of raw EnvPool, TRPO's own time per iteration on a stand-in environment that
+costs nothing (:class:`CostlessEnv`), split into its rollout and its update, and XLA's count of the
+arithmetic per env step of TRPO and of the loop (its fitting apart).
 """
 from __future__ import annotations
 
@@ -26,12 +28,14 @@ import time
 
 import envpool
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import Headline, Target, enable_compilation_cache, write_result
 from benchmarks.reproduce import MUJOCO_TASKS, cpu_overrides
 from benchmarks.rlhf_overhead import flops_per_env_step
 from rlhf_jax.config import ExperimentConfig, load_config
+from rlhf_jax.envs.core import Environment, EnvSpec, TimeStep
 from rlhf_jax.trainer import make_training
 
 
@@ -94,31 +98,51 @@ class Chunk:
         jax.block_until_ready((self.state, metrics))
 
 
-def rollout_and_update_ms(training) -> dict:
-    """One TRPO iteration's time, its rollout's alone (``trpo.make_rollout``, the same
-    function the iteration calls), and the difference, the update's, in ms, best of 3."""
+class CostlessEnv(Environment):
+    """A stand-in with a real task's shapes whose steps cost nothing (random observations, a
+    few episode ends): TRPO's iteration on it is what the agent itself costs, apart from the
+    environment, and does not swing with the pool's speed as the real iteration does."""
+
+    def __init__(self, spec: EnvSpec):
+        self.spec = spec
+
+    def _timestep(self, key):
+        obs = jax.random.normal(key, (self.num_envs, *self.observation_shape))
+        ended = jax.random.uniform(jax.random.fold_in(key, 1), (self.num_envs,)) < 1.0 / self.spec.max_episode_steps
+        no = jnp.zeros((self.num_envs,), bool)
+        reward = obs.reshape(self.num_envs, -1).sum(-1)
+        return TimeStep(obs, reward, ended, no, obs, no, {"true_reward": reward, "true_done": ended})
+
+    def _reset(self, key):
+        return key, self._timestep(key)
+
+    def _step(self, key, action):
+        key = jax.random.fold_in(key, 2)
+        return key, self._timestep(key)
+
+
+def agent_ms(training, repeats: int = 15) -> dict:
+    """TRPO's own time per iteration, on a :class:`CostlessEnv` of the task's shapes: the whole
+    iteration, its rollout (the policy's passes) and the difference, the update; medians, in ms."""
     from rlhf_jax.agents import trpo
     from rlhf_jax.agents.base import env_reward
 
-    config, env = training.agent_config, training.env
+    config, env = training.agent_config, CostlessEnv(training.env.spec)
     iteration = jax.jit(lambda r: trpo.make_iteration(config, env, env_reward)(r)[0], donate_argnums=0)
     rollout = trpo.make_rollout(config, env)
     rollout_only = jax.jit(lambda r: r._replace(**dict(zip(("env_state", "obs", "key"), rollout(
         r.params, r.env_state, r.obs, r.key)[0]))), donate_argnums=0)
-
-    def best(step, runner):
+    runner = jax.jit(lambda key: trpo.init_runner(key, config, env))(jax.random.PRNGKey(0))
+    times = {"iteration": [], "rollout": []}
+    for step in (iteration, rollout_only):
         runner = jax.block_until_ready(step(runner))  # compiles
-        times = []
-        for _ in range(3):
+    for _ in range(repeats):  # in turn, so that load falls on both alike
+        for name, step in (("iteration", iteration), ("rollout", rollout_only)):
             start = time.perf_counter()
             runner = jax.block_until_ready(step(runner))
-            times.append(time.perf_counter() - start)
-        return 1e3 * min(times), runner
-
-    runner = jax.jit(lambda key: trpo.init_runner(key, config, env))(jax.random.PRNGKey(0))
-    whole, runner = best(iteration, runner)
-    rollout_ms, _ = best(rollout_only, runner)
-    return {"iteration_ms": whole, "rollout_ms": rollout_ms, "update_ms": whole - rollout_ms}
+            times[name].append(1e3 * (time.perf_counter() - start))
+    whole, policy = float(np.median(times["iteration"])), float(np.median(times["rollout"]))
+    return {"agent_iteration_ms": whole, "agent_rollout_ms": policy, "agent_update_ms": whole - policy}
 
 
 def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict:
@@ -151,7 +175,9 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
         **{f"{name}_steps_per_s_range": [round(min(v), 1), round(max(v), 1)] for name, v in rates.items()},
         **{name: round(float(np.median(v)), 4) for name, v in ratios.items()},
         **{f"{name}_range": [round(min(v), 4), round(max(v), 4)] for name, v in ratios.items()},
-        **{f"trpo_{k}": round(v, 2) for k, v in rollout_and_update_ms(sides["trpo"].training).items()},
+        "trpo_iteration_ms": round(1e3 * sides["trpo"].training.steps_per_iteration / float(np.median(rates["trpo"])), 2),
+        "raw_iteration_ms": round(1e3 * sides["trpo"].training.steps_per_iteration / float(np.median(rates["raw"])), 2),
+        **{f"trpo_{k}": round(v, 2) for k, v in agent_ms(sides["trpo"].training).items()},
         **{f"flops_per_env_step_{k}": round(v) for k, v in flops.items()},
     }
     print(f"{task}: {result}", flush=True)
