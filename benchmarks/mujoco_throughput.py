@@ -175,8 +175,8 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
         **{f"{name}_steps_per_s_range": [round(min(v), 1), round(max(v), 1)] for name, v in rates.items()},
         **{name: round(float(np.median(v)), 4) for name, v in ratios.items()},
         **{f"{name}_range": [round(min(v), 4), round(max(v), 4)] for name, v in ratios.items()},
-        "trpo_iteration_ms": round(1e3 * sides["trpo"].training.steps_per_iteration / float(np.median(rates["trpo"])), 2),
-        "raw_iteration_ms": round(1e3 * sides["trpo"].training.steps_per_iteration / float(np.median(rates["raw"])), 2),
+        **{f"{name}_iteration_ms": round(1e3 * sides["trpo"].training.steps_per_iteration / float(np.median(rates[name])), 2)
+           for name in ("trpo", "raw")},
         **{f"trpo_{k}": round(v, 2) for k, v in agent_ms(sides["trpo"].training).items()},
         **{f"flops_per_env_step_{k}": round(v) for k, v in flops.items()},
     }
