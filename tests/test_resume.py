@@ -124,16 +124,14 @@ def start_training(argv, run_dir: Path, script: str | None = None) -> tuple[subp
     return process, log_path
 
 
-def run_and_kill(argv, run_dir: Path, after_chunk: int, script: str | None = None, meanwhile=None):
-    """Start ``rlhf-jax train ARGV`` in a process of its own, which SIGKILLs itself once
-    checkpoint ``after_chunk`` is complete (or is killed by ``script``). ``meanwhile()`` runs
-    here in the mean time, on the other core. Returns the newest complete checkpoint left
-    and what ``meanwhile`` returned."""
+def run_and_kill(argv, run_dir: Path, after_chunk: int, script: str | None = None):
+    """Run ``rlhf-jax train ARGV`` in a process of its own, which SIGKILLs itself once
+    checkpoint ``after_chunk`` is complete (or is killed by ``script``). Returns the newest
+    complete checkpoint left."""
     process, log_path = start_training(argv, run_dir, script or KILL_AFTER_CHECKPOINT.format(after=after_chunk))
-    result = meanwhile() if meanwhile else None
     returncode = process.wait(timeout=300)
     assert returncode == -signal.SIGKILL, f"the run was not killed (exit {returncode}):\n{log_path.read_text()[-3000:]}"
-    return max(saved_chunks(run_dir), default=-1), result
+    return max(saved_chunks(run_dir), default=-1)
 
 
 def assert_same_trees(a, b):
@@ -150,7 +148,7 @@ def dqn_whole(tmp_path_factory):
 
 def test_dqn_killed_and_resumed_ends_like_an_uninterrupted_run(dqn_whole, tmp_path):
     run_dir = tmp_path / "killed"
-    last, _ = run_and_kill(DQN, run_dir, after_chunk=0)
+    last = run_and_kill(DQN, run_dir, after_chunk=0)
     assert 0 <= last < 7, "the run ended before it was killed"
     assert main(["train", "--resume", str(run_dir)]) == 0
     (chunk, resumed), (_, whole) = final_states(run_dir, dqn_whole)
@@ -162,7 +160,7 @@ def test_dqn_killed_and_resumed_ends_like_an_uninterrupted_run(dqn_whole, tmp_pa
 
 def test_a_kill_while_a_checkpoint_is_written_leaves_the_one_before(dqn_whole, tmp_path):
     run_dir = tmp_path / "killed"
-    assert run_and_kill(DQN, run_dir, after_chunk=2, script=DIE_WRITING_CHECKPOINT_2)[0] == 1
+    assert run_and_kill(DQN, run_dir, after_chunk=2, script=DIE_WRITING_CHECKPOINT_2) == 1
     unfinished = list((run_dir / "checkpoints").glob(f"2{TMP_SUFFIX}*"))
     assert unfinished and any(p.is_file() for p in unfinished[0].rglob("*")), "no half-written checkpoint 2"
     chunk, _ = final_state(run_dir)
@@ -175,9 +173,10 @@ def test_a_kill_while_a_checkpoint_is_written_leaves_the_one_before(dqn_whole, t
 
 @pytest.mark.parametrize("argv, labels", [(PREFERENCES, "labels"), (IBT, "annotated")], ids=["preferences", "ibt"])
 def test_a_learned_reward_run_killed_and_resumed_keeps_every_label(argv, labels, tmp_path):
+    # The uninterrupted run first: the killed one then loads its compiled programs from the cache.
+    whole = train(config_of([*argv, f"run.dir={tmp_path / 'whole'}"]), progress=False)
     run_dir = tmp_path / "killed"
-    uninterrupted = lambda: train(config_of([*argv, f"run.dir={tmp_path / 'whole'}"]), progress=False)
-    last, whole = run_and_kill(argv, run_dir, after_chunk=1, meanwhile=uninterrupted)
+    last = run_and_kill(argv, run_dir, after_chunk=1)
     assert 1 <= last < 7, "the run ended before it was killed"
     # Whatever the kill left, a checkpoint that never finished is passed over.
     junk = run_dir / "checkpoints" / f"{last + 1}{TMP_SUFFIX}"
@@ -377,7 +376,7 @@ def test_a_run_saved_by_the_clock_alone_resumes_after_sigkill(dqn_whole, tmp_pat
     """No checkpoint by updates before the end; the clock saves chunk 0, then the kill comes."""
     run_dir = tmp_path / "killed"
     by_clock = [*DQN, "run.checkpoint_every_updates=1000000", "run.checkpoint_every_minutes=0.00001"]
-    assert run_and_kill(by_clock, run_dir, after_chunk=0)[0] == 0
+    assert run_and_kill(by_clock, run_dir, after_chunk=0) == 0
     assert main(["train", "--resume", str(run_dir)]) == 0
     (_, resumed), (_, whole) = final_states(run_dir, dqn_whole)
     assert_same_trees(resumed, whole)

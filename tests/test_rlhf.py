@@ -28,6 +28,10 @@ SMALL = {
     "ibt": ["reward=ibt", "ibt.episodes=40", "ibt.episode_capacity=64", "ibt.batch_episodes=8",
             "ibt.fit_episodes_per_env_step=0.002", "ibt.annotator.signal=reward"],
 }
+# One budget for every test that can share it: the compiled chunk bakes in the run's length (A2C's
+# learning-rate schedule, the label schedule's largest chunk), so tests of one length share their
+# compiled programs through the compilation cache. 5 chunks of 1024 env steps, then one of 512.
+SMALL_RUN = ["a2c.total_env_steps=5632", "run.chunk_env_steps=1024"]
 
 
 def adam_steps(opt_state) -> int:
@@ -148,7 +152,7 @@ def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
 def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner):
     """``make_train`` (what vmapped sweeps and benchmarks run) computes what ``rlhf-jax train`` does,
     including a last, shorter chunk (5 chunks of 1024 steps, then 512), for either learner."""
-    config = experiment(["a2c.total_env_steps=5632", "run.chunk_env_steps=1024", *SMALL[learner]])
+    config = experiment([*SMALL_RUN, *SMALL[learner]])
     training = make_training(config)
     loop = training.rlhf
     assert training.num_chunks == loop.num_chunks == 6 and training.chunk_length(5) == 2
@@ -168,17 +172,18 @@ def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner):
 @pytest.mark.parametrize("learner", sorted(SMALL))
 def test_seeds_vmapped_as_a_sweep_runs_them_equal_each_run_alone(learner):
     """What ``rlhf-jax sweep`` compiles for a group (``sweep_chunk`` vmapped over stacked
-    states) computes each seed's run as ``rlhf-jax train`` drives it alone."""
-    training = make_training(experiment(["a2c.total_env_steps=3072", "run.chunk_env_steps=1024", *SMALL[learner]]))
+    states) computes each seed's run as ``rlhf-jax train`` drives it alone (its first three chunks)."""
+    training = make_training(experiment([*SMALL_RUN, *SMALL[learner]]))
+    chunks = range(3)
     keys = [jax.random.PRNGKey(seed) for seed in (0, 1)]
     alone = []
     for key in keys:
         state = training.init_runner(key)
-        for chunk in range(training.num_chunks):
+        for chunk in chunks:
             state, _ = training.run_chunk(state, chunk)
         alone.append(state)
     together = jax.tree.map(lambda *xs: jnp.stack(xs), *[training.init_runner(key) for key in keys])
-    for chunk in range(training.num_chunks):
+    for chunk in chunks:
         length, wanted = training.chunk_inputs(chunk)
         chunk_fn = jax.vmap(lambda s, w: training.sweep_chunk(s, length, w), in_axes=(0, None))
         together, _ = jax.jit(chunk_fn)(together, jnp.int32(wanted))
@@ -221,8 +226,7 @@ def test_an_interrupted_and_resumed_run_ends_with_the_same_state(learner, tmp_pa
     run ends with the uninterrupted run's agent, reward model and answers."""
     from rlhf_jax.trainer import load_run_config, train
 
-    small = ["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", *SMALL[learner],
-             "run.tensorboard=false", "run.checkpoint_every_updates=1000"]
+    small = [*SMALL_RUN, *SMALL[learner], "run.tensorboard=false", "run.checkpoint_every_updates=1000"]
     whole = train(experiment([*small, f"run.dir={tmp_path / 'whole'}"]), progress=False)
 
     run_chunk = LearnedRewardTraining.run_chunk
@@ -241,23 +245,22 @@ def test_an_interrupted_and_resumed_run_ends_with_the_same_state(learner, tmp_pa
     final = lambda run_dir: make_training(load_run_config(run_dir)).restore_latest(run_dir)
     (chunk_a, a), (chunk_b, b) = final(whole), final(stopped)
     held = make_training(load_run_config(whole)).learner.answers_held
-    assert chunk_a == chunk_b == 3 and int(held(a.learner)) == int(held(b.learner)) > 10
+    assert chunk_a == chunk_b == 5 and int(held(a.learner)) == int(held(b.learner)) > 10
     for x, y in zip(jax.tree.leaves((a.runner.params, a.learner)), jax.tree.leaves((b.runner.params, b.learner))):
         np.testing.assert_array_equal(x, y)
 
 
 def test_scoring_the_reward_model_is_monitoring_only():
     """``preferences.score_pairs`` sets how many fresh pairs score r̂ against the oracle; 0
-    scores none (NaN in the curves) and the run is otherwise the same, bit for bit."""
-    small = ["a2c.total_env_steps=2048", "run.chunk_env_steps=1024", *SMALL["preferences"]]
+    scores none (NaN in the curves) and the run is otherwise the same, bit for bit (two chunks)."""
     ends = {}
-    for pairs in (0, 16):
-        training = make_training(experiment([*small, f"preferences.score_pairs={pairs}"]))
+    for pairs in (0, 256):  # 256, the default, is the other tests' run
+        training = make_training(experiment([*SMALL_RUN, *SMALL["preferences"], f"preferences.score_pairs={pairs}"]))
         state = training.init_runner(jax.random.PRNGKey(1))
-        for chunk in range(training.num_chunks):
+        for chunk in range(2):
             state, metrics = training.run_chunk(state, chunk)
         ends[pairs] = state, summarize(metrics)
-    (none, unscored), (some, scored) = ends[0], ends[16]
+    (none, unscored), (some, scored) = ends[0], ends[256]
     assert np.isnan(unscored["reward_accuracy"]) and np.isnan(unscored["reward_correlation"])
     assert np.isfinite(scored["reward_correlation"])
     for a, b in zip(jax.tree.leaves((none.runner.params, none.learner)), jax.tree.leaves((some.runner.params, some.learner))):
