@@ -87,15 +87,34 @@ def test_fisher_vector_product_equals_the_explicit_hessian_of_the_kl(space):
     kl_from = lambda old, new: trpo._kl(old, new, continuous).mean()
 
     def products(damping):
-        dist, product = ops.fisher_vector_product(outputs, kl_from, flat, damping)
-        return dist, jax.vmap(product)(vectors)
+        network = ops.linearize(outputs, flat)
+        return network.outputs, jax.vmap(ops.fisher_vector_product(network, kl_from, damping))(vectors)
 
     dist, undamped = jax.jit(lambda: products(0.0))()
     _, damped = jax.jit(lambda: products(0.1))()
     np.testing.assert_allclose(undamped, vectors @ hessian, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(damped, vectors @ hessian + 0.1 * vectors, rtol=1e-4, atol=1e-5)
-    # It hands back the old policy's distribution, which it computes anyway.
+    # The linearisation hands back the old policy's distribution, which it computes anyway.
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), dist, old)
+
+
+def test_the_linearised_network_applies_its_jacobian_and_its_transpose():
+    """``linearize``'s two maps are J v and J^T u with J the network's explicit Jacobian; TRPO's
+    policy gradient is the pull-back of the surrogate's gradient in the distribution's parameters."""
+    policy, flat, unravel, obs = tiny_policy(Box(-1.0, 1.0, (2,)))
+    outputs = lambda theta: jnp.concatenate(policy.apply(unravel(theta), obs), axis=-1)  # [S, 4]
+    jacobian = np.asarray(jax.jit(jax.jacobian(outputs))(flat), np.float64)  # [S, 4, P]
+    v = jax.random.normal(jax.random.PRNGKey(5), flat.shape)
+    u = jax.random.normal(jax.random.PRNGKey(6), (obs.shape[0], 4))
+
+    def maps(v, u):
+        network = ops.linearize(outputs, flat)
+        return network.outputs, network.push_forward(v), network.pull_back(u)
+
+    value, forward, back = jax.jit(maps)(v, u)
+    np.testing.assert_allclose(value, outputs(flat), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(forward, jacobian @ np.asarray(v, np.float64), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(back, np.einsum("skp,sk->p", jacobian, np.asarray(u, np.float64)), rtol=1e-4, atol=1e-6)
 
 
 def test_the_kl_hessian_is_the_fisher_information_of_the_gaussian_policy():
@@ -114,7 +133,8 @@ def test_the_kl_hessian_is_the_fisher_information_of_the_gaussian_policy():
         fisher += jacobian[s].T @ m @ jacobian[s] / obs.shape[0]
     v = np.asarray(jax.random.normal(jax.random.PRNGKey(4), (flat.size,)))
     kl_from = lambda old, new: trpo._kl(old, new, True).mean()
-    fvp = jax.jit(lambda v: ops.fisher_vector_product(lambda theta: policy.apply(unravel(theta), obs), kl_from, flat)[1](v))
+    network = lambda: ops.linearize(lambda theta: policy.apply(unravel(theta), obs), flat)
+    fvp = jax.jit(lambda v: ops.fisher_vector_product(network(), kl_from)(v))
     np.testing.assert_allclose(fvp(jnp.asarray(v, jnp.float32)), fisher @ v, rtol=1e-3, atol=1e-5)
 
 

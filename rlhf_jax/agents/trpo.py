@@ -54,6 +54,7 @@ from rlhf_jax.ops.trust_region import (
     conjugate_gradient,
     fisher_vector_product,
     gaussian_kl,
+    linearize,
     max_step,
 )
 
@@ -263,7 +264,9 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         flat_old, unravel = ravel_pytree(policy_params)
         dist_of = lambda flat: policy.apply(unravel(flat), observations)
         mean_kl_from = lambda old, new: ops.masked_mean(_kl(old, new, continuous), mask)
-        old_dist, fvp = fisher_vector_product(dist_of, mean_kl_from, flat_old, config.cg_damping)
+        network = linearize(dist_of, flat_old)  # the one pass of the network at theta_old
+        old_dist = network.outputs
+        fvp = fisher_vector_product(network, mean_kl_from, config.cg_damping)
         old_log_prob = _log_prob(old_dist, actions, continuous)
 
         def surrogate(dist):
@@ -275,7 +278,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
             dist = dist_of(flat)
             return surrogate(dist), mean_kl_from(old_dist, dist)
 
-        gradient = jax.grad(lambda flat: surrogate(dist_of(flat)))(flat_old)
+        gradient = network.pull_back(jax.grad(surrogate)(old_dist))  # g = J^T dL/dd, the chain rule
         direction = conjugate_gradient(fvp, gradient, config.cg_iterations)
         full_step = max_step(direction, fvp(direction), config.max_kl)
         step = backtracking_line_search(surrogate_and_kl, flat_old, full_step, config.max_kl,

@@ -28,6 +28,8 @@ from rlhf_jax.ops.trust_region import (
     conjugate_gradient,
     fisher_vector_product,
     gaussian_kl,
+    Linearization,
+    linearize,
     max_step,
 )
 from rlhf_jax.ops.value_learning import double_q_learning_target, huber_loss, q_learning_loss, q_learning_target
@@ -50,6 +52,8 @@ __all__ = [
     "huber_loss",
     "lambda_returns",
     "linear_schedule",
+    "linearize",
+    "Linearization",
     "loss_mask",
     "masked_mean",
     "max_step",

@@ -80,15 +80,38 @@ def conjugate_gradient(
     return x
 
 
+class Linearization(NamedTuple):
+    """A function at one point ``theta``: its value there and its Jacobian ``J`` as two linear maps."""
+
+    outputs: Any  # f(theta), any pytree of arrays
+    push_forward: Callable[[jax.Array], Any]  # v [P] -> J v, shaped as the outputs
+    pull_back: Callable[[Any], jax.Array]  # u, shaped as the outputs -> J^T u [P]
+
+
+def linearize(fn: Callable[[jax.Array], Any], params: chex.Array) -> Linearization:
+    """``fn`` linearised at ``params`` (``jax.linearize``): one pass of ``fn``, after which
+    ``J v`` and ``J^T u`` replay only linear maps. TRPO linearises its policy network once per
+    update and takes from it both the policy gradient (``J^T`` of the surrogate's gradient in
+    the distribution's parameters) and every Fisher-vector product.
+
+    Args:
+      fn: ``theta [P] -> d(theta)``, any pytree of arrays.
+      params: ``[P]``, the point.
+    """
+    chex.assert_rank(params, 1)
+    outputs, push_forward = jax.linearize(fn, params)
+    transpose = jax.linear_transpose(push_forward, params)
+    return Linearization(outputs, push_forward, lambda u: transpose(u)[0])
+
+
 def fisher_vector_product(
-    outputs_fn: Callable[[jax.Array], Any],
+    network: Linearization,
     divergence: Callable[[Any, Any], jax.Array],
-    params: chex.Array,
     damping: float = 0.0,
-) -> tuple[Any, Callable[[jax.Array], jax.Array]]:
+) -> Callable[[jax.Array], jax.Array]:
     """``v -> (F + damping I) v``, with ``F`` the Hessian of the mean KL at ``theta_old``
     (Schulman et al. 2015, appendix C.1), as a function to call once per conjugate-gradient
-    iteration; and ``d(theta_old)``, the old policy's distribution, which this computes anyway.
+    iteration.
 
     Write the mean KL as ``KL(theta) = D(d(theta))``: ``d`` maps the parameters to the
     distribution's parameters on the batch (a Gaussian's means and log-stds, a softmax's
@@ -104,34 +127,28 @@ def fisher_vector_product(
 
     a forward-mode product through the network (``J v``), ``H`` applied to it by a
     second-order product in the distribution's few parameters, and a reverse-mode product back
-    (``J^T``). The network is linearised once, here, so each product replays only the
-    linear maps, with no pass of the nonlinear network, at about half the cost of
+    (``J^T``). With the network linearised once (:func:`linearize`), each product replays only
+    the linear maps, with no pass of the nonlinear network, at about half the cost of
     differentiating ``grad KL`` forwards at every iteration. ``F`` itself, with ``P^2``
     entries, is never formed. The ``damping`` (0.1 in Schulman's implementation) keeps
     ``F + damping I`` well conditioned for :func:`conjugate_gradient`.
 
     Args:
-      outputs_fn: ``theta [P] -> d(theta)``, any pytree of arrays.
+      network: ``d`` linearised at ``theta_old`` (:func:`linearize`).
       divergence: ``(d_old, d) -> D(d)``, a scalar: the mean KL from the old distribution,
         which is passed in as ``d(theta_old)``.
-      params: ``[P]``, ``theta_old``.
       damping: added multiple of ``v``.
 
     Returns:
-      ``(d(theta_old), v [P] -> (F + damping I) v [P])``.
+      ``v [P] -> (F + damping I) v [P]``.
     """
-    chex.assert_rank(params, 1)
-    outputs, push_forward = jax.linearize(outputs_fn, params)  # J v
-    pull_back = jax.linear_transpose(push_forward, params)  # J^T u
-    outputs = jax.lax.stop_gradient(outputs)
-    hessian_vector = lambda u: jax.jvp(jax.grad(lambda d: divergence(outputs, d)), (outputs,), (u,))[1]
+    old = jax.lax.stop_gradient(network.outputs)
+    hessian_vector = lambda u: jax.jvp(jax.grad(lambda d: divergence(old, d)), (old,), (u,))[1]
 
     def product(vector):
-        chex.assert_equal_shape([params, vector])
-        (fv,) = pull_back(hessian_vector(push_forward(vector)))
-        return fv + damping * vector
+        return network.pull_back(hessian_vector(network.push_forward(vector))) + damping * vector
 
-    return outputs, product
+    return product
 
 
 def max_step(step_direction: chex.Array, fisher_step: chex.Array, max_kl: float) -> jax.Array:
