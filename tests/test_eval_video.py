@@ -8,20 +8,17 @@ import pytest
 
 from rlhf_jax.cli import main
 from rlhf_jax.feedback import clips
+from small_runs import SMALL_LEARNERS, SMALL_RUN
 
 # imageio_ffmpeg's readers start ffmpeg by fork + exec, which JAX warns about in its
 # multithreaded process; the child execs at once, so nothing can deadlock.
 pytestmark = pytest.mark.filterwarnings("ignore:os.fork.. was called:RuntimeWarning")
 
-# The built-in default (A2C on CartPole) made as small as the loop tests of test_rlhf make it:
-# 2 chunks of 1024 steps. The policy barely learns, so episodes are short (about 10-40 steps).
-SMALL = ["run.tensorboard=false", "a2c.total_env_steps=2048", "run.chunk_env_steps=1024"]
-LEARNERS = {
-    "env": ["reward=env"],
-    "preferences": ["preferences.labels=40", "preferences.segment_capacity=64", "preferences.fit_pairs_per_env_step=0.01"],
-    "ibt": ["reward=ibt", "ibt.episodes=40", "ibt.episode_capacity=64", "ibt.batch_episodes=8",
-            "ibt.fit_episodes_per_env_step=0.002", "ibt.annotator.signal=reward"],
-}
+# The built-in default (A2C on CartPole) made as small as the loop tests of test_rlhf make it,
+# with the same length so that they share compiled programs. The policy barely learns, so
+# episodes are short (about 10-40 steps).
+SMALL = ["run.tensorboard=false", *SMALL_RUN]
+LEARNERS = {"env": ["reward=env"], **SMALL_LEARNERS}
 CARTPOLE_HEIGHT, CARTPOLE_WIDTH = 400, 600  # Gymnasium's CartPole pictures
 
 

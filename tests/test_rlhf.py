@@ -15,23 +15,11 @@ from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.config import resolve
 from rlhf_jax.trainer import LearnedRewardTraining, make_training, summarize
+from small_runs import SMALL_LEARNERS, SMALL_RUN
 
 
 def experiment(overrides=()):
     return load_config(ExperimentConfig, None, list(overrides), default=DEFAULT_EXPERIMENT)
-
-
-# Small runs of each learner for the equivalence tests: the same agent (A2C on CartPole),
-# the same budget of 40 answers, 64 recent clips.
-SMALL = {
-    "preferences": ["preferences.labels=40", "preferences.segment_capacity=64", "preferences.fit_pairs_per_env_step=0.01"],
-    "ibt": ["reward=ibt", "ibt.episodes=40", "ibt.episode_capacity=64", "ibt.batch_episodes=8",
-            "ibt.fit_episodes_per_env_step=0.002", "ibt.annotator.signal=reward"],
-}
-# One budget for every test that can share it: the compiled chunk bakes in the run's length (A2C's
-# learning-rate schedule, the label schedule's largest chunk), so tests of one length share their
-# compiled programs through the compilation cache. 5 chunks of 1024 env steps, then one of 512.
-SMALL_RUN = ["a2c.total_env_steps=5632", "run.chunk_env_steps=1024"]
 
 
 def adam_steps(opt_state) -> int:
@@ -123,7 +111,7 @@ def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
 
     from rlhf_jax.reward.people import SimulatedPerson
 
-    config = experiment(["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", *SMALL["preferences"]])
+    config = experiment(["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", *SMALL_LEARNERS["preferences"]])
     person = SimulatedPerson(delay=0.2, cant_tell=3)
     training = make_training(config)
     training.attach_people(person)
@@ -148,11 +136,11 @@ def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
                                   np.where(first > second, 1.0, np.where(first < second, 0.0, 0.5)))
 
 
-@pytest.mark.parametrize("learner", sorted(SMALL))
+@pytest.mark.parametrize("learner", sorted(SMALL_LEARNERS))
 def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner):
     """``make_train`` (what vmapped sweeps and benchmarks run) computes what ``rlhf-jax train`` does,
     including a last, shorter chunk (5 chunks of 1024 steps, then 512), for either learner."""
-    config = experiment([*SMALL_RUN, *SMALL[learner]])
+    config = experiment([*SMALL_RUN, *SMALL_LEARNERS[learner]])
     training = make_training(config)
     loop = training.rlhf
     assert training.num_chunks == loop.num_chunks == 6 and training.chunk_length(5) == 2
@@ -169,11 +157,11 @@ def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner):
     np.testing.assert_array_equal(answers(whole), answers(state))
 
 
-@pytest.mark.parametrize("learner", sorted(SMALL))
+@pytest.mark.parametrize("learner", sorted(SMALL_LEARNERS))
 def test_seeds_vmapped_as_a_sweep_runs_them_equal_each_run_alone(learner):
     """What ``rlhf-jax sweep`` compiles for a group (``sweep_chunk`` vmapped over stacked
     states) computes each seed's run as ``rlhf-jax train`` drives it alone (its first three chunks)."""
-    training = make_training(experiment([*SMALL_RUN, *SMALL[learner]]))
+    training = make_training(experiment([*SMALL_RUN, *SMALL_LEARNERS[learner]]))
     chunks = range(3)
     keys = [jax.random.PRNGKey(seed) for seed in (0, 1)]
     alone = []
@@ -195,10 +183,10 @@ def test_seeds_vmapped_as_a_sweep_runs_them_equal_each_run_alone(learner):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("learner", sorted(SMALL))
+@pytest.mark.parametrize("learner", sorted(SMALL_LEARNERS))
 def test_fitting_from_python_equals_the_compiled_loop(learner):
     """``run.loop=python`` (CNNs on a CPU) dispatches each fitting step, pretraining included, on its own."""
-    small = ["a2c.total_env_steps=2048", "run.chunk_env_steps=1024", *SMALL[learner],
+    small = ["a2c.total_env_steps=2048", "run.chunk_env_steps=1024", *SMALL_LEARNERS[learner],
              "preferences.labels=20", "preferences.pretrain_epochs=30", "preferences.fit_pairs_per_env_step=0.1",
              "ibt.episodes=20", "ibt.pretrain_epochs=30", "ibt.batch_episodes=64", "ibt.fit_episodes_per_env_step=0.125"]
     ends = []
@@ -220,13 +208,13 @@ def test_fitting_from_python_equals_the_compiled_loop(learner):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4)
 
 
-@pytest.mark.parametrize("learner", sorted(SMALL))
+@pytest.mark.parametrize("learner", sorted(SMALL_LEARNERS))
 def test_an_interrupted_and_resumed_run_ends_with_the_same_state(learner, tmp_path, monkeypatch):
     """Stopped after its second chunk (Ctrl-C saves that state) and resumed, a learned-reward
     run ends with the uninterrupted run's agent, reward model and answers."""
     from rlhf_jax.trainer import load_run_config, train
 
-    small = [*SMALL_RUN, *SMALL[learner], "run.tensorboard=false", "run.checkpoint_every_updates=1000"]
+    small = [*SMALL_RUN, *SMALL_LEARNERS[learner], "run.tensorboard=false", "run.checkpoint_every_updates=1000"]
     whole = train(experiment([*small, f"run.dir={tmp_path / 'whole'}"]), progress=False)
 
     run_chunk = LearnedRewardTraining.run_chunk
@@ -255,7 +243,7 @@ def test_scoring_the_reward_model_is_monitoring_only():
     scores none (NaN in the curves) and the run is otherwise the same, bit for bit (two chunks)."""
     ends = {}
     for pairs in (0, 256):  # 256, the default, is the other tests' run
-        training = make_training(experiment([*SMALL_RUN, *SMALL["preferences"], f"preferences.score_pairs={pairs}"]))
+        training = make_training(experiment([*SMALL_RUN, *SMALL_LEARNERS["preferences"], f"preferences.score_pairs={pairs}"]))
         state = training.init_runner(jax.random.PRNGKey(1))
         for chunk in range(2):
             state, metrics = training.run_chunk(state, chunk)
