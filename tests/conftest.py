@@ -1,16 +1,15 @@
-"""Shared test set-up: a persistent XLA compilation cache, because compiling is most of a test's time on 2 cores;
+"""Shared test set-up: how the suite compiles (tests/compiling.py: a persistent compilation
+cache and faster-compiling XLA flags, because compiling is most of a test's time on 2 cores);
 real small filesystems for the disk tests."""
 import os
 import subprocess
 from pathlib import Path
 
-import jax
-import pytest
+import compiling
 
-CACHE = Path(os.environ.get("RLHF_JAX_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "jax"))
-jax.config.update("jax_compilation_cache_dir", str(CACHE))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+compiling.configure_this_process()  # before any test starts JAX's backend
+
+import pytest  # noqa: E402
 
 
 class SmallDisks:

@@ -8,7 +8,6 @@ again, and the run asks every query of its budget once and trains on every answe
 SIGTERM stops a people run cleanly.
 """
 import json
-import os
 import re
 import signal
 import socket
@@ -22,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compiling import child_environment
 from rlhf_jax.reward.people import Answer, HostLabels, Query
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = os.environ.get("RLHF_JAX_TEST_CACHE", str(ROOT / ".cache" / "jax"))
 OVERRIDES = ["a2c.total_env_steps=8192", "run.chunk_env_steps=4096", "run.checkpoint_every_updates=1",
              "preferences.labels=16", "preferences.segment_capacity=32", "preferences.fit_pairs_per_env_step=0.01",
              "run.tensorboard=false"]
@@ -38,9 +37,7 @@ def free_port() -> int:
 
 
 def start(*words, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1",
-           "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "rlhf_jax.cli", *words], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "rlhf_jax.cli", *words], cwd=ROOT, env=child_environment(),
                             stdout=log.open("a"), stderr=subprocess.STDOUT)
 
 

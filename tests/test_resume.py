@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
+from compiling import child_environment
 from rlhf_jax.checkpoints import DAMAGED_SUFFIX, TMP_SUFFIX, Checkpoints, config_changes, os_error
 from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, RunConfig, load_config
@@ -53,12 +54,6 @@ IBT = [
     "run.chunk_env_steps=512", "run.checkpoint_every_updates=1", "run.tensorboard=false",
 ]
 
-# Subprocesses share the compiled programs of this one (tests/conftest.py's cache).
-SUBPROCESS_ENV = dict(
-    os.environ, PYTHONPATH=str(ROOT),
-    JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
-    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="1.0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-)
 
 # A real SIGKILL at a known moment: the process kills itself as soon as checkpoint {after} is
 # complete (a watcher polling from here missed that moment while this process compiled).
@@ -120,7 +115,7 @@ def start_training(argv, run_dir: Path, script: str | None = None) -> tuple[subp
     log_path = run_dir.parent / f"{run_dir.name}.log"
     with log_path.open("w") as log:
         process = subprocess.Popen([sys.executable, *command, "train", *argv, f"run.dir={run_dir}"],
-                                   cwd=ROOT, env=SUBPROCESS_ENV, stdout=log, stderr=subprocess.STDOUT)
+                                   cwd=ROOT, env=child_environment(), stdout=log, stderr=subprocess.STDOUT)
     return process, log_path
 
 

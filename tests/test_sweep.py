@@ -1,7 +1,6 @@
 """``rlhf-jax sweep``: the grid, one vmapped program, the same runs on 4 devices, on two
 processes, and after a SIGKILL (on this process's devices, and on 4 forced CPU devices)."""
 import csv
-import os
 import signal
 import socket
 import subprocess
@@ -15,6 +14,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from compiling import child_environment
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, flat_keys, read_yaml, to_dict
 from rlhf_jax.config_base import is_in_state
 from rlhf_jax.errors import ConfigError
@@ -23,7 +23,6 @@ from rlhf_jax.sweep import Sweep, make_groups, member_config, split_sweep_words,
 from rlhf_jax.trainer import restore_latest, train
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = os.environ.get("RLHF_JAX_TEST_CACHE", str(ROOT / ".cache" / "jax"))
 # A2C on CartPole, 3 chunks of 2048 steps: the learning rate swept, 2 seeds each.
 OVERRIDES = ["env.num_envs=8", "a2c.total_env_steps=6144", "run.chunk_env_steps=2048",
              "run.checkpoint_every_updates=1", "run.tensorboard=false"]
@@ -48,8 +47,7 @@ def run_cli(*words, devices: int | None = None, log: Path) -> subprocess.Popen:
     """``rlhf-jax WORDS`` in a process of its own on ``devices`` CPU devices (default: as many as
     this process has, so that its results can be compared bit for bit with this process's)."""
     devices = devices or jax.device_count()
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "PYTHONPATH": str(ROOT)}
+    env = child_environment(f"--xla_force_host_platform_device_count={devices}")
     return subprocess.Popen([sys.executable, "-m", "rlhf_jax.cli", *words], cwd=ROOT, env=env,
                             stdout=log.open("a"), stderr=subprocess.STDOUT)
 

@@ -1,7 +1,6 @@
 """`rlhf-jax train` and `eval`: run directories, checkpoints, resume after SIGKILL, user errors,
 run directories that cannot be written (a real full or read-only filesystem)."""
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
+from compiling import child_environment
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.cli import main
 from rlhf_jax.config import ExperimentConfig, load_config
@@ -64,10 +64,9 @@ def test_eval_scores_the_saved_policy(finished_run, capsys):
 
 def test_resume_after_sigkill_ends_with_the_same_parameters(finished_run, tmp_path):
     run_dir = tmp_path / "killed"
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(Path(__file__).resolve().parent.parent / ".cache" / "jax"))
     process = subprocess.Popen(
         [sys.executable, "-m", "rlhf_jax.cli", "train", *SMALL, f"run.dir={run_dir}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=child_environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 120
     # Kill it once it has saved at least two checkpoints, well before the end.
