@@ -2,7 +2,7 @@
 
 One length for all of them, because a compiled chunk bakes in the run's length (A2C's
 learning-rate schedule, the label schedule's largest chunk): runs of one length and one
-learner share their compiled programs through the compilation cache (tests/conftest.py),
+learner share their compiled programs through the compilation cache (tests/compiling.py),
 across test files too.
 """
 

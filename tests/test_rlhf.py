@@ -201,13 +201,14 @@ def test_fitting_from_python_equals_the_compiled_loop(learner):
     assert int(training.learner.answers_held(python.learner)) == int(training.learner.answers_held(scan.learner)) == 20
     model = lambda state: training.learner.reward_params(state.learner)
     assert training.rlhf.fit_steps == 2
-    assert adam_steps(model(python).opt_state) == adam_steps(model(scan).opt_state) == 3 + 2 * 2  # pretraining, then 2 per chunk
+    steps = 3 + 2 * 2  # pretraining, then 2 per chunk
+    assert adam_steps(model(python).opt_state) == adam_steps(model(scan).opt_state) == steps
     # Compiled differently, the two differ by rounding, which Adam magnifies where it divides a
     # near-zero gradient by its own size. The preference loss cannot see the output layer's bias
     # (it adds the same to both clips' sums), so its gradient is nearly zero, rounding decides its
-    # sign, and each of the 7 steps may move the bias by up to lr (3e-4) either way; every other
+    # sign, and each of the 7 Adam steps may move the bias by up to lr (3e-4) either way; every other
     # weight agrees closely.
-    steps, lr = 3 + 2 * 2, training.config.reward_model.learning_rate
+    lr = training.config.reward_model.learning_rate
     theirs = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(model(python).params)}
     for path, a in jax.tree_util.tree_leaves_with_path(model(scan).params):
         name = jax.tree_util.keystr(path)
