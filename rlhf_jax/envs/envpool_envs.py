@@ -1,8 +1,8 @@
 """EnvPool back end: Atari (Mnih et al. 2015 preprocessing) and C MuJoCo, inside compiled code.
 
-Atari steps through EnvPool's XLA interface (``env.xla()``): the C++ pool becomes a
-custom call, so stepping happens inside ``jit`` and ``lax.scan`` with no Python in the
-loop. Consequences that shape this module:
+Both step through EnvPool's XLA interface (``env.xla()``): the C++ pool's send and receive
+become custom calls, so stepping happens inside ``jit`` and ``lax.scan`` with no Python in
+the loop. Consequences that shape this module:
 
 * The pool lives on the host. Its "state" is an opaque handle: threading an old
   handle through ``step`` does not rewind the pool, and a pool cannot be ``vmap``ped
@@ -13,16 +13,15 @@ loop. Consequences that shape this module:
 * The pool is seeded when it is built (``EnvConfig.seed``); ``reset(key)`` ignores
   the key and asks the pool for fresh episodes through an ``io_callback``, so it
   can be called inside ``jit`` too.
+* EnvPool's MuJoCo buffers (observations, actions, most of ``info``) are float64. JAX
+  declares a custom call's buffers float64 only with 64-bit types on, so the interface is
+  built, and every call into it traced, under ``jax.enable_x64(True)`` (:func:`x64`); what
+  leaves the call is cast to 32 bits there. The rest of the program keeps JAX's default.
 * EnvPool resets a finished environment on the *next* step: the step after an
   episode end returns the new episode's first observation with reward 0 and ignores
   the action. We keep that behaviour (cheaper than a second pool call) and mark it
   with ``TimeStep.action_ignored``. So a step never replaces the observation it
   reached: ``final_obs`` is ``obs``, real also on a time-limit end.
-
-EnvPool's MuJoCo XLA call exchanges float64 buffers, which JAX refuses without the
-global ``jax_enable_x64`` switch; so the MuJoCo pool is stepped through an ordered
-``io_callback`` instead, still from inside ``jit`` and ``lax.scan`` (and shared by a sweep's
-runs the same way).
 """
 from __future__ import annotations
 
@@ -92,14 +91,34 @@ def shared_by_members(call, members: int):
     return member_call
 
 
+def x64():
+    """The context EnvPool's XLA interface is built and called in: 64-bit types on, so that
+    float64 buffers are declared float64 (declared float32, the pool would write past them)."""
+    return jax.enable_x64(True)
+
+
+def narrowed(tree):
+    """Every float64 or int64 leaf of ``tree`` cast to 32 bits, inside :func:`x64`."""
+    wide = {jnp.dtype(jnp.float64): jnp.float32, jnp.dtype(jnp.int64): jnp.int32}
+    return jax.tree.map(lambda x: x.astype(wide.get(x.dtype, x.dtype)), tree)
+
+
 class EnvPoolEnv(Environment):
-    """What both pools share: construction, the initial state and the empty info of a reset."""
+    """What both pools share: construction and EnvPool's XLA interface, the reset, the initial
+    state and the empty info of a reset.
+
+    Subclasses set ``_reset_call`` (``_reset_pool``, or it shared by a sweep's members) and
+    read a reset's ``(obs, info)`` in ``_pool_reset``.
+    """
 
     def __init__(self, config: EnvConfig, spec: EnvSpec, members: int = 1, **pool_options):
         self._config = config
         self.pool = envpool.make(
             config.name, env_type="gymnasium", num_envs=config.num_envs * members, seed=config.seed, **pool_options
         )
+        with x64():
+            handle, self._recv, _, self._xla_step = self.pool.xla()
+        self._handle = np.asarray(handle)
         self.spec = spec
 
     def _reset(self, key):
@@ -107,6 +126,22 @@ class EnvPoolEnv(Environment):
         n = self.num_envs
         zero, no = jnp.zeros((n,), jnp.float32), jnp.zeros((n,), bool)
         return PoolState(handle, lives, no), first_timestep(obs, {"true_reward": zero, "true_done": no})
+
+    def _reset_pool(self, handle, key):
+        """Reset every copy of the pool: ``(handle, (obs, info))`` as EnvPool's receive gives
+        them, cast to 32 bits."""
+        del key  # the pool was seeded when it was built
+
+        # The handle handed to the receive depends on the callback's result, so XLA
+        # cannot move the receive before the reset it collects.
+        def host_reset(handle):
+            self.pool.async_reset()
+            return handle
+
+        handle = io_callback(host_reset, jax.ShapeDtypeStruct(handle.shape, handle.dtype), handle, ordered=True)
+        with x64():
+            handle, (obs, _, _, _, info) = self._recv(handle)
+            return handle, narrowed((obs, info))
 
 
 class AtariEnv(EnvPoolEnv):
@@ -132,7 +167,6 @@ class AtariEnv(EnvPoolEnv):
             max_episode_steps=int(pool.config.max_episode_steps),
         )
         super().__init__(config, spec, members, **options)
-        self._handle, self._recv, _, self._xla_step = self.pool.xla()
         self._reset_call = self._reset_pool
         if members > 1:
             self._xla_step = shared_by_members(self._xla_step, members)
@@ -143,22 +177,8 @@ class AtariEnv(EnvPoolEnv):
         return hide_score(obs, self._game) if self._config.hide_score else obs
 
     def _pool_reset(self, key):
-        handle, (obs, lives) = self._reset_call(jnp.asarray(self._handle), key)
-        return handle, self._observe(obs), lives
-
-    def _reset_pool(self, handle, key):
-        """Reset every environment of the pool: ``(handle, (obs, lives))``, obs as EnvPool gives them."""
-        del key  # the pool was seeded when it was built
-
-        # The handle handed to the receive depends on the callback's result, so XLA
-        # cannot move the receive before the reset it collects.
-        def host_reset(handle):
-            self.pool.async_reset()
-            return handle
-
-        handle = io_callback(host_reset, jax.ShapeDtypeStruct(handle.shape, handle.dtype), handle, ordered=True)
-        handle, (obs, _, _, _, info) = self._recv(handle)
-        return handle, (obs, info["lives"])
+        handle, (obs, info) = self._reset_call(jnp.asarray(self._handle), key)
+        return handle, self._observe(obs), info["lives"]
 
     def _step(self, inner: PoolState, action):
         handle, (obs, reward, terminated, truncated, info) = self._xla_step(inner.handle, action.astype(jnp.int32))
@@ -190,7 +210,7 @@ def _survive_bonus_paid(obs, reward, info, task):
 
 def _pendulum_upright(obs, reward, info, task):
     """InvertedPendulum-v5's health, ``all(isfinite(obs)) and abs(qpos[1]) <= 0.2`` (obs = qpos, qvel)."""
-    return np.all(np.isfinite(obs), axis=-1) & (np.abs(obs[:, 1]) <= 0.2)
+    return jnp.all(jnp.isfinite(obs), axis=-1) & (jnp.abs(obs[:, 1]) <= 0.2)
 
 
 def _double_pendulum_tip_up(obs, reward, info, task):
@@ -200,11 +220,11 @@ def _double_pendulum_tip_up(obs, reward, info, task):
 
 class RunOn(NamedTuple):
     """How a task that ends its episodes when unhealthy is kept running past that end
-    (``hide_episode_end``): EnvPool options, the host's reading of health from a step's
-    float64 results, and whether the pool then pays the healthy bonus on every step."""
+    (``hide_episode_end``): EnvPool options, the reading of health from a step's float64
+    results, and whether the pool then pays the healthy bonus on every step."""
 
     options: dict
-    healthy: Callable  # (obs, reward, info, the task's EnvPool config) -> bool [n], in float64
+    healthy: Callable  # (obs, reward, info, the task's EnvPool config) -> bool [n], traced under x64
     bonus_always: bool
 
 
@@ -238,8 +258,7 @@ class MujocoPoolEnv(EnvPoolEnv):
       reward instead of the bonus and the penalty.
 
     ``members`` runs of a sweep share one pool of ``members x num_envs`` copies
-    (:func:`shared_by_members`); the pool is stepped through an ordered ``io_callback``
-    (its XLA call exchanges float64, see the module docstring).
+    (:func:`shared_by_members`).
     """
 
     def __init__(self, name: str, config: EnvConfig, members: int = 1):
@@ -266,13 +285,6 @@ class MujocoPoolEnv(EnvPoolEnv):
             segment_fps=MUJOCO_SEGMENT_FPS.get(name, 0.0),
         )
         super().__init__(config, spec, members, **options)
-        n = config.num_envs * members
-        f32, i32 = jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.int32)
-        self._obs_shape = jax.ShapeDtypeStruct((n,) + spec.observation_shape, jnp.float32)
-        flag = jax.ShapeDtypeStruct((n,), bool)
-        self._handle_shape = jax.ShapeDtypeStruct((), jnp.int32)
-        # obs, reward, terminated, truncated, elapsed_step, healthy
-        self._step_result = (self._obs_shape, f32, flag, flag, i32, flag)
         self._step_call, self._reset_call = self._step_pool, self._reset_pool
         if members > 1:
             self._step_call = shared_by_members(self._step_pool, members)
@@ -284,31 +296,16 @@ class MujocoPoolEnv(EnvPoolEnv):
         return state, timestep._replace(info={**timestep.info, "unhealthy": no})  # a step's keys
 
     def _pool_reset(self, key):
-        handle, obs = self._reset_call(jnp.zeros((), jnp.int32), key)
+        handle, (obs, _) = self._reset_call(jnp.asarray(self._handle), key)
         return handle, obs, jnp.zeros((self.num_envs,), jnp.int32)
 
-    def _reset_pool(self, handle, key):
-        """Reset every copy of the pool: ``(handle, obs)``."""
-        del key  # the pool was seeded when it was built
-
-        def host_reset(handle):
-            obs, _ = self.pool.reset()
-            return handle, obs.astype(np.float32)
-
-        return io_callback(host_reset, (self._handle_shape, self._obs_shape), handle, ordered=True)
-
-    def _host_step(self, handle, action):
-        obs, reward, terminated, truncated, info = self.pool.step(np.asarray(action, np.float64))
-        if self._run_on:
-            healthy = self._run_on.healthy(obs, reward, info, self._task)
-        else:
-            healthy = ~terminated
-        return (handle, (obs.astype(np.float32), reward.astype(np.float32), terminated, truncated,
-                         info["elapsed_step"].astype(np.int32), np.asarray(healthy, bool)))
-
     def _step_pool(self, handle, action):
-        """One step of every copy of the pool: ``(handle, (obs, reward, terminated, truncated, elapsed, healthy))``."""
-        return io_callback(self._host_step, (self._handle_shape, self._step_result), handle, action, ordered=True)
+        """One step of every copy of the pool: ``(handle, (obs, reward, terminated, truncated, elapsed, healthy))``,
+        health read from the pool's float64 results before they are cast to 32 bits."""
+        with x64():
+            handle, (obs, reward, terminated, truncated, info) = self._xla_step(handle, action.astype(jnp.float64))
+            healthy = self._run_on.healthy(obs, reward, info, self._task) if self._run_on else ~terminated
+            return handle, narrowed((obs, reward, terminated, truncated, info["elapsed_step"], healthy))
 
     def _step(self, inner: PoolState, action):
         handle, (obs, reward, terminated, truncated, elapsed, healthy) = self._step_call(inner.handle, action)
