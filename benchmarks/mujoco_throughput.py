@@ -61,60 +61,58 @@ class Raw:
             self.pool.step(action)
 
 
-class RawXla:
-    """EnvPool's XLA step alone: ``steps`` vector steps of random actions in one jitted scan."""
+class RandomSteps:
+    """``steps`` steps of random actions in one jitted scan: ``step(state, action) -> (state,
+    reward [num_envs])`` from ``state``, actions uniform in ``[low, high]`` of shape ``shape``."""
 
-    def __init__(self, name: str, num_envs: int, steps: int):
-        self.pool = envpool.make(name, env_type="gymnasium", num_envs=num_envs, seed=0)
-        self.pool.reset()
-        with x64():
-            handle, _, _, step = self.pool.xla()
-        space = self.pool.action_space
-        low, high = space.low.astype(np.float32), space.high.astype(np.float32)
-
-        def run(handle, key):
-            def body(handle, key):
-                action = jax.random.uniform(key, (num_envs, *space.shape), minval=low, maxval=high)
-                with x64():
-                    handle, (_, reward, *_) = step(handle, action.astype(jnp.float64))
-                    return handle, reward.astype(jnp.float32).sum()
-            return jax.lax.scan(body, handle, jax.random.split(key, steps))
-
-        self.run = jax.jit(run)
-        self.handle, self.key = jnp.asarray(handle), jax.random.PRNGKey(1)
-        self.env_steps = steps * num_envs
-        self()
-
-    def __call__(self):
-        self.key, key = jax.random.split(self.key)
-        self.handle, total = self.run(self.handle, key)
-        jax.block_until_ready(total)
-
-
-class OurEnv:
-    """Our environment, ``steps`` random-action steps in one jitted scan."""
-
-    def __init__(self, training, steps: int):
-        env = training.env
-        space = env.action_space
-        shape = (env.num_envs, *space.shape)
-
+    def __init__(self, step, state, shape, low, high, steps: int):
         def run(state, key):
             def body(state, key):
-                state, timestep = env.step(state, jax.random.uniform(key, shape, minval=space.low, maxval=space.high))
-                return state, timestep.reward.sum()
+                state, reward = step(state, jax.random.uniform(key, shape, minval=low, maxval=high))
+                return state, reward.sum()
             return jax.lax.scan(body, state, jax.random.split(key, steps))
 
-        self.run = jax.jit(run, donate_argnums=0)
-        self.state, _ = env.reset(jax.random.PRNGKey(0))
-        self.key = jax.random.PRNGKey(1)
-        self.env_steps = steps * env.num_envs
+        self.run = jax.jit(run)
+        self.state, self.key = state, jax.random.PRNGKey(1)
+        self.env_steps = steps * shape[0]
         self()
 
     def __call__(self):
         self.key, key = jax.random.split(self.key)
         self.state, total = self.run(self.state, key)
         jax.block_until_ready(total)
+
+
+def raw_xla(name: str, num_envs: int, steps: int) -> RandomSteps:
+    """EnvPool's XLA step alone, the same copies: no Python and none of our environment around it."""
+    pool = envpool.make(name, env_type="gymnasium", num_envs=num_envs, seed=0)
+    pool.reset()
+    with x64():
+        handle, _, _, xla_step = pool.xla()
+
+    def step(handle, action):
+        with x64():
+            handle, (_, reward, *_) = xla_step(handle, action.astype(jnp.float64))
+            return handle, reward.astype(jnp.float32)
+
+    space = pool.action_space
+    low, high = space.low.astype(np.float32), space.high.astype(np.float32)
+    random_steps = RandomSteps(step, jnp.asarray(handle), (num_envs, *space.shape), low, high, steps)
+    random_steps.pool = pool  # kept alive beside the program that steps it
+    return random_steps
+
+
+def our_env(training, steps: int) -> RandomSteps:
+    """Our environment, as the agents' rollouts step it."""
+    env = training.env
+    space = env.action_space
+    state, _ = env.reset(jax.random.PRNGKey(0))
+
+    def step(state, action):
+        state, timestep = env.step(state, action)
+        return state, timestep.reward
+
+    return RandomSteps(step, state, (env.num_envs, *space.shape), space.low, space.high, steps)
 
 
 class Chunk:
@@ -185,8 +183,8 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
     rlhf_config = load_config(ExperimentConfig, info.rlhf, [*cpu_overrides(info.rlhf), *size])
     sides = {"trpo": Chunk(trpo_config), "rlhf": Chunk(rlhf_config)}
     steps = sides["trpo"].env_steps // num_envs
-    sides = {"raw": Raw(trpo_config.env.name, num_envs, steps), "raw_xla": RawXla(trpo_config.env.name, num_envs, steps),
-             "env": OurEnv(sides["trpo"].training, steps), **sides}
+    sides = {"raw": Raw(trpo_config.env.name, num_envs, steps), "raw_xla": raw_xla(trpo_config.env.name, num_envs, steps),
+             "env": our_env(sides["trpo"].training, steps), **sides}
     rates = {name: [] for name in sides}
     loads = []
     for _ in range(rounds):
