@@ -198,3 +198,15 @@ def test_members_share_one_pool():
     np.testing.assert_array_equal(steps.obs.reshape(30, 4, -1), plain_steps.obs)
     np.testing.assert_array_equal(steps.reward.reshape(30, 4), plain_steps.reward)
     np.testing.assert_array_equal(steps.info["true_reward"].reshape(30, 4), plain_steps.info["true_reward"])
+
+
+def test_the_pool_hands_back_32_bits_and_leaves_64_bit_types_off():
+    """EnvPool's float64 buffers are read under a scoped ``jax.enable_x64``; nothing 64-bit leaves
+    the pool's calls, and the switch is off again for the rest of the program."""
+    env = make(EnvConfig(id="envpool/Hopper-v5", num_envs=2, seed=1, hide_episode_end=True, control_cost=False))
+    actions = np.random.default_rng(2).uniform(-1, 1, (3, 2, 3)).astype(np.float32)
+    first, steps = rollout(env, actions)
+    assert not jax.config.jax_enable_x64
+    for leaf in jax.tree.leaves((first, steps)):
+        assert leaf.dtype.itemsize <= 4, leaf.dtype
+    assert steps.obs.dtype == np.float32 and steps.reward.dtype == np.float32
