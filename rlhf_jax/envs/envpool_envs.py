@@ -104,11 +104,10 @@ def narrowed(tree):
 
 
 class EnvPoolEnv(Environment):
-    """What both pools share: construction and EnvPool's XLA interface, the reset, the initial
-    state and the empty info of a reset.
+    """What both pools share: construction and EnvPool's XLA interface, the reset (shared by a
+    sweep's members where there are several), the initial state and the empty info of a reset.
 
-    Subclasses set ``_reset_call`` (``_reset_pool``, or it shared by a sweep's members) and
-    read a reset's ``(obs, info)`` in ``_pool_reset``.
+    Subclasses read a reset's ``(obs, info)`` in ``_pool_reset``, from ``_reset_call``.
     """
 
     def __init__(self, config: EnvConfig, spec: EnvSpec, members: int = 1, **pool_options):
@@ -119,6 +118,7 @@ class EnvPoolEnv(Environment):
         with x64():
             handle, self._recv, _, self._xla_step = self.pool.xla()
         self._handle = np.asarray(handle)
+        self._reset_call = self._reset_pool if members == 1 else shared_by_members(self._reset_pool, members)
         self.spec = spec
 
     def _reset(self, key):
@@ -167,10 +167,8 @@ class AtariEnv(EnvPoolEnv):
             max_episode_steps=int(pool.config.max_episode_steps),
         )
         super().__init__(config, spec, members, **options)
-        self._reset_call = self._reset_pool
         if members > 1:
             self._xla_step = shared_by_members(self._xla_step, members)
-            self._reset_call = shared_by_members(self._reset_call, members)
 
     def _observe(self, obs):
         obs = jnp.transpose(obs, (0, 2, 3, 1))
@@ -285,10 +283,7 @@ class MujocoPoolEnv(EnvPoolEnv):
             segment_fps=MUJOCO_SEGMENT_FPS.get(name, 0.0),
         )
         super().__init__(config, spec, members, **options)
-        self._step_call, self._reset_call = self._step_pool, self._reset_pool
-        if members > 1:
-            self._step_call = shared_by_members(self._step_pool, members)
-            self._reset_call = shared_by_members(self._reset_pool, members)
+        self._step_call = self._step_pool if members == 1 else shared_by_members(self._step_pool, members)
 
     def _reset(self, key):
         state, timestep = super()._reset(key)
