@@ -83,36 +83,38 @@ class RandomSteps:
         jax.block_until_ready(total)
 
 
-def raw_xla(name: str, num_envs: int, steps: int) -> RandomSteps:
+class RawXla(RandomSteps):
     """EnvPool's XLA step alone, the same copies: no Python and none of our environment around it."""
-    pool = envpool.make(name, env_type="gymnasium", num_envs=num_envs, seed=0)
-    pool.reset()
-    with x64():
-        handle, _, _, xla_step = pool.xla()
 
-    def step(handle, action):
+    def __init__(self, name: str, num_envs: int, steps: int):
+        self.pool = envpool.make(name, env_type="gymnasium", num_envs=num_envs, seed=0)  # alive as long as its program
+        self.pool.reset()
         with x64():
-            handle, (_, reward, *_) = xla_step(handle, action.astype(jnp.float64))
-            return handle, reward.astype(jnp.float32)
+            handle, _, _, xla_step = self.pool.xla()
 
-    space = pool.action_space
-    low, high = space.low.astype(np.float32), space.high.astype(np.float32)
-    random_steps = RandomSteps(step, jnp.asarray(handle), (num_envs, *space.shape), low, high, steps)
-    random_steps.pool = pool  # kept alive beside the program that steps it
-    return random_steps
+        def step(handle, action):
+            with x64():
+                handle, (_, reward, *_) = xla_step(handle, action.astype(jnp.float64))
+                return handle, reward.astype(jnp.float32)
+
+        space = self.pool.action_space
+        low, high = space.low.astype(np.float32), space.high.astype(np.float32)
+        super().__init__(step, jnp.asarray(handle), (num_envs, *space.shape), low, high, steps)
 
 
-def our_env(training, steps: int) -> RandomSteps:
+class OurEnv(RandomSteps):
     """Our environment, as the agents' rollouts step it."""
-    env = training.env
-    space = env.action_space
-    state, _ = env.reset(jax.random.PRNGKey(0))
 
-    def step(state, action):
-        state, timestep = env.step(state, action)
-        return state, timestep.reward
+    def __init__(self, training, steps: int):
+        env = training.env
+        space = env.action_space
+        state, _ = env.reset(jax.random.PRNGKey(0))
 
-    return RandomSteps(step, state, (env.num_envs, *space.shape), space.low, space.high, steps)
+        def step(state, action):
+            state, timestep = env.step(state, action)
+            return state, timestep.reward
+
+        super().__init__(step, state, (env.num_envs, *space.shape), space.low, space.high, steps)
 
 
 class Chunk:
@@ -183,8 +185,8 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
     rlhf_config = load_config(ExperimentConfig, info.rlhf, [*cpu_overrides(info.rlhf), *size])
     sides = {"trpo": Chunk(trpo_config), "rlhf": Chunk(rlhf_config)}
     steps = sides["trpo"].env_steps // num_envs
-    sides = {"raw": Raw(trpo_config.env.name, num_envs, steps), "raw_xla": raw_xla(trpo_config.env.name, num_envs, steps),
-             "env": our_env(sides["trpo"].training, steps), **sides}
+    sides = {"raw": Raw(trpo_config.env.name, num_envs, steps), "raw_xla": RawXla(trpo_config.env.name, num_envs, steps),
+             "env": OurEnv(sides["trpo"].training, steps), **sides}
     rates = {name: [] for name in sides}
     loads = []
     for _ in range(rounds):
