@@ -107,7 +107,7 @@ class EnvPoolEnv(Environment):
     """What both pools share: construction and EnvPool's XLA interface, the reset (shared by a
     sweep's members where there are several), the initial state and the empty info of a reset.
 
-    Subclasses read a reset's ``(obs, info)`` in ``_pool_reset``, from ``_reset_call``.
+    Subclasses say what a reset's ``(obs, info)`` gives the agent in ``_first``.
     """
 
     def __init__(self, config: EnvConfig, spec: EnvSpec, members: int = 1, **pool_options):
@@ -121,8 +121,13 @@ class EnvPoolEnv(Environment):
         self._reset_call = self._reset_pool if members == 1 else shared_by_members(self._reset_pool, members)
         self.spec = spec
 
+    def _first(self, obs, info):
+        """``(obs, lives)`` of a reset, from what the pool's receive gave (cast to 32 bits)."""
+        raise NotImplementedError
+
     def _reset(self, key):
-        handle, obs, lives = self._pool_reset(key)
+        handle, (obs, info) = self._reset_call(jnp.asarray(self._handle), key)
+        obs, lives = self._first(obs, info)
         n = self.num_envs
         zero, no = jnp.zeros((n,), jnp.float32), jnp.zeros((n,), bool)
         return PoolState(handle, lives, no), first_timestep(obs, {"true_reward": zero, "true_done": no})
@@ -174,9 +179,8 @@ class AtariEnv(EnvPoolEnv):
         obs = jnp.transpose(obs, (0, 2, 3, 1))
         return hide_score(obs, self._game) if self._config.hide_score else obs
 
-    def _pool_reset(self, key):
-        handle, (obs, info) = self._reset_call(jnp.asarray(self._handle), key)
-        return handle, self._observe(obs), info["lives"]
+    def _first(self, obs, info):
+        return self._observe(obs), info["lives"]
 
     def _step(self, inner: PoolState, action):
         handle, (obs, reward, terminated, truncated, info) = self._xla_step(inner.handle, action.astype(jnp.int32))
@@ -290,9 +294,8 @@ class MujocoPoolEnv(EnvPoolEnv):
         no = jnp.zeros((self.num_envs,), bool)
         return state, timestep._replace(info={**timestep.info, "unhealthy": no})  # a step's keys
 
-    def _pool_reset(self, key):
-        handle, (obs, _) = self._reset_call(jnp.asarray(self._handle), key)
-        return handle, obs, jnp.zeros((self.num_envs,), jnp.int32)
+    def _first(self, obs, info):
+        return obs, jnp.zeros((self.num_envs,), jnp.int32)  # no lives
 
     def _step_pool(self, handle, action):
         """One step of every copy of the pool: ``(handle, (obs, reward, terminated, truncated, elapsed, healthy))``,
