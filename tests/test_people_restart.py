@@ -21,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiling import child_environment
+from compiling import ROOT, child_environment
 from rlhf_jax.reward.people import Answer, HostLabels, Query
 
-ROOT = Path(__file__).resolve().parent.parent
 OVERRIDES = ["a2c.total_env_steps=8192", "run.chunk_env_steps=4096", "run.checkpoint_every_updates=1",
              "preferences.labels=16", "preferences.segment_capacity=32", "preferences.fit_pairs_per_env_step=0.01",
              "run.tensorboard=false"]

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from compiling import child_environment
+from compiling import ROOT, child_environment
 from rlhf_jax.checkpoints import DAMAGED_SUFFIX, TMP_SUFFIX, Checkpoints, config_changes, os_error
 from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, RunConfig, load_config
@@ -31,7 +31,6 @@ from rlhf_jax.reward.preference_learner import PreferenceLearner
 from rlhf_jax.trainer import (SaveSchedule, Training, check_finite, load_run_config, make_training, restore_latest,
                               train)
 
-ROOT = Path(__file__).resolve().parent.parent
 
 # DQN on CartPole with the true reward, tiny: 8 chunks of 200 env steps, each checkpointed.
 DQN = [

@@ -14,7 +14,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from compiling import child_environment
+from compiling import ROOT, child_environment
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, flat_keys, read_yaml, to_dict
 from rlhf_jax.config_base import is_in_state
 from rlhf_jax.errors import ConfigError
@@ -22,7 +22,6 @@ from rlhf_jax.statistics import interval_estimate
 from rlhf_jax.sweep import Sweep, make_groups, member_config, split_sweep_words, write_results
 from rlhf_jax.trainer import restore_latest, train
 
-ROOT = Path(__file__).resolve().parent.parent
 # A2C on CartPole, 3 chunks of 2048 steps: the learning rate swept, 2 seeds each.
 OVERRIDES = ["env.num_envs=8", "a2c.total_env_steps=6144", "run.chunk_env_steps=2048",
              "run.checkpoint_every_updates=1", "run.tensorboard=false"]
