@@ -362,3 +362,28 @@ def test_linear_schedule_endpoints_and_clamp():
     np.testing.assert_allclose(jax.jit(eps)(counts), [1.0, 0.775, 0.1], rtol=1e-6)
     with pytest.raises(ValueError):
         ops.linear_schedule(1.0, 0.0, 0)
+
+
+# ---------------------------------------------------------------- shuffles
+
+
+@pytest.mark.parametrize("n", [1, 7, 632, 5056])
+def test_permutation_is_the_one_jax_draws(n):
+    """The same permutation as ``jax.random.permutation`` for the same key (their 32-bit sort
+    keys do not collide at these sizes), under jit and vmap, 32-bit, with x64 left off."""
+    keys = jax.random.split(jax.random.PRNGKey(n), 8)
+    ours = jax.jit(jax.vmap(lambda k: ops.permutation(k, n)))(keys)
+    theirs = jax.vmap(lambda k: jax.random.permutation(k, n))(keys)
+    assert ours.dtype == jnp.int32 and not jax.config.jax_enable_x64
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_permutation_of_many_is_a_uniform_shuffle():
+    """Past a million elements ties between sort keys happen: still every element once, and
+    each position's element uniform (the mean position of element 0 over 400 draws of 5)."""
+    big = np.asarray(jax.jit(lambda k: ops.permutation(k, 2_000_000))(jax.random.PRNGKey(0)))
+    np.testing.assert_array_equal(np.sort(big), np.arange(2_000_000))
+    draws = np.asarray(jax.jit(jax.vmap(lambda k: ops.permutation(k, 5)))(jax.random.split(jax.random.PRNGKey(1), 400)))
+    where_zero = np.argmax(draws == 0, axis=1)
+    assert abs(where_zero.mean() - 2.0) < 0.25  # uniform over 0..4: mean 2, std of the mean 0.07
+    assert np.bincount(where_zero, minlength=5).min() > 50  # 80 expected in each

@@ -308,7 +308,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
 
         def epoch(carry, key):
             # A fresh shuffle each epoch; the few steps beyond size * minibatches wait for the next one.
-            order = jax.random.permutation(key, returns.shape[0])[: size * config.value_minibatches]
+            order = ops.permutation(key, returns.shape[0])[: size * config.value_minibatches]
             return jax.lax.scan(minibatch_step, carry, order.reshape(config.value_minibatches, size))
 
         (value_params, opt_state), losses = jax.lax.scan(

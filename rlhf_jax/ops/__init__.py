@@ -1,4 +1,4 @@
-"""Pure RL maths: returns, losses, distributions, exploration and schedules.
+"""Pure RL maths: returns, losses, distributions, exploration, schedules and shuffles.
 
 Every function is a small pure function over arrays that ``jax.jit`` and
 ``jax.vmap`` accept, with its paper's equation in the docstring and ``chex``
@@ -22,6 +22,7 @@ from rlhf_jax.ops.exploration import epsilon_greedy
 from rlhf_jax.ops.policy_gradient import actor_critic_loss, policy_gradient_loss
 from rlhf_jax.ops.returns import gae_advantages, lambda_returns, n_step_returns
 from rlhf_jax.ops.schedules import linear_schedule
+from rlhf_jax.ops.shuffle import permutation
 from rlhf_jax.ops.trust_region import (
     backtracking_line_search,
     categorical_kl,
@@ -58,6 +59,7 @@ __all__ = [
     "masked_mean",
     "max_step",
     "n_step_returns",
+    "permutation",
     "policy_gradient_loss",
     "q_learning_loss",
     "q_learning_target",
