@@ -11,7 +11,7 @@ from rlhf_jax import ops
 from rlhf_jax.agents import trpo
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.envs import EnvConfig, make
-from rlhf_jax.envs.core import Box, Discrete, EnvSpec, TimeStep
+from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.evaluation import evaluate
 
@@ -430,6 +430,48 @@ def test_value_targets_are_standardised_by_the_batch_returns():
     assert error(after) < 0.75 * error(plain)
 
 
+class TwinCopies(Environment):
+    """Copies ``2i`` and ``2i + 1`` see the same random observations whatever they do; the
+    reward is ``-|action|^2``. Episodes never end."""
+
+    def __init__(self, num_envs: int):
+        self.spec = EnvSpec("twins", "test", num_envs, (3,), "float32", Box(-1.0, 1.0, (2,)), 50.0, 1000)
+
+    def _timestep(self, key, reward):
+        obs = jnp.repeat(jax.random.normal(key, (self.num_envs // 2, 3)), 2, axis=0)
+        no = jnp.zeros((self.num_envs,), bool)
+        return TimeStep(obs, reward, no, no, obs, no, {"true_reward": reward, "true_done": no})
+
+    def _reset(self, key):
+        return key, self._timestep(key, jnp.zeros((self.num_envs,)))
+
+    def _step(self, key, action):
+        key = jax.random.fold_in(key, 1)
+        return key, self._timestep(key, -jnp.sum(action**2, axis=-1))
+
+
+def test_the_fisher_is_estimated_from_every_kth_step_of_the_batch():
+    """``fisher_subsample=k``: the Fisher-vector products average over every k-th step of the
+    batch (time-major, copies inside). Where the copies come in identical pairs, every 2nd step
+    sees each observation once, as the whole batch does, so the update is the same; every 3rd
+    step is another sample, and the step differs."""
+    env = TwinCopies(num_envs=4)
+
+    def policy_after_one_update(k):
+        config = trpo.TRPOConfig(batch_size=32, total_env_steps=32, policy_hidden=(8,), value_hidden=(8,),
+                                 value_minibatches=2, fisher_subsample=k)
+        runner = trpo.init_runner(jax.random.PRNGKey(0), config, env)
+        after, metrics, _ = jax.jit(trpo.make_iteration(config, env, lambda p, o, a, ts: ts.reward))(runner)
+        assert float(metrics["step_fraction"]) > 0
+        return ravel_pytree(runner.params["policy"])[0], ravel_pytree(after.params["policy"])[0]
+
+    start, full = policy_after_one_update(1)
+    _, pairs = policy_after_one_update(2)
+    _, thirds = policy_after_one_update(3)
+    np.testing.assert_allclose(pairs - start, full - start, rtol=1e-4, atol=1e-7)
+    assert np.abs((thirds - start) - (full - start)).max() > 0.05 * np.abs(full - start).max()
+
+
 def test_bad_config_values():
     with pytest.raises(ConfigError, match="gamma"):
         trpo.TRPOConfig(gamma=1.5)
@@ -437,6 +479,8 @@ def test_bad_config_values():
         trpo.TRPOConfig(max_kl=0.0)
     with pytest.raises(ConfigError, match="line_search_decay"):
         trpo.TRPOConfig(line_search_decay=1.0)
+    with pytest.raises(ConfigError, match="fisher_subsample"):
+        trpo.TRPOConfig(fisher_subsample=0)
     env = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=2))
     with pytest.raises(ConfigError, match="value_minibatches"):
         trpo.make_iteration(trpo.TRPOConfig(batch_size=4, value_minibatches=8), env, lambda p, o, a, ts: ts.reward)

@@ -7,7 +7,8 @@ lambda = 0.97), and then
 1. takes one natural-gradient step on the policy: the gradient ``g`` of the
    surrogate ``L(theta) = mean[pi_theta(a|s) / pi_old(a|s) A] + beta mean[H(pi_theta)]``,
    the direction ``s = F^{-1} g`` by 10 conjugate-gradient iterations on
-   Fisher-vector products, scaled to the edge of the trust region (mean KL 0.01) and
+   Fisher-vector products (from every 5th step of the batch), scaled to the edge of the
+   trust region (mean KL 0.01) and
    shrunk by a backtracking line search until the true KL is inside it and ``L`` has
    improved (:mod:`rlhf_jax.ops.trust_region`);
 2. fits a separate value network to the lambda-returns by regression (Adam on the
@@ -21,9 +22,10 @@ over the policy's parameters alone.
 **The paper's settings.** Appendix A.1 gives gamma, lambda and the entropy bonus:
 0.01 (0.001 on Swimmer) *when learning from the reward predictor*; on the true
 reward ``entropy_coef`` defaults to 0, and an RLHF config sets it to 0.01. The other
-defaults (mean KL 0.01, 10 CG iterations, CG damping 0.1, 10 halvings in the line
-search, 5,000 env steps per iteration) are the usual TRPO settings of Schulman's
-and Ho & Ermon's (2016) MuJoCo experiments, not numbers stated in the paper.
+defaults (mean KL 0.01, 10 CG iterations, CG damping 0.1, the Fisher from every 5th
+step, 10 halvings in the line search, 5,000 env steps per iteration) are the usual TRPO
+settings of Schulman's and Ho & Ermon's (2016) MuJoCo experiments and of OpenAI
+Baselines' TRPO, not numbers stated in the paper.
 
 **Episode ends** follow the one rule of :mod:`rlhf_jax.ops.episode_ends` (see
 :func:`returns_and_mask`).
@@ -75,6 +77,11 @@ class TRPOConfig:
     max_kl: float = positive(0.01)  # delta: the bound on the mean KL(pi_old || pi_new)
     cg_iterations: int = positive(10, 1000)
     cg_damping: float = non_negative(0.1)
+    # The Fisher-vector products from every k-th step of the batch (1: from all of it), as
+    # OpenAI Baselines' TRPO takes them (every 5th); Schulman et al. 2015 (appendix C) took 10%
+    # of the data. The ten products were most of an update's arithmetic; the gradient, and the
+    # line search's KL and surrogate, still use the whole batch.
+    fisher_subsample: int = positive(5, 1000)
     line_search_steps: int = positive(10, 1000)
     line_search_decay: float = in_range(0.5, 0, 1, low_open=True, high_open=True)
     # beta: 0 on the true reward; 0.01 (Swimmer: 0.001) when learning from the reward predictor.
@@ -259,14 +266,30 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         raise ConfigError(f"trpo.batch_size ({config.batch_size}) must be at least trpo.value_minibatches "
                           f"({config.value_minibatches})")
 
+    def mean_kl(mask):
+        """``(d_old, d) -> `` the mean KL from the old distribution over the steps of ``mask``."""
+        return lambda old, new: ops.masked_mean(_kl(old, new, continuous), mask)
+
+    def fisher_sample(network, flat_old, unravel, observations, mask):
+        """The linearised network and the mean KL the Fisher-vector products take: the whole
+        batch's, or every ``fisher_subsample``-th step's (a pass of the policy on those alone)."""
+        k = config.fisher_subsample
+        if k == 1:
+            return network, mean_kl(mask)
+        every_kth = lambda x: x.reshape((-1,) + x.shape[2:])[::k]  # [T, N, ...] -> [ceil(T*N / k), ...]
+        sample_obs, sample_mask = every_kth(observations), every_kth(mask)
+        sampled = linearize(lambda flat: policy.apply(unravel(flat), sample_obs), flat_old)
+        return sampled, mean_kl(sample_mask)
+
     def update_policy(policy_params, observations, actions, advantages, mask):
         """One natural-gradient step with a line search (Schulman et al. 2015, appendix C)."""
         flat_old, unravel = ravel_pytree(policy_params)
         dist_of = lambda flat: policy.apply(unravel(flat), observations)
-        mean_kl_from = lambda old, new: ops.masked_mean(_kl(old, new, continuous), mask)
+        mean_kl_from = mean_kl(mask)
         network = linearize(dist_of, flat_old)  # the one pass of the network at theta_old
         old_dist = network.outputs
-        fvp = fisher_vector_product(network, mean_kl_from, config.cg_damping)
+        fvp = fisher_vector_product(*fisher_sample(network, flat_old, unravel, observations, mask),
+                                    config.cg_damping)
         old_log_prob = _log_prob(old_dist, actions, continuous)
 
         def surrogate(dist):
