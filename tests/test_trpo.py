@@ -430,32 +430,34 @@ def test_value_targets_are_standardised_by_the_batch_returns():
     assert error(after) < 0.75 * error(plain)
 
 
-class TwinCopies(Environment):
-    """Copies ``2i`` and ``2i + 1`` see the same random observations whatever they do; the
-    reward is ``-|action|^2``. Episodes never end."""
+class TwinSteps(Environment):
+    """Every copy sees its own random observations, each held for two steps (times ``2i`` and
+    ``2i + 1`` alike), whatever it does; the reward is ``-|action|^2``. Episodes never end."""
 
     def __init__(self, num_envs: int):
         self.spec = EnvSpec("twins", "test", num_envs, (3,), "float32", Box(-1.0, 1.0, (2,)), 50.0, 1000)
 
-    def _timestep(self, key, reward):
-        obs = jnp.repeat(jax.random.normal(key, (self.num_envs // 2, 3)), 2, axis=0)
+    def _timestep(self, inner, reward):
+        key, t = inner
+        obs = jax.random.normal(jax.random.fold_in(key, t // 2), (self.num_envs, 3))
         no = jnp.zeros((self.num_envs,), bool)
         return TimeStep(obs, reward, no, no, obs, no, {"true_reward": reward, "true_done": no})
 
     def _reset(self, key):
-        return key, self._timestep(key, jnp.zeros((self.num_envs,)))
+        inner = (key, jnp.zeros((), jnp.int32))
+        return inner, self._timestep(inner, jnp.zeros((self.num_envs,)))
 
-    def _step(self, key, action):
-        key = jax.random.fold_in(key, 1)
-        return key, self._timestep(key, -jnp.sum(action**2, axis=-1))
+    def _step(self, inner, action):
+        inner = (inner[0], inner[1] + 1)
+        return inner, self._timestep(inner, -jnp.sum(action**2, axis=-1))
 
 
-def test_the_fisher_is_estimated_from_every_kth_step_of_the_batch():
-    """``fisher_subsample=k``: the Fisher-vector products average over every k-th step of the
-    batch (time-major, copies inside). Where the copies come in identical pairs, every 2nd step
-    sees each observation once, as the whole batch does, so the update is the same; every 3rd
-    step is another sample, and the step differs."""
-    env = TwinCopies(num_envs=4)
+def test_the_fisher_is_estimated_from_every_kth_time_step_of_every_copy():
+    """``fisher_subsample=k``: the Fisher-vector products average over every k-th time step of
+    every copy. Where each observation is held for two steps, every 2nd step sees each one once,
+    in every copy, as the whole batch does, so the update is the same; every 3rd step is another
+    sample, and the step differs. (Striding the flattened batch would keep copies 0 and 2 alone.)"""
+    env = TwinSteps(num_envs=4)
 
     def policy_after_one_update(k):
         config = trpo.TRPOConfig(batch_size=32, total_env_steps=32, policy_hidden=(8,), value_hidden=(8,),

@@ -7,7 +7,7 @@ lambda = 0.97), and then
 1. takes one natural-gradient step on the policy: the gradient ``g`` of the
    surrogate ``L(theta) = mean[pi_theta(a|s) / pi_old(a|s) A] + beta mean[H(pi_theta)]``,
    the direction ``s = F^{-1} g`` by 10 conjugate-gradient iterations on
-   Fisher-vector products (from every 5th step of the batch), scaled to the edge of the
+   Fisher-vector products (from every 5th time step of the batch), scaled to the edge of the
    trust region (mean KL 0.01) and
    shrunk by a backtracking line search until the true KL is inside it and ``L`` has
    improved (:mod:`rlhf_jax.ops.trust_region`);
@@ -77,10 +77,10 @@ class TRPOConfig:
     max_kl: float = positive(0.01)  # delta: the bound on the mean KL(pi_old || pi_new)
     cg_iterations: int = positive(10, 1000)
     cg_damping: float = non_negative(0.1)
-    # The Fisher-vector products from every k-th step of the batch (1: from all of it), as
-    # OpenAI Baselines' TRPO takes them (every 5th); Schulman et al. 2015 (appendix C) took 10%
-    # of the data. The ten products were most of an update's arithmetic; the gradient, and the
-    # line search's KL and surrogate, still use the whole batch.
+    # The Fisher-vector products from every k-th time step of every copy (1: from the whole
+    # batch), as OpenAI Baselines' TRPO takes them (every 5th); Schulman et al. 2015 (appendix C)
+    # took 10% of the data. The ten products were most of an update's arithmetic; the gradient,
+    # and the line search's KL and surrogate, still use the whole batch.
     fisher_subsample: int = positive(5, 1000)
     line_search_steps: int = positive(10, 1000)
     line_search_decay: float = in_range(0.5, 0, 1, low_open=True, high_open=True)
@@ -272,12 +272,14 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
 
     def fisher_sample(network, flat_old, unravel, observations, mask):
         """The linearised network and the mean KL the Fisher-vector products take: the whole
-        batch's, or every ``fisher_subsample``-th step's (a pass of the policy on those alone)."""
+        batch's, or that of every ``fisher_subsample``-th time step (a pass of the policy on those alone)."""
         k = config.fisher_subsample
         if k == 1:
             return network, mean_kl(mask)
-        every_kth = lambda x: x.reshape((-1,) + x.shape[2:])[::k]  # [T, N, ...] -> [ceil(T*N / k), ...]
-        sample_obs, sample_mask = every_kth(observations), every_kth(mask)
+        # Every k-th time step of every copy ([T, N, ...] -> [ceil(T / k), N, ...]), as Baselines
+        # takes every 5th step of its one environment. Striding the flattened batch instead would,
+        # with N a multiple of k, keep one copy alone.
+        sample_obs, sample_mask = observations[::k], mask[::k]
         sampled = linearize(lambda flat: policy.apply(unravel(flat), sample_obs), flat_old)
         return sampled, mean_kl(sample_mask)
 
