@@ -271,17 +271,16 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         return lambda old, new: ops.masked_mean(_kl(old, new, continuous), mask)
 
     def fisher_sample(network, flat_old, unravel, observations, mask):
-        """The linearised network and the mean KL the Fisher-vector products take: the whole
-        batch's, or that of every ``fisher_subsample``-th time step (a pass of the policy on those alone)."""
+        """The linearised network and the mask the Fisher-vector products average over: the whole
+        batch's, or every ``fisher_subsample``-th time step's (a pass of the policy on those alone)."""
         k = config.fisher_subsample
         if k == 1:
-            return network, mean_kl(mask)
+            return network, mask
         # Every k-th time step of every copy ([T, N, ...] -> [ceil(T / k), N, ...]), as Baselines
         # takes every 5th step of its one environment. Striding the flattened batch instead would,
         # with N a multiple of k, keep one copy alone.
-        sample_obs, sample_mask = observations[::k], mask[::k]
-        sampled = linearize(lambda flat: policy.apply(unravel(flat), sample_obs), flat_old)
-        return sampled, mean_kl(sample_mask)
+        sample_obs = observations[::k]
+        return linearize(lambda flat: policy.apply(unravel(flat), sample_obs), flat_old), mask[::k]
 
     def update_policy(policy_params, observations, actions, advantages, mask):
         """One natural-gradient step with a line search (Schulman et al. 2015, appendix C)."""
@@ -290,8 +289,8 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         mean_kl_from = mean_kl(mask)
         network = linearize(dist_of, flat_old)  # the one pass of the network at theta_old
         old_dist = network.outputs
-        fvp = fisher_vector_product(*fisher_sample(network, flat_old, unravel, observations, mask),
-                                    config.cg_damping)
+        fisher_network, fisher_mask = fisher_sample(network, flat_old, unravel, observations, mask)
+        fvp = fisher_vector_product(fisher_network, mean_kl(fisher_mask), config.cg_damping)
         old_log_prob = _log_prob(old_dist, actions, continuous)
 
         def surrogate(dist):
