@@ -12,9 +12,10 @@ def permutation(key: jax.Array, n: int) -> jax.Array:
     ``jax.random.permutation(key, n)`` draws, wherever its sort keys do not collide.
 
     Both sort ``arange(n)`` by fresh random 32-bit keys, ``ceil(3 ln n / ln(2^32 - 1))``
-    times (one round up to 1,625 elements, two up to about 2.6 million), so that ties between keys, whose
-    order a sort leaves to chance, are vanishingly rare. JAX sorts each key together with its
-    element, a two-operand sort that XLA:CPU runs through a comparator call per comparison;
+    times (one round up to 1,625 elements, two up to about 2.6 million), so that ties between
+    keys, whose order a sort leaves to chance, are vanishingly rare. JAX sorts each key
+    together with its element, a two-operand sort that XLA:CPU runs through a comparator call
+    per comparison;
     here each key and its element are one 64-bit word, ``key << 32 | element``, which XLA
     sorts as plain integers: 4-5x as fast at a few thousand elements (5,056: 0.8 against
     4.1 ms), which is TRPO's value regression's whole batch, shuffled every epoch. A tie
