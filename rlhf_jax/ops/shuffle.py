@@ -15,13 +15,12 @@ def permutation(key: jax.Array, n: int) -> jax.Array:
     times (one round up to 1,625 elements, two up to about 2.6 million), so that ties between
     keys, whose order a sort leaves to chance, are vanishingly rare. JAX sorts each key
     together with its element, a two-operand sort that XLA:CPU runs through a comparator call
-    per comparison;
-    here each key and its element are one 64-bit word, ``key << 32 | element``, which XLA
-    sorts as plain integers: 4-5x as fast at a few thousand elements (5,056: 0.8 against
-    4.1 ms), which is TRPO's value regression's whole batch, shuffled every epoch. A tie
-    between two keys, whose order JAX leaves to its sort, is broken here by the elements; at
-    5,000 elements a round meets one with probability 0.003, and the permutation is as
-    uniform either way.
+    per comparison; here each key and its element are one 64-bit word,
+    ``key << 32 | element``, which XLA sorts as plain integers: 4-5x as fast at a few
+    thousand elements (5,056: 0.8 against 4.1 ms), which is TRPO's value regression's whole
+    batch, shuffled every epoch. A tie between two keys, whose order JAX leaves to its sort,
+    is broken here by the elements; at 5,000 elements a round meets one with probability
+    0.003, and the permutation is as uniform either way.
 
     The 64-bit words live only inside this function (a scoped ``jax.enable_x64``): what it
     returns is 32-bit, and JAX's switch stays as it was.
