@@ -122,8 +122,8 @@ DEFAULT_EXPERIMENT = {
     "agent": "a2c",
     "reward": "preferences",
     "env": {"id": "gymnax/CartPole-v1", "num_envs": 32, "hide_episode_end": True, "hidden_end": "reset"},
-    # 20 chunks; no entropy bonus, as in configs/rlhf_cartpole.yaml (the reason is there).
-    "a2c": {"total_env_steps": 1_024_000, "num_steps": 8, "learning_rate": 0.003, "entropy_coef": 0.0},
+    # 20 chunks; the paper's entropy bonus, the default (configs/rlhf_cartpole.yaml says why).
+    "a2c": {"total_env_steps": 1_024_000, "num_steps": 8, "learning_rate": 0.003},
     # The paper's A2C reward scale (its Atari std 0.05): at std 1 A2C's values grow too large.
     "reward_model": {"normalized_std": 0.05},
     "preferences": {"labels": 500, "fit_pairs_per_env_step": 0.1},

@@ -46,7 +46,8 @@ def default_run(tmp_path_factory):
 def test_default_learns_from_at_most_500_labels(default_run, capsys):
     assert main(["eval", str(default_run), "--episodes", "32"]) == 0
     result = json.loads((default_run / "eval.json").read_text())
-    # Issue 4's target. Seeds 0-3 of this config scored 500, 500, 499 and 482; the untrained
+    # Issue 4's target. Seeds 0-3 of this config scored 500, 467, 500 and 500 (without the
+    # entropy bonus 242, 192, 303 and 118, outside this suite's compiler flags); the untrained
     # policy scores about 20.
     assert result["mean_true_return"] >= 450
     with open(default_run / "metrics.csv") as f:
@@ -54,6 +55,15 @@ def test_default_learns_from_at_most_500_labels(default_run, capsys):
     labels = [float(r["labels"]) for r in rows]
     assert labels == sorted(labels) and labels[-1] == 500  # the schedule spends the whole budget
     assert float(rows[0]["labels"]) > 125  # the untrained policy's 25%, then online labels
+
+
+def test_the_default_learns_on_a_second_seed(tmp_path):
+    """Seed 1 as well: without the paper's entropy bonus it stalled at 313 under this suite's
+    compiler flags (seed 0 reached 500 either way, so seed 0 alone did not guard the bonus)."""
+    run_dir = tmp_path / "seed1"
+    assert main(["train", "seed=1", f"run.dir={run_dir}", "run.tensorboard=false"]) == 0
+    assert main(["eval", str(run_dir), "--episodes", "32"]) == 0
+    assert json.loads((run_dir / "eval.json").read_text())["mean_true_return"] >= 450
 
 
 def test_the_run_keeps_its_labels_and_reward_metrics(default_run):
