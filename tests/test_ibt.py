@@ -165,10 +165,12 @@ def test_bad_ibt_settings_are_refused():
 
 @pytest.fixture(scope="module")
 def ibt_run(tmp_path_factory):
-    """`rlhf-jax train configs/ibt_cartpole.yaml`, and the same agent and budget on the true reward."""
+    """`rlhf-jax train configs/ibt_cartpole.yaml seed=1`, and the same agent and budget on the true
+    reward. Seed 1 is one that A2C without its entropy bonus leaves pushing the cart one way
+    (an evaluation return of 9 here, 500 with the bonus); seed 0 learns either way."""
     root = tmp_path_factory.mktemp("ibt")
     for name, extra in (("ibt", []), ("true", ["reward=env"])):
-        assert main(["train", str(CONFIG), f"run.dir={root / name}", "run.tensorboard=false", *extra]) == 0
+        assert main(["train", str(CONFIG), "seed=1", f"run.dir={root / name}", "run.tensorboard=false", *extra]) == 0
         assert main(["eval", str(root / name), "--episodes", "32"]) == 0
     return root
 
@@ -176,8 +178,8 @@ def ibt_run(tmp_path_factory):
 def test_a2c_learns_cartpole_from_ibt_marks(ibt_run):
     ibt_return = json.loads((ibt_run / "ibt" / "eval.json").read_text())["mean_true_return"]
     true_return = json.loads((ibt_run / "true" / "eval.json").read_text())["mean_true_return"]
-    # Issue 6: at least 80% of what the same budget gives on the true reward (500 here).
-    # Seeds 0-2 of this config scored 473, 500 and 500 at the end of training; random play ~20.
+    # At least 80% of what the same budget gives on the true reward (500 here); random play ~20.
+    # In a sweep, 10 of seeds 0-11 of this config passed 400 by the end of training.
     assert ibt_return >= 0.8 * true_return, (ibt_return, true_return)
     with open(ibt_run / "ibt" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
