@@ -42,6 +42,8 @@ curve; per task the ratios to RL and the table; the command and commit) are writ
 Run again, the same command skips finished cells and resumes a begun one from its newest
 checkpoint. ``--baselines trpo,oracle`` adds TRPO on the oracle's reward with the ends hidden
 (not a line of the paper; :data:`ORACLE_LINE`) on the tasks that end early when unhealthy.
+``--ablations "no entropy bonus"`` adds the 700-label cell without TRPO's entropy bonus (not a
+line of the paper either; :data:`OUR_ABLATIONS`), after every other cell.
 
 Outputs: ``benchmarks/results/reproduce_fig<N>.png`` (the figure: mean over seeds, the band
 their range), ``reproduce_fig<N>.json`` (``write_result``: per task and line the mean curve
@@ -105,6 +107,17 @@ def read_ablations(path: str | Path = ABLATIONS_FILE) -> dict[str, list[str]]:
     if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
         raise ConfigError(f"{path}: expected a mapping of ablation names to lists of key=value overrides")
     return {str(name): [str(item) for item in overrides] for name, overrides in data.items()}
+
+
+# Not the paper's: one switch of the 700-label cell that the paper did not ablate, run like an
+# ablation when named in ``--ablations``. A.1 adds TRPO's entropy bonus to every preference run
+# without saying how it was weighed; the public reference implementation's TRPO has none.
+OUR_ABLATIONS = {"no entropy bonus": ["trpo.entropy_coef=0.0"]}
+
+
+def known_ablations() -> dict[str, list[str]]:
+    """Every ablation ``--ablations`` can name: the paper's (:func:`read_ablations`), then ours."""
+    return {**read_ablations(), **OUR_ABLATIONS}
 
 
 class Baseline(NamedTuple):
@@ -231,7 +244,7 @@ def plan(figure: Figure, tasks: list[str], budgets: list[int], ablations: list[s
          baselines: list[str], seeds: int, task_table: dict | None = None) -> list[Run]:
     """Every run of the figure, seed by seed (a figure is whole at one seed before the next)."""
     task_table = task_table or figure.tasks
-    known = read_ablations()
+    known = known_ablations()
     extra = dict(figure.ablation_extra) if budgets and budgets[0] == figure.budgets[0] else {}
     offered = {b.name for t in tasks for b in task_table[t].baselines}
     unknown = [b for b in baselines if b not in offered]
@@ -582,14 +595,18 @@ class Cell:
         return f"{self.task}/{self.line}"
 
 
-def cpu_cells(figure: Figure, tasks: list[str], budgets: list[int], baselines: list[str]) -> list[Cell]:
+def cpu_cells(figure: Figure, tasks: list[str], budgets: list[int], baselines: list[str],
+              ablations: list[str] = ()) -> list[Cell]:
     """The cells in the order they run: RL and the first budget task by task, then the second
-    budget across the tasks, then TRPO on the oracle (if asked for), then the other budgets."""
-    runs = plan(figure, tasks, budgets, [], baselines, 1)
+    budget across the tasks, then TRPO on the oracle (if asked for), then the other budgets,
+    then the ablations (at the first budget), one column each."""
+    runs = plan(figure, tasks, budgets, list(ablations), baselines, 1)
 
     def column(run: Run) -> float:
         if run.kind == "baseline":
             return 1.5 if run.line == ORACLE_LINE else 0
+        if run.kind == "ablation":
+            return len(budgets) + list(ablations).index(run.line)
         return budgets.index(int(run.line.split()[0]))
 
     ordered = sorted(runs, key=lambda run: (column(run), tasks.index(run.task)))
@@ -689,11 +706,10 @@ def with_ratios(result: dict) -> dict:
 
 
 def ratio_table(result: dict, budgets: list[int]) -> str:
-    """Markdown: per task, RL's final return and each budget's, with its ratios to RL; and TRPO
-    on the oracle with the ends hidden where any task has that line."""
+    """Markdown: per task, RL's final return and each budget's, with its ratios to RL; then TRPO
+    on the oracle with the ends hidden and each ablation, where any task has that line."""
     columns = [f"{b} labels" for b in budgets]
-    if any(ORACLE_LINE in cells for cells in result.values()):
-        columns.append(ORACLE_LINE)
+    columns += [line for line in (ORACLE_LINE, *known_ablations()) if any(line in cells for cells in result.values())]
     head = ["| task | RL (TRPO, true reward) |"] + [f" {c} |" for c in columns]
     lines = ["".join(head), "| --- | ---: |" + " ---: |" * len(columns)]
     for task, cells in result.items():
@@ -757,8 +773,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", help="comma-separated (default: the figure's); Atari: "
                         f"{', '.join(ATARI_TASKS)}; MuJoCo: {', '.join(MUJOCO_TASKS)}")
     parser.add_argument("--budgets", help="label budgets, comma-separated (figures 5 and 6: the first is the ablations')")
-    parser.add_argument("--ablations", help="figures 5 and 6: comma-separated names from configs/paper/ablations.yaml, "
-                        "'all' or 'none'")
+    parser.add_argument("--ablations", help="figures 5 and 6 (and 2 with --backend cpu): comma-separated names from "
+                        "configs/paper/ablations.yaml or ours ('no entropy bonus'), 'all' (the paper's) or 'none'")
     parser.add_argument("--baselines", help="agents on the true reward: a2c, dqn (Atari), trpo (MuJoCo), or 'none'")
     parser.add_argument("--seeds", type=int, help="runs per line (default: the paper's, 5 MuJoCo, 3 Atari; --quick 1)")
     parser.add_argument("--steps", type=int, default=0, help="env steps per run (default: each config's)")
@@ -790,9 +806,9 @@ def main(argv: list[str] | None = None) -> None:
         ablations = _csv(args.ablations)
     else:
         ablations = [a for a in QUICK_ABLATIONS if a in figure.ablations] if args.quick else list(figure.ablations)
-    missing = [a for a in ablations if a not in read_ablations()]
+    missing = [a for a in ablations if a not in known_ablations()]
     if missing:
-        parser.error(f"unknown ablations {missing}; known: {', '.join(read_ablations())}")
+        parser.error(f"unknown ablations {missing}; known: {', '.join(known_ablations())}")
     if args.baselines == "none":
         baselines = []
     elif args.baselines:
@@ -811,7 +827,7 @@ def main(argv: list[str] | None = None) -> None:
     runs_dir = Path(args.runs_dir) / name.removeprefix("reproduce_")
     if args.dry_run:
         if cpu:
-            for cell in cpu_cells(figure, tasks, budgets, baselines):
+            for cell in cpu_cells(figure, tasks, budgets, baselines, ablations):
                 config = cell_config(cell, steps, points, runs_dir)
                 print(f"rlhf-jax sweep {run_command(Run(cell.task, cell.line, cell.kind, 0, cell.config_path, ()), config).removeprefix('rlhf-jax train ')} --seeds {seeds} --dir {config.run.dir}   # {cell.key}")
             return
@@ -854,7 +870,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         if cpu:
-            ledger = execute_cells(cpu_cells(figure, tasks, budgets, baselines), ledger_path, runs_dir, steps, points,
+            ledger = execute_cells(cpu_cells(figure, tasks, budgets, baselines, ablations), ledger_path, runs_dir, steps, points,
                                    seeds, after_cell=publish, provenance=provenance)
         else:
             ledger = execute(runs, ledger_path, runs_dir, steps, points, provenance=provenance,

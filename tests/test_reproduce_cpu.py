@@ -59,6 +59,26 @@ def test_trpo_on_the_oracle_runs_after_the_second_budget_with_the_ends_hidden():
     assert table.splitlines()[2] == "| hopper | 100.0 | | 50.0 (0.50; 0.40) |"
 
 
+def test_the_cell_without_the_entropy_bonus_is_the_700_label_cell_with_that_one_switch_and_runs_last():
+    """Our line, not the paper's: named in --ablations, it runs after every other cell, differs
+    from the 700-label cell only in TRPO's entropy bonus, and gets a column of its own."""
+    cells = reproduce.cpu_cells(reproduce.FIGURES[2], TASKS, [700, 1400], ["trpo"], ["no entropy bonus"])
+    assert [c.key for c in cells][-2:] == ["reacher/no entropy bonus", "hopper/no entropy bonus"]
+    assert len(cells) == 8
+    labels, without = (reproduce.cell_config(next(c for c in cells if c.key == key), 20_000, 4, Path("/tmp/unused"))
+                       for key in ("hopper/700 labels", "hopper/no entropy bonus"))
+    assert labels.trpo.entropy_coef == 0.01 and without.trpo.entropy_coef == 0.0
+    assert dataclasses.replace(without, trpo=labels.trpo, run=labels.run) == labels  # the one switch
+    assert reproduce.fingerprint_of(without) != reproduce.fingerprint_of(labels)  # a cell of its own
+    cell = {"final_return": 50.0, "ratio_to_rl": 0.5, "gain_ratio_to_rl": 0.4}
+    table = reproduce.ratio_table({"hopper": {"RL (trpo)": {**cell, "final_return": 100.0},
+                                              "no entropy bonus": cell}}, [700])
+    assert table.splitlines()[0].endswith("| 700 labels | no entropy bonus |")
+    assert table.splitlines()[2] == "| hopper | 100.0 | | 50.0 (0.50; 0.40) |"
+    with pytest.raises(SystemExit):  # a name that is neither the paper's nor ours
+        reproduce.main(["--figure", "2", "--backend", "cpu", "--ablations", "no bonus", "--dry-run"])
+
+
 def test_inverted_pendulum_trains_on_short_episodes_and_every_line_is_scored_on_the_task():
     """InvertedPendulum's preference runs and its oracle line train on 250-step episodes and are
     scored on the task's own (``run.score_on_task``); RL trains on the task itself."""
