@@ -477,6 +477,14 @@ def _colors(lines: list[str], kinds: dict) -> dict:
     return colors
 
 
+def legend_label(line: str, record: dict, figure: Figure) -> str:
+    """The line's name, and an ablation's budget where the figure draws several budgets."""
+    budgets = [o.split("=", 1)[1] for o in record.get("overrides", ()) if o.startswith("preferences.labels=")]
+    if record["kind"] != "ablation" or len(figure.budgets) == 1 or not budgets:
+        return line
+    return f"{line} ({budgets[0]} labels)"
+
+
 def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick: bool) -> None:
     """One panel per task: each line's mean true return over seeds against env steps, the band their range."""
     import matplotlib
@@ -502,7 +510,7 @@ def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick:
             (handle,) = ax.plot(steps[finite], mean[finite], style, color=colors[line], lw=1.6)
             if len(records) > 1:
                 ax.fill_between(steps[finite], low[finite], high[finite], color=colors[line], alpha=0.15, lw=0)
-            handles.setdefault(line, handle)
+            handles.setdefault(legend_label(line, records[0], figure), handle)
         seeds = sorted({len(r) for r in lines.values()})
         title = (QUICK_TASKS.get(task) or figure.tasks.get(task) or Task(task, Path(), ())).title
         ax.set_title(f"{title} ({'/'.join(map(str, seeds))} seed{'s' if seeds != [1] else ''})", fontsize=10)

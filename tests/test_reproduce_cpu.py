@@ -75,6 +75,9 @@ def test_the_cell_without_the_entropy_bonus_is_the_700_label_cell_with_that_one_
                                               "no entropy bonus": cell}}, [700])
     assert table.splitlines()[0].endswith("| 700 labels | no entropy bonus |")
     assert table.splitlines()[2] == "| hopper | 100.0 | | 50.0 (0.50; 0.40) |"
+    record = {"kind": "ablation", "overrides": list(cells[-1].overrides)}
+    assert reproduce.legend_label("no entropy bonus", record, reproduce.FIGURES[2]) == "no entropy bonus (700 labels)"
+    assert reproduce.legend_label("no entropy bonus", record, reproduce.FIGURES[5]) == "no entropy bonus"  # one budget
     with pytest.raises(SystemExit):  # a name that is neither the paper's nor ours
         reproduce.main(["--figure", "2", "--backend", "cpu", "--ablations", "no bonus", "--dry-run"])
 
