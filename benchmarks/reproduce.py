@@ -439,7 +439,7 @@ def _line_order(record: dict, ablation_names: list[str]) -> tuple:
 
 def lines_by_task(ledger: dict, task_order: list[str]) -> dict:
     """{task: {line: [records of its seeds]}}, tasks and lines in the figure's order."""
-    ablation_names = list(read_ablations())
+    ablation_names = list(known_ablations())
     grouped: dict = {}
     records = sorted(ledger["runs"].values(), key=lambda r: _line_order(r, ablation_names))
     for record in records:
