@@ -482,7 +482,7 @@ def legend_label(line: str, record: dict, figure: Figure) -> str:
     budgets = [o.split("=", 1)[1] for o in record.get("overrides", ()) if o.startswith("preferences.labels=")]
     if record["kind"] != "ablation" or len(figure.budgets) == 1 or not budgets:
         return line
-    return f"{line} ({budgets[0]} labels)"
+    return f"{line} ({budgets[-1]} labels)"  # the last override wins, as the config reads them
 
 
 def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick: bool) -> None:

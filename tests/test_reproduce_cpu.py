@@ -78,6 +78,8 @@ def test_the_cell_without_the_entropy_bonus_is_the_700_label_cell_with_that_one_
     record = {"kind": "ablation", "overrides": list(cells[-1].overrides)}
     assert reproduce.legend_label("no entropy bonus", record, reproduce.FIGURES[2]) == "no entropy bonus (700 labels)"
     assert reproduce.legend_label("no entropy bonus", record, reproduce.FIGURES[5]) == "no entropy bonus"  # one budget
+    overridden = {"kind": "ablation", "overrides": ["preferences.labels=700", "preferences.labels=5000"]}
+    assert reproduce.legend_label("no online queries", overridden, reproduce.FIGURES[2]) == "no online queries (5000 labels)"
     with pytest.raises(SystemExit):  # a name that is neither the paper's nor ours
         reproduce.main(["--figure", "2", "--backend", "cpu", "--ablations", "no bonus", "--dry-run"])
 
