@@ -2,6 +2,7 @@
 
     python -m benchmarks.mujoco_diagnose runs/reproduce/fig2_cpu/reacher/700-labels-<fp> [...] [--episodes N]
     python -m benchmarks.mujoco_diagnose runs/<a train run's directory> [...]
+    python -m benchmarks.mujoco_diagnose runs/reproduce/fig2_cpu/hopper/700-labels-<fp> --against <another cell>
 
 For each cell (a sweep directory of ``benchmarks/reproduce.py --backend cpu``, or the
 directory of one ``rlhf-jax train`` run on an ``envpool/`` MuJoCo task) the newest
@@ -12,6 +13,14 @@ them the reward model's last accuracy on fresh pairs and its correlation with th
 reward (from ``members.csv``). Printed as a table and written to
 ``benchmarks/results/mujoco_diagnose.json`` (cells from earlier calls kept).
 
+With ``--against OTHER`` (another cell's sweep directory: RL, TRPO on the oracle, or labels),
+every policy of both cells also plays the cell's own training task (its fixed-length
+episodes, ends hidden) on ``--episodes`` copies, and each seed's r̂ judges pairs of clips,
+one of its own policy's against one of OTHER's: how often the oracle prefers OTHER's clip and
+how often r̂ does. Per policy: the oracle's reward per step and the share of unhealthy steps.
+This asks whether a stuck seed's r̂ knows that another policy's play is better, and whether
+the oracle the labels come from tells the two apart at all.
+
 Why the split: the paper removed the torque costs from the tasks ("torques are not directly
 visible to a human supervisor ... so we removed them", appendix A.1); here the oracle does
 not see them, but every curve is scored by Gymnasium's reward, which holds them.
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -29,10 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import RESULTS
-from rlhf_jax.agents.base import env_step
+from rlhf_jax import evaluation
+from rlhf_jax.agents.base import clip_action, env_step, rollout_rewards
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.envs import EnvConfig, make
-from rlhf_jax.sweep import GroupProgram, Sweep, device_mesh
+from rlhf_jax.sweep import GroupProgram, Sweep, device_mesh, member_config
 
 
 def play(training, params, episodes: int, seed: int) -> dict:
@@ -87,12 +98,69 @@ def diagnose_run(directory: Path, episodes: int) -> dict:
     return {"env_steps": int(runner.env_steps), "seeds": rows}
 
 
-def diagnose(directory: Path, episodes: int) -> dict:
-    if not (directory / "group0").exists():
-        return diagnose_run(directory, episodes)
+def restore_cell(directory: Path):
+    """A finished cell's sweep, its program, the newest checkpoint's chunk and state (stacked over seeds)."""
     sweep = Sweep.load(directory)
     program = GroupProgram(sweep.base, sweep.groups[0], device_mesh())
     chunk, state = Checkpoints(directory / "group0", resume_command="").restore(program.abstract_state())
+    return sweep, program, chunk, state
+
+
+def one_seed(tree, s: int):
+    return jax.tree.map(lambda x: x[s], tree)
+
+
+def play_training_task(env, training, params, seed: int):
+    """One policy on ``env`` (a cell's training task) for one of its fixed-length episodes:
+    ``(obs, action, timestep)`` of every step, time-major."""
+    act = training.agent.make_policy(training.agent_config, env.spec)
+    observe = lambda obs, action, timestep: (obs, clip_action(env.spec.action_space, action), timestep)
+    steps = env.spec.max_episode_steps
+    return jax.jit(lambda p, key: evaluation.play(act, p, env, key, steps, observe))(params, jax.random.PRNGKey(seed))
+
+
+def clip_sums(x: np.ndarray, length: int) -> np.ndarray:
+    """``[T, n]`` per-step values -> the sums of every whole ``length``-step clip of each copy."""
+    whole = x.shape[0] // length * length
+    return x[:whole].reshape(-1, length, x.shape[1]).sum(axis=1).ravel()
+
+
+def rank_against(cell: Path, other: Path, episodes: int) -> dict:
+    """``--against``: each seed's r̂ of ``cell`` judging its own policy's clips against ``other``'s."""
+    _, program, _, state = restore_cell(cell)
+    _, other_program, _, other_state = restore_cell(other)
+    training, other_training = program.training, other_program.training
+    env = make(dataclasses.replace(training.config.env, num_envs=episodes))
+    length = training.learner.clip_length
+    seeds = [config.seed for config in program.configs]
+    plays = {("cell", s): play_training_task(env, training, training.policy_params(one_seed(state, i)), s)
+             for i, s in enumerate(seeds)}
+    for i, config in enumerate(other_program.configs):
+        params = other_training.policy_params(one_seed(other_state, i))
+        plays[("other", config.seed)] = play_training_task(env, other_training, params, 100 + i)
+    policies = {f"{side} seed {s}": {
+        "oracle_reward_per_step": float(np.mean(timestep.reward)),
+        "unhealthy_share": float(np.mean(timestep.info.get("unhealthy", np.zeros_like(timestep.reward))))}
+        for (side, s), (_, _, timestep) in plays.items()}
+    judges = []
+    for i, s in enumerate(seeds):
+        learned = training.learned_reward(one_seed(state, i))
+        reward = jax.jit(lambda params, o, a, t: rollout_rewards(learned.fn, params, o, a, t))
+        sums = {who: (clip_sums(np.asarray(t.reward), length), clip_sums(np.asarray(reward(learned.params, o, a, t)), length))
+                for who, (o, a, t) in plays.items()}
+        own_oracle, own_rhat = sums[("cell", s)]
+        others = [sums[who] for who in sums if who[0] == "other"]
+        oracle_diff = np.concatenate([(o[None, :] - own_oracle[:, None]).ravel() for o, _ in others])
+        rhat_diff = np.concatenate([(h[None, :] - own_rhat[:, None]).ravel() for _, h in others])
+        judges.append({"seed": s, "oracle_prefers_other": float(np.mean(oracle_diff > 0)),
+                       "rhat_prefers_other": float(np.mean(rhat_diff > 0))})
+    return {"against": str(other), "clip_length": length, "copies": episodes, "policies": policies, "judges": judges}
+
+
+def diagnose(directory: Path, episodes: int) -> dict:
+    if not (directory / "group0").exists():
+        return diagnose_run(directory, episodes)
+    sweep, program, chunk, state = restore_cell(directory)
     training = program.training
     rows = play(training, training.policy_params(state), episodes, seed=0)
     last = {}
@@ -110,17 +178,29 @@ def diagnose(directory: Path, episodes: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("cells", nargs="+", help="sweep directories of finished cells")
+    parser.add_argument("cells", nargs="+", type=Path, help="sweep directories of finished cells")
     parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--against", type=Path, help="another cell's sweep directory: rank its policies' "
+                        "clips against each seed's own with that seed's r̂ (label cells only)")
     args = parser.parse_args()
+    for directory in args.cells if args.against else []:
+        sweep = Sweep.load(directory) if (directory / "group0").exists() else None
+        if sweep and member_config(sweep.base, sweep.groups[0][0]).reward == "env":
+            parser.error(f"--against: {directory} learns from the true reward, so it has no r̂ to rank clips with")
     path = RESULTS / "mujoco_diagnose.json"
     result = json.loads(path.read_text()) if path.exists() else {"cells": {}}
-    for directory in map(Path, args.cells):
+    for directory in args.cells:
         key = f"{directory.parent.name}/{directory.name}"
         result["cells"][key] = diagnose(directory, args.episodes)
+        if args.against:
+            result["cells"][key]["ranked_against"] = rank_against(directory, args.against, args.episodes)
         print(f"{key}:", flush=True)
-        for row in result["cells"][key]["seeds"]:
+        cell = result["cells"][key]
+        rows = [*cell["seeds"], *cell.get("ranked_against", {}).get("judges", [])]
+        for row in rows:
             print("   " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+        for name, row in cell.get("ranked_against", {}).get("policies", {}).items():
+            print(f"   {name} on the training task: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()))
         path.write_text(json.dumps(result, indent=1) + "\n")
 
 
