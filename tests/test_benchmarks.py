@@ -258,3 +258,24 @@ def test_a_benchmark_of_parts_reads_only_and_quick_one_way():
     assert parse_parts("", parts, ["--only", "pong", "--quick"]) == PartsRun(True, ("pong",), True, 1, 3)
     with pytest.raises(SystemExit):
         parse_parts("", parts, ["--only", "atari"])
+
+
+def test_clips_are_summed_per_copy_and_a_partial_clip_is_dropped():
+    from benchmarks.mujoco_diagnose import clip_sums
+
+    x = np.arange(14.0).reshape(7, 2)  # [T=7, copies=2]: copy 0 holds 0, 2, ..., 12; copy 1 holds 1, 3, ..., 13
+    # Clips of 3 steps: steps 0-2 and 3-5 of each copy, step 6 left out.
+    np.testing.assert_array_equal(clip_sums(x, 3), [0 + 2 + 4, 1 + 3 + 5, 6 + 8 + 10, 7 + 9 + 11])
+
+
+def test_ranking_against_another_cell_refuses_a_cell_without_a_learned_reward(tmp_path, monkeypatch, capsys):
+    from benchmarks import mujoco_diagnose
+    from rlhf_jax.sweep import Sweep
+
+    cell = tmp_path / "rl-trpo"
+    Sweep.create(cell, {"agent": "trpo", "env": {"id": "envpool/Hopper-v5"}}, {}, seeds=1)
+    (cell / "group0").mkdir()
+    monkeypatch.setattr("sys.argv", ["mujoco_diagnose", str(cell), "--against", str(tmp_path / "other")])
+    with pytest.raises(SystemExit):
+        mujoco_diagnose.main()
+    assert f"--against: {cell} learns from the true reward" in capsys.readouterr().err
