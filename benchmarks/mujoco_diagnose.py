@@ -46,6 +46,11 @@ from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.sweep import GroupProgram, Sweep, device_mesh, member_config
 
 
+def one_seed(tree, s: int):
+    """Seed ``s``'s part of ``tree``, a cell's state or parameters stacked over its seeds."""
+    return jax.tree.map(lambda x: x[s], tree)
+
+
 def play(training, params, episodes: int, seed: int) -> dict:
     """Each seed's policy (``params`` stacked over seeds) on ``episodes`` copies of the plain task,
     each copy's first whole episode: return, torque cost, length (means over the copies)."""
@@ -74,7 +79,7 @@ def play(training, params, episodes: int, seed: int) -> dict:
     seeds = jax.tree.leaves(params)[0].shape[0]
     run = jax.jit(one)
     for s in range(seeds):  # one after another: the pool is not vmapped
-        totals = np.asarray(run(jax.tree.map(lambda x: x[s], params), jax.random.PRNGKey(seed + s)))
+        totals = np.asarray(run(one_seed(params, s), jax.random.PRNGKey(seed + s)))
         rows.append({"true_return": float(totals[0]), "torque_cost": float(totals[1]),
                      "return_without_torque_cost": float(totals[0] + totals[1]), "length": float(totals[2])})
     return rows
@@ -106,17 +111,13 @@ def restore_cell(directory: Path):
     return sweep, program, chunk, state
 
 
-def one_seed(tree, s: int):
-    return jax.tree.map(lambda x: x[s], tree)
-
-
-def play_training_task(env, training, params, seed: int):
-    """One policy on ``env`` (a cell's training task) for one of its fixed-length episodes:
-    ``(obs, action, timestep)`` of every step, time-major."""
+def training_task_player(env, training):
+    """``play(params, key)``, compiled once: a policy of ``training`` on ``env`` (a cell's training
+    task) for one of its fixed-length episodes, ``(obs, action, timestep)`` of every step, time-major."""
     act = training.agent.make_policy(training.agent_config, env.spec)
     observe = lambda obs, action, timestep: (obs, clip_action(env.spec.action_space, action), timestep)
     steps = env.spec.max_episode_steps
-    return jax.jit(lambda p, key: evaluation.play(act, p, env, key, steps, observe))(params, jax.random.PRNGKey(seed))
+    return jax.jit(lambda params, key: evaluation.play(act, params, env, key, steps, observe))
 
 
 def clip_sums(x: np.ndarray, length: int) -> np.ndarray:
@@ -125,27 +126,28 @@ def clip_sums(x: np.ndarray, length: int) -> np.ndarray:
     return x[:whole].reshape(-1, length, x.shape[1]).sum(axis=1).ravel()
 
 
-def rank_against(cell: Path, other: Path, episodes: int) -> dict:
-    """``--against``: each seed's r̂ of ``cell`` judging its own policy's clips against ``other``'s."""
-    _, program, _, state = restore_cell(cell)
+def rank_against(program: GroupProgram, state, other: Path, episodes: int) -> dict:
+    """``--against``: each seed's r̂ of a restored cell (``program``, ``state``) judging its own
+    policy's clips against those of ``other``'s policies."""
     _, other_program, _, other_state = restore_cell(other)
     training, other_training = program.training, other_program.training
     env = make(dataclasses.replace(training.config.env, num_envs=episodes))
     length = training.learner.clip_length
     seeds = [config.seed for config in program.configs]
-    plays = {("cell", s): play_training_task(env, training, training.policy_params(one_seed(state, i)), s)
+    play_cell, play_other = training_task_player(env, training), training_task_player(env, other_training)
+    plays = {("cell", s): play_cell(training.policy_params(one_seed(state, i)), jax.random.PRNGKey(s))
              for i, s in enumerate(seeds)}
     for i, config in enumerate(other_program.configs):
         params = other_training.policy_params(one_seed(other_state, i))
-        plays[("other", config.seed)] = play_training_task(env, other_training, params, 100 + i)
+        plays[("other", config.seed)] = play_other(params, jax.random.PRNGKey(100 + i))
     policies = {f"{side} seed {s}": {
         "oracle_reward_per_step": float(np.mean(timestep.reward)),
         "unhealthy_share": float(np.mean(timestep.info.get("unhealthy", np.zeros_like(timestep.reward))))}
         for (side, s), (_, _, timestep) in plays.items()}
+    reward = jax.jit(lambda params, o, a, t: rollout_rewards(training.learner.reward_fn, params, o, a, t))
     judges = []
     for i, s in enumerate(seeds):
         learned = training.learned_reward(one_seed(state, i))
-        reward = jax.jit(lambda params, o, a, t: rollout_rewards(learned.fn, params, o, a, t))
         sums = {who: (clip_sums(np.asarray(t.reward), length), clip_sums(np.asarray(reward(learned.params, o, a, t)), length))
                 for who, (o, a, t) in plays.items()}
         own_oracle, own_rhat = sums[("cell", s)]
@@ -157,7 +159,8 @@ def rank_against(cell: Path, other: Path, episodes: int) -> dict:
     return {"against": str(other), "clip_length": length, "copies": episodes, "policies": policies, "judges": judges}
 
 
-def diagnose(directory: Path, episodes: int) -> dict:
+def diagnose(directory: Path, episodes: int, against: Path | None = None) -> dict:
+    """A cell (or a train run), and with ``against`` its seeds' r̂ ranking that cell's play (:func:`rank_against`)."""
     if not (directory / "group0").exists():
         return diagnose_run(directory, episodes)
     sweep, program, chunk, state = restore_cell(directory)
@@ -172,8 +175,11 @@ def diagnose(directory: Path, episodes: int) -> dict:
         for key in ("reward_accuracy", "reward_correlation", "episode_return"):
             if key in last[seed]:
                 row[f"last_chunk_{key}"] = last[seed][key]
-    return {"chunk": chunk, "env_steps": training.steps_per_iteration * training.chunk_iterations * (chunk + 1),
-            "seeds": rows}
+    result = {"chunk": chunk, "env_steps": training.steps_per_iteration * training.chunk_iterations * (chunk + 1),
+              "seeds": rows}
+    if against:
+        result["ranked_against"] = rank_against(program, state, against, episodes)
+    return result
 
 
 def main() -> None:
@@ -184,16 +190,16 @@ def main() -> None:
                         "clips against each seed's own with that seed's r̂ (label cells only)")
     args = parser.parse_args()
     for directory in args.cells if args.against else []:
-        sweep = Sweep.load(directory) if (directory / "group0").exists() else None
-        if sweep and member_config(sweep.base, sweep.groups[0][0]).reward == "env":
+        if not (directory / "group0").exists():
+            parser.error(f"--against: {directory} is not a cell's sweep directory (it has no group0/)")
+        sweep = Sweep.load(directory)
+        if member_config(sweep.base, sweep.groups[0][0]).reward == "env":
             parser.error(f"--against: {directory} learns from the true reward, so it has no r̂ to rank clips with")
     path = RESULTS / "mujoco_diagnose.json"
     result = json.loads(path.read_text()) if path.exists() else {"cells": {}}
     for directory in args.cells:
         key = f"{directory.parent.name}/{directory.name}"
-        result["cells"][key] = diagnose(directory, args.episodes)
-        if args.against:
-            result["cells"][key]["ranked_against"] = rank_against(directory, args.against, args.episodes)
+        result["cells"][key] = diagnose(directory, args.episodes, args.against)
         print(f"{key}:", flush=True)
         cell = result["cells"][key]
         rows = [*cell["seeds"], *cell.get("ranked_against", {}).get("judges", [])]

@@ -268,7 +268,7 @@ def test_clips_are_summed_per_copy_and_a_partial_clip_is_dropped():
     np.testing.assert_array_equal(clip_sums(x, 3), [0 + 2 + 4, 1 + 3 + 5, 6 + 8 + 10, 7 + 9 + 11])
 
 
-def test_ranking_against_another_cell_refuses_a_cell_without_a_learned_reward(tmp_path, monkeypatch, capsys):
+def test_ranking_against_another_cell_refuses_a_cell_without_a_learned_reward_or_not_a_sweep(tmp_path, monkeypatch, capsys):
     from benchmarks import mujoco_diagnose
     from rlhf_jax.sweep import Sweep
 
@@ -279,3 +279,7 @@ def test_ranking_against_another_cell_refuses_a_cell_without_a_learned_reward(tm
     with pytest.raises(SystemExit):
         mujoco_diagnose.main()
     assert f"--against: {cell} learns from the true reward" in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["mujoco_diagnose", str(tmp_path), "--against", str(cell)])  # not a sweep
+    with pytest.raises(SystemExit):
+        mujoco_diagnose.main()
+    assert f"--against: {tmp_path} is not a cell's sweep directory" in capsys.readouterr().err
