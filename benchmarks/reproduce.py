@@ -166,10 +166,10 @@ def _mujoco(slug: str, title: str, ends_when_unhealthy: bool) -> Task:
 def preference_task(config_path: Path) -> tuple[str, ...]:
     """The overrides that give another run the preference config's task: its shortened episodes,
     where it has them (``env.max_episode_steps``), with their scoring on the task (its ``run``
-    keys), and its oracle (``env.oracle``), where it sets one."""
+    keys), and its oracle (``env.oracle``, ``env.termination_penalty``), where it sets them."""
     data = read_yaml(config_path)
     env = data.get("env", {})
-    oracle = (f"env.oracle={env['oracle']}",) if "oracle" in env else ()
+    oracle = tuple(f"env.{key}={env[key]}" for key in ("oracle", "termination_penalty") if key in env)
     steps = env.get("max_episode_steps")
     if not steps:
         return oracle

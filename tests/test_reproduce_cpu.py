@@ -49,7 +49,9 @@ def test_trpo_on_the_oracle_runs_after_the_second_budget_with_the_ends_hidden():
     assert not rl.env.hide_episode_end and hidden.env.hide_episode_end
     # the preference runs' task: their hidden ends and 200-step episodes, scored on the task itself
     assert hidden.env.max_episode_steps == 200 and hidden.run.score_on_task
-    assert dataclasses.replace(hidden.env, hide_episode_end=False, max_episode_steps=0) == rl.env
+    # and their oracle's penalty per unhealthy step (10 on Hopper; RL's task never pays it)
+    assert hidden.env.termination_penalty == 10.0
+    assert dataclasses.replace(hidden.env, hide_episode_end=False, max_episode_steps=0, termination_penalty=1.0) == rl.env
     assert hidden.trpo == rl.trpo
     assert hidden.reward == rl.reward == "env"
     cell = {"final_return": 50.0, "ratio_to_rl": 0.5, "gain_ratio_to_rl": 0.4}
