@@ -40,7 +40,8 @@ finishes it goes into the ledger ``reproduce_fig2_cpu_runs.json`` and the figure
 ``reproduce_fig2_cpu.json`` (per cell: each seed's final return, the mean, the wall time, the
 curve; per task the ratios to RL and the table; the command and commit) are written again.
 Run again, the same command skips finished cells and resumes a begun one from its newest
-checkpoint. ``--baselines trpo,oracle`` adds TRPO on the oracle's reward with the ends hidden
+checkpoint; cells whose config changed since they ran are left out of the outputs until they
+run again (:func:`current_records`). ``--baselines trpo,oracle`` adds TRPO on the oracle's reward with the ends hidden
 (not a line of the paper; :data:`ORACLE_LINE`) on the tasks that end early when unhealthy.
 ``--ablations "no entropy bonus"`` adds the 700-label cell without TRPO's entropy bonus (not a
 line of the paper either; :data:`OUR_ABLATIONS`), after every other cell.
@@ -690,6 +691,22 @@ def execute_cells(cells: list[Cell], ledger_path: Path, runs_dir: Path, steps: i
     return ledger
 
 
+def current_records(ledger: dict, fingerprints: dict[str, str]) -> tuple[dict, list[str]]:
+    """The ledger less the records an earlier config made of a cell planned now (their
+    fingerprint is not the one ``fingerprints``, cell key to fingerprint, gives the cell today: a
+    config file changed since they ran), and the keys of those cells. Such records stay in the
+    ledger file until their cell runs again; the figure, the table and the headline leave them
+    out, so that no panel sets cells of two configs side by side unsaid."""
+    kept, stale = {}, set()
+    for key, record in ledger["runs"].items():
+        cell = f"{record['task']}/{record['line']}"
+        if cell in fingerprints and record.get("fingerprint") != fingerprints[cell]:
+            stale.add(cell)
+        else:
+            kept[key] = record
+    return {**ledger, "runs": kept}, sorted(stale)
+
+
 def rl_cell(cells: dict) -> dict | None:
     """A panel's paper's "RL" cell (an agent on the true reward, ``RL (<agent>)``), or None
     before it has run; TRPO on the oracle (:data:`ORACLE_LINE`) is not it."""
@@ -853,8 +870,12 @@ def main(argv: list[str] | None = None) -> None:
     if cpu:
         title = f"{figure.title} (EnvPool C MuJoCo on the CPU, {seeds} seeds vmapped per cell)"
 
+    cells = cpu_cells(figure, tasks, budgets, baselines, ablations) if cpu else []
+    fingerprints = {cell.key: fingerprint_of(cell_config(cell, steps, points, runs_dir)) for cell in cells}
+
     def publish(ledger: dict) -> dict:
         """The figure, and the JSON of every finished cell: after each one, and at the end."""
+        ledger, stale = current_records(ledger, fingerprints)
         plot(ledger, figure, task_order, png, args.quick)
         result = summary(ledger, task_order)
         extra = {}
@@ -863,6 +884,8 @@ def main(argv: list[str] | None = None) -> None:
             gains = {task: cells["700 labels"]["gain_ratio_to_rl"] for task, cells in result.items()
                      if "700 labels" in cells and rl_cell(cells) is not None}
             extra = {**provenance, "cells_finished": sorted({f"{r['task']}/{r['line']}" for r in ledger["runs"].values()}),
+                     # finished under an earlier config; left out of every figure below until they run again
+                     "cells_made_by_an_earlier_config": stale,
                      "table": ratio_table(result, budgets),
                      **{f"{task}_700_labels_gain_ratio": gain for task, gain in gains.items()},
                      "tasks_at_0.8_from_700_labels": sum(1 for g in gains.values() if g is not None and g >= 0.8)}
@@ -878,8 +901,8 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         if cpu:
-            ledger = execute_cells(cpu_cells(figure, tasks, budgets, baselines, ablations), ledger_path, runs_dir, steps, points,
-                                   seeds, after_cell=publish, provenance=provenance)
+            ledger = execute_cells(cells, ledger_path, runs_dir, steps, points, seeds, after_cell=publish,
+                                   provenance=provenance)
         else:
             ledger = execute(runs, ledger_path, runs_dir, steps, points, provenance=provenance,
                              after_run=lambda ledger: plot(ledger, figure, task_order, png, args.quick))

@@ -169,6 +169,15 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     assert cell["gain_ratio_to_rl"] == pytest.approx(35 / 55, abs=1e-4)
     assert "| hopper | 100.0 | 80.0 (0.80; 0.64) |" in reproduce.ratio_table(result, [700])
 
+    # A config file changes after the cells ran: the 700-label cell's records are of the old
+    # config, so the figure leaves them out and names the cell, until it runs again.
+    fingerprints = {cell.key: reproduce.fingerprint_of(reproduce.cell_config(cell, 10_000, 2, runs_dir)) for cell in cells}
+    current, stale = reproduce.current_records(ledger, fingerprints)
+    assert current == ledger and stale == []
+    current, stale = reproduce.current_records(ledger, {**fingerprints, "hopper/700 labels": "0123456789"})
+    assert sorted(current["runs"]) == ["hopper/RL (trpo)/seed0", "hopper/RL (trpo)/seed1"] and stale == ["hopper/700 labels"]
+    assert sorted(ledger["runs"])[-1] == "hopper/RL (trpo)/seed1" and len(ledger["runs"]) == 4  # the file's ledger is kept
+
 
 @pytest.mark.parametrize("stop, code", [(KeyboardInterrupt(), 130), (Interrupted(signal.SIGTERM, "stopped"), 143)])
 def test_a_stop_inside_a_cell_ends_the_command_with_its_resume_message(monkeypatch, capsys, stop, code):
