@@ -41,9 +41,8 @@ import numpy as np
 from benchmarks.common import RESULTS
 from rlhf_jax import evaluation
 from rlhf_jax.agents.base import clip_action, env_step, rollout_rewards
-from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.envs import EnvConfig, make
-from rlhf_jax.sweep import GroupProgram, Sweep, device_mesh, member_config
+from rlhf_jax.sweep import GroupProgram, Sweep, member_config
 
 
 def one_seed(tree, s: int):
@@ -106,9 +105,7 @@ def diagnose_run(directory: Path, episodes: int) -> dict:
 def restore_cell(directory: Path):
     """A finished cell's sweep, its program, the newest checkpoint's chunk and state (stacked over seeds)."""
     sweep = Sweep.load(directory)
-    program = GroupProgram(sweep.base, sweep.groups[0], device_mesh())
-    chunk, state = Checkpoints(directory / "group0", resume_command="").restore(program.abstract_state())
-    return sweep, program, chunk, state
+    return sweep, *sweep.restore_group(0)
 
 
 def training_task_player(env, training):

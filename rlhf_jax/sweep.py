@@ -248,6 +248,14 @@ class Sweep:
         saved = read_yaml(Path(directory) / SWEEP_FILE)
         return cls(directory, saved["base"], saved["swept"], saved["seeds"])
 
+    def restore_group(self, group: int = 0) -> tuple[GroupProgram, int, object]:
+        """Group ``group``'s program and its newest checkpoint, ``(program, chunk, state)``, the
+        state stacked over the group's members: to look at a sweep's policies and reward models
+        after (or while) it runs. A ConfigError if the group has no checkpoint yet."""
+        program = GroupProgram(self.base, self.groups[group], device_mesh())
+        chunk, state = Checkpoints(self.directory / f"group{group}", resume_command="").restore(program.abstract_state())
+        return program, chunk, state
+
     # ------------------------------------------------------------- rows
     @property
     def rows_file(self) -> Path:

@@ -13,8 +13,7 @@ from rlhf_jax.config import ExperimentConfig, apply_overrides, build, load_confi
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.evaluation import Score, evaluate
 from rlhf_jax.metrics_log import judged_return
-from rlhf_jax.checkpoints import Checkpoints
-from rlhf_jax.sweep import GroupProgram, Sweep, device_mesh
+from rlhf_jax.sweep import Sweep
 from rlhf_jax.trainer import evaluate_run, make_training, restore_latest, scoring_env_config, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,9 +62,7 @@ def test_a_sweep_scores_each_member_on_the_task(tmp_path):
     """Every member on the same episodes of the task (the base config's seed draws them)."""
     directory = tmp_path / "sweep"
     Sweep.create(directory, base_config(), {}, seeds=2).run(progress=False)
-    sweep = Sweep.load(directory)
-    program = GroupProgram(sweep.base, sweep.groups[0], device_mesh())
-    _, state = Checkpoints(directory / "group0", resume_command="").restore(program.abstract_state())
+    program, _, state = Sweep.load(directory).restore_group(0)
     params = program.training.policy_params(state)
     config = build(ExperimentConfig, base_config())
     rows = [r for r in rows_of(directory / "members.csv") if r["chunk"] == 1]
