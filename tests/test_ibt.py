@@ -2,7 +2,6 @@
 direct transcription, where the marks count, the annotator, equation 2's reward, the AR
 baseline, and A2C learning CartPole from synthetic progress/regress marks."""
 import csv
-import json
 import math
 import time
 from pathlib import Path
@@ -13,12 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
-from rlhf_jax.cli import main
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build
 from rlhf_jax.envs.core import Discrete, EnvSpec, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward import ibt
 from rlhf_jax.reward.annotators import AnnotatorConfig, progress_increments, synthetic_marks
+from small_runs import evaluated_return, trained
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ibt_cartpole.yaml"
 
@@ -169,23 +168,20 @@ def ibt_run(tmp_path_factory):
     reward. Seed 1 is one that A2C without its entropy bonus leaves pushing the cart one way
     (an evaluation return of 9 here, 500 with the bonus); seed 0 learns either way."""
     root = tmp_path_factory.mktemp("ibt")
-    for name, extra in (("ibt", []), ("true", ["reward=env"])):
-        assert main(["train", str(CONFIG), "seed=1", f"run.dir={root / name}", "run.tensorboard=false", *extra]) == 0
-        assert main(["eval", str(root / name), "--episodes", "32"]) == 0
-    return root
+    return {name: (trained(root / name, str(CONFIG), "seed=1", *extra), evaluated_return(root / name))
+            for name, extra in (("ibt", []), ("true", ["reward=env"]))}
 
 
 def test_a2c_learns_cartpole_from_ibt_marks(ibt_run):
-    ibt_return = json.loads((ibt_run / "ibt" / "eval.json").read_text())["mean_true_return"]
-    true_return = json.loads((ibt_run / "true" / "eval.json").read_text())["mean_true_return"]
+    (run_dir, ibt_return), (_, true_return) = ibt_run["ibt"], ibt_run["true"]
     # At least 80% of what the same budget gives on the true reward (500 here); random play ~20.
     # In a sweep, 10 of seeds 0-11 of this config passed 400 by the end of training.
     assert ibt_return >= 0.8 * true_return, (ibt_return, true_return)
-    with open(ibt_run / "ibt" / "metrics.csv") as f:
+    with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert float(rows[-1]["labels"]) == 200  # the whole annotation budget is spent
     assert float(rows[-1]["reward_correlation"]) > 0.5  # U's rise follows the annotator's signal
-    saved = np.load(ibt_run / "ibt" / "labels.npz")
+    saved = np.load(run_dir / "labels.npz")
     assert saved["marks"].shape == (200, 50) and set(np.unique(saved["marks"])) <= {-1, 0, 1}
     assert (saved["marks"][:, 0] == 0).all()  # frame 0 of a clip follows no transition of the clip
 
@@ -194,12 +190,9 @@ def test_acer_learns_cartpole_from_ibt_marks(tmp_path):
     """`rlhf-jax train configs/ibt_acer_cartpole.yaml`: IBT's reward drives an off-policy agent
     whose replay recomputes r-hat from the newest utility. With ACER's own entropy bonus
     (0.001) every seed pushed one way for good (return 9.4)."""
-    config = CONFIG.parent / "ibt_acer_cartpole.yaml"
-    assert main(["train", str(config), f"run.dir={tmp_path}", "run.tensorboard=false"]) == 0
-    assert main(["eval", str(tmp_path), "--episodes", "32"]) == 0
     # Seeds 0-2 of this config (a 3-seed sweep): 500.0, 495.4 and 500.0 in the last chunk,
     # above 400 from chunks 7, 14 and 8 of 20; with entropy_coef 0.001: 9.4. Random play ~20.
-    assert json.loads((tmp_path / "eval.json").read_text())["mean_true_return"] >= 400
+    assert evaluated_return(trained(tmp_path, str(CONFIG.parent / "ibt_acer_cartpole.yaml"))) >= 400
 
 
 def test_people_mark_episodes_at_their_own_pace():

@@ -3,19 +3,17 @@ preferences, through the command line, and every ablation is one switch. The loo
 equivalences (whole run = host-driven chunks, Python fitting = compiled fitting, resumed =
 uninterrupted) hold for both reward learners: preferences and IBT."""
 import csv
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.config import resolve
 from rlhf_jax.trainer import LearnedRewardTraining, make_training, summarize
-from small_runs import SMALL_LEARNERS, SMALL_RUN
+from small_runs import SMALL_LEARNERS, SMALL_RUN, evaluated_return, trained
 
 
 def experiment(overrides=()):
@@ -35,21 +33,9 @@ def answers(state):
     return held.labels.mu if hasattr(held, "labels") else held.annotated.marks
 
 
-def train_default(run_dir, *overrides: str):
-    """`rlhf-jax train` with no config, the README's main job (about 1-2 minutes on 2 cores), into ``run_dir``."""
-    assert main(["train", *overrides, f"run.dir={run_dir}", "run.tensorboard=false"]) == 0
-    return run_dir
-
-
-def evaluated_return(run_dir) -> float:
-    """`rlhf-jax eval` of the run over 32 episodes: their mean true return."""
-    assert main(["eval", str(run_dir), "--episodes", "32"]) == 0
-    return json.loads((run_dir / "eval.json").read_text())["mean_true_return"]
-
-
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
-    return train_default(tmp_path_factory.mktemp("rlhf") / "default")
+    return trained(tmp_path_factory.mktemp("rlhf") / "default")  # the README's main job
 
 
 def test_default_learns_from_at_most_500_labels(default_run, capsys):
@@ -67,7 +53,7 @@ def test_default_learns_from_at_most_500_labels(default_run, capsys):
 def test_the_default_learns_on_a_second_seed(tmp_path):
     """Seed 1 as well: without the paper's entropy bonus it stalled at 313 under this suite's
     compiler flags (seed 0 reached 500 either way, so seed 0 alone did not guard the bonus)."""
-    assert evaluated_return(train_default(tmp_path / "seed1", "seed=1")) >= 450
+    assert evaluated_return(trained(tmp_path / "seed1", "seed=1")) >= 450
 
 
 def test_the_run_keeps_its_labels_and_reward_metrics(default_run):
