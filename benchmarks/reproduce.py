@@ -881,8 +881,8 @@ def main(argv: list[str] | None = None) -> None:
         extra = {}
         if cpu:
             result = with_ratios(result)
-            gains = {task: cells["700 labels"]["gain_ratio_to_rl"] for task, cells in result.items()
-                     if "700 labels" in cells and rl_cell(cells) is not None}
+            gains = {task: lines["700 labels"]["gain_ratio_to_rl"] for task, lines in result.items()
+                     if "700 labels" in lines and rl_cell(lines) is not None}
             extra = {**provenance, "cells_finished": sorted({f"{r['task']}/{r['line']}" for r in ledger["runs"].values()}),
                      # finished under an earlier config; left out of every figure below until they run again
                      "cells_made_by_an_earlier_config": stale,
