@@ -648,11 +648,11 @@ def sweep_records(cell: Cell, config: ExperimentConfig, directory: Path, seconds
     return records
 
 
-def execute_cells(cells: list[Cell], ledger_path: Path, runs_dir: Path, steps: int, points: int, seeds: int,
+def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path, seeds: int,
                   after_cell: Callable | None = None, run_sweep: Callable | None = None,
                   provenance: dict | None = None) -> dict:
-    """Run every cell the ledger lacks, one sweep of ``seeds`` seeds each, and record it when it
-    finishes. A cell begun before goes on from its newest checkpoint (every chunk has one); a
+    """Run every cell the ledger lacks, one sweep of ``seeds`` seeds each on its config (its
+    :func:`cell_config`), and record it when it finishes. A cell begun before goes on from its newest checkpoint (every chunk has one); a
     finished one never runs again. ``run_sweep(directory, base, seeds)`` is the sweep unless given
     (the tests give a stand-in); ``after_cell(ledger)`` runs after each cell is recorded;
     ``provenance`` (the command and the commit this process runs, :func:`provenance_of`) goes
@@ -668,8 +668,7 @@ def execute_cells(cells: list[Cell], ledger_path: Path, runs_dir: Path, steps: i
     run_sweep = run_sweep or sweep
     ledger = load_ledger(ledger_path)
     todo = []
-    for cell in cells:
-        config = cell_config(cell, steps, points, runs_dir)
+    for cell, config in cells:
         records = [ledger["runs"].get(f"{cell.key}/seed{seed}") for seed in range(seeds)]
         if not all(r and r.get("fingerprint") == fingerprint_of(config) for r in records):
             todo.append((cell, config))
@@ -850,10 +849,12 @@ def main(argv: list[str] | None = None) -> None:
 
     name = f"reproduce_fig{figure.number}" + ("_quick" if args.quick else "") + ("_cpu" if cpu else "")
     runs_dir = Path(args.runs_dir) / name.removeprefix("reproduce_")
+    # each CPU cell with its config, made once: the fingerprints, the dry run and the runs read it
+    cells = [(cell, cell_config(cell, steps, points, runs_dir))
+             for cell in (cpu_cells(figure, tasks, budgets, baselines, ablations) if cpu else [])]
     if args.dry_run:
         if cpu:
-            for cell in cpu_cells(figure, tasks, budgets, baselines, ablations):
-                config = cell_config(cell, steps, points, runs_dir)
+            for cell, config in cells:
                 print(f"rlhf-jax sweep {run_command(Run(cell.task, cell.line, cell.kind, 0, cell.config_path, ()), config).removeprefix('rlhf-jax train ')} --seeds {seeds} --dir {config.run.dir}   # {cell.key}")
             return
         for run in runs:
@@ -870,8 +871,7 @@ def main(argv: list[str] | None = None) -> None:
     if cpu:
         title = f"{figure.title} (EnvPool C MuJoCo on the CPU, {seeds} seeds vmapped per cell)"
 
-    cells = cpu_cells(figure, tasks, budgets, baselines, ablations) if cpu else []
-    fingerprints = {cell.key: fingerprint_of(cell_config(cell, steps, points, runs_dir)) for cell in cells}
+    fingerprints = {cell.key: fingerprint_of(config) for cell, config in cells}
 
     def publish(ledger: dict) -> dict:
         """The figure, and the JSON of every finished cell: after each one, and at the end."""
@@ -901,7 +901,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         if cpu:
-            ledger = execute_cells(cells, ledger_path, runs_dir, steps, points, seeds, after_cell=publish,
+            ledger = execute_cells(cells, ledger_path, seeds, after_cell=publish,
                                    provenance=provenance)
         else:
             ledger = execute(runs, ledger_path, runs_dir, steps, points, provenance=provenance,

@@ -145,8 +145,9 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     cells = reproduce.cpu_cells(reproduce.FIGURES[2], ["hopper"], [700], ["trpo"])
     ledger_path, runs_dir = tmp_path / "ledger.json", tmp_path / "runs"
     made_by = {"command": "python -m benchmarks.reproduce --figure 2 --backend cpu", "commit": "abc", "uncommitted_changes": False}
+    planned = [(cell, reproduce.cell_config(cell, 10_000, 2, runs_dir)) for cell in cells]
     execute = lambda calls, **kw: reproduce.execute_cells(  # noqa: E731
-        cells, ledger_path, runs_dir, 10_000, 2, 2, run_sweep=fake_sweep(calls, **kw), provenance=made_by)
+        planned, ledger_path, 2, run_sweep=fake_sweep(calls, **kw), provenance=made_by)
     calls = []
     with pytest.raises(KeyboardInterrupt):  # the second cell is interrupted: the first is kept
         execute(calls, interrupt_at=2)
@@ -171,7 +172,7 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
 
     # A config file changes after the cells ran: the 700-label cell's records are of the old
     # config, so the figure leaves them out and names the cell, until it runs again.
-    fingerprints = {cell.key: reproduce.fingerprint_of(reproduce.cell_config(cell, 10_000, 2, runs_dir)) for cell in cells}
+    fingerprints = {cell.key: reproduce.fingerprint_of(config) for cell, config in planned}
     current, stale = reproduce.current_records(ledger, fingerprints)
     assert current == ledger and stale == []
     current, stale = reproduce.current_records(ledger, {**fingerprints, "hopper/700 labels": "0123456789"})
