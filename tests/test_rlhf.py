@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.config import resolve
@@ -39,9 +40,10 @@ def default_run(tmp_path_factory):
 
 
 def test_default_learns_from_at_most_500_labels(default_run, capsys):
-    # Issue 4's target. Seeds 0-3 of this config scored 500, 467, 500 and 500 (without the
-    # entropy bonus 242, 192, 303 and 118, outside this suite's compiler flags); the untrained
-    # policy scores about 20.
+    # Issue 4's target. Seeds 0-3 of this config scored 500, 467, 500 and 500 on an earlier
+    # machine (without the entropy bonus 242, 192, 303 and 118, outside this suite's compiler
+    # flags); the untrained policy scores about 20. Seed 0 is this test's; the others'
+    # guard is the sweep below.
     assert evaluated_return(default_run) >= 450
     with open(default_run / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
@@ -50,10 +52,17 @@ def test_default_learns_from_at_most_500_labels(default_run, capsys):
     assert float(rows[0]["labels"]) > 125  # the untrained policy's 25%, then online labels
 
 
-def test_the_default_learns_on_a_second_seed(tmp_path):
-    """Seed 1 as well: without the paper's entropy bonus it stalled at 313 under this suite's
-    compiler flags (seed 0 reached 500 either way, so seed 0 alone did not guard the bonus)."""
-    assert evaluated_return(trained(tmp_path / "seed1", "seed=1")) >= 450
+def test_the_default_learns_across_seeds(tmp_path):
+    """Seeds 0-3 in one sweep: their last chunk's true return averages at least 400. Seed 0 alone
+    reaches 500 with or without the paper's entropy bonus, so it does not guard the bonus, and
+    one other seed is a chaotic guard: seed 1 scored 467 on an earlier machine and 289 on a
+    later one, the same code (XLA's CPU code follows the processor). On the later machine this
+    sweep ended at 500 / 374 / 479 / 492 (mean 461), and without the bonus at 500 / 189 / 204 /
+    452 (336)."""
+    assert main(["sweep", "--seeds", "4", "--dir", str(tmp_path / "sweep"), "run.tensorboard=false"]) == 0
+    with open(tmp_path / "sweep" / "results.csv") as f:
+        (row,) = csv.DictReader(f)
+    assert float(row["final_true_return_mean"]) >= 400
 
 
 def test_the_run_keeps_its_labels_and_reward_metrics(default_run):
