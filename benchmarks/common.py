@@ -27,11 +27,23 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+def cpu_model() -> str:
+    """The processor's name: XLA's CPU code, and so its timings and even its rounding, differ by it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict:
     device = jax.devices()[0]
     return {
         "device": f"{device.platform}:{getattr(device, 'device_kind', '')}",
         "device_count": jax.device_count(),
+        "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "python": platform.python_version(),
         "jax": jax.__version__,

@@ -87,7 +87,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from benchmarks.common import RESULTS, enable_compilation_cache, write_result
+from benchmarks.common import RESULTS, cpu_model, enable_compilation_cache, write_result
 from rlhf_jax.config import ExperimentConfig, flat_keys, load_config, to_dict
 from rlhf_jax.config_base import read_yaml
 from rlhf_jax.envs import make
@@ -785,9 +785,10 @@ def cpu_headline(result: dict) -> list:
 
 
 def provenance_of(argv: list[str]) -> dict:
-    """What made a cell: the command, and the commit whose code this process imported (taken at
-    its start, before any cell runs: commits made while it runs do not change its code)."""
-    return {"command": "python -m benchmarks.reproduce " + " ".join(argv), **git_commit()}
+    """What made a cell: the command, the commit whose code this process imported (taken at
+    its start, before any cell runs: commits made while it runs do not change its code), and
+    the processor, whose XLA code can turn a chaotic run another way."""
+    return {"command": "python -m benchmarks.reproduce " + " ".join(argv), **git_commit(), "cpu": cpu_model()}
 
 
 def git_commit() -> dict:
@@ -799,7 +800,6 @@ def git_commit() -> dict:
     return {"commit": git("rev-parse", "HEAD"),
             "uncommitted_changes": bool(git("status", "--porcelain", "--", "rlhf_jax", "benchmarks/reproduce.py",
                                             "configs/paper"))}
-
 
 
 def main(argv: list[str] | None = None) -> None:

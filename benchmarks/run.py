@@ -49,7 +49,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks.common import Headline, Target, with_headline
+from benchmarks.common import Headline, Target, cpu_model, with_headline
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -371,16 +371,6 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             found[name] = "not installed"
     return found
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def jax_devices() -> str:
