@@ -45,6 +45,8 @@ run again (:func:`current_records`). ``--baselines trpo,oracle`` adds TRPO on th
 (not a line of the paper; :data:`ORACLE_LINE`) on the tasks that end early when unhealthy.
 ``--ablations "no entropy bonus"`` adds the 700-label cell without TRPO's entropy bonus (not a
 line of the paper either; :data:`OUR_ABLATIONS`), after every other cell.
+``--steps N`` (other than 1M) is another figure beside this one, ``reproduce_fig2_cpu_2m.*``
+for 2M (:func:`result_name`), with its own ledger and runs: the 1M figure stands meanwhile.
 
 Outputs: ``benchmarks/results/reproduce_fig<N>.png`` (the figure: mean over seeds, the band
 their range), ``reproduce_fig<N>.json`` (``write_result``: per task and line the mean curve
@@ -784,6 +786,16 @@ def cpu_headline(result: dict) -> list:
     return rows
 
 
+def result_name(figure: int, quick: bool, cpu: bool, steps: int) -> str:
+    """The stem of a figure's JSON, PNG, ledger and runs directory. On the CPU another budget
+    than :data:`CPU_STEPS` is another figure (``reproduce_fig2_cpu_2m``): its cells would
+    otherwise replace the standing figure's, which then lacks them until they all run again."""
+    name = f"reproduce_fig{figure}" + ("_quick" if quick else "") + ("_cpu" if cpu else "")
+    if cpu and steps != CPU_STEPS:
+        name += f"_{steps // 1_000_000}m" if steps % 1_000_000 == 0 else f"_{steps // 1000}k"
+    return name
+
+
 def provenance_of(argv: list[str]) -> dict:
     """What made a cell: the command, the commit whose code this process imported (taken at
     its start, before any cell runs: commits made while it runs do not change its code), and
@@ -859,7 +871,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as error:
         parser.error(str(error))
 
-    name = f"reproduce_fig{figure.number}" + ("_quick" if args.quick else "") + ("_cpu" if cpu else "")
+    name = result_name(figure.number, args.quick, cpu, steps)
     runs_dir = Path(args.runs_dir) / name.removeprefix("reproduce_")
     # each CPU cell with its config, made once: the fingerprints, the dry run and the runs read it
     cells = [(cell, cell_config(cell, steps, points, runs_dir))
@@ -881,7 +893,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     title = f"{figure.title}; --quick: CartPole, short runs" if args.quick else figure.title
     if cpu:
-        title = f"{figure.title} (EnvPool C MuJoCo on the CPU, {seeds} seeds vmapped per cell)"
+        title = f"{figure.title} (EnvPool C MuJoCo on the CPU, {seeds} seeds vmapped per cell, {steps:,} env steps each)"
 
     fingerprints = {cell.key: fingerprint_of(config) for cell, config in cells}
 

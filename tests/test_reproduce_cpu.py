@@ -196,3 +196,24 @@ def test_a_stop_inside_a_cell_ends_the_command_with_its_resume_message(monkeypat
         reproduce.main(["--figure", "2", "--backend", "cpu", "--tasks", "hopper"])
     assert exit_.value.code == code
     assert "the same command goes on from there" in capsys.readouterr().err
+
+
+def test_another_cpu_budget_is_another_figure_beside_the_standing_one(monkeypatch):
+    """``--steps 2000000`` writes ``reproduce_fig2_cpu_2m``'s ledger, not the 1M figure's, so
+    that its cells do not replace the 1M cells (which would then drop out of the outputs as
+    made by an earlier config); the 1M budget keeps the figure's plain name."""
+    assert reproduce.result_name(2, False, True, reproduce.CPU_STEPS) == "reproduce_fig2_cpu"
+    assert reproduce.result_name(2, False, True, 2_000_000) == "reproduce_fig2_cpu_2m"
+    assert reproduce.result_name(2, False, True, 1_500_000) == "reproduce_fig2_cpu_1500k"
+    assert reproduce.result_name(5, True, False, 20_000) == "reproduce_fig5_quick"
+    ledgers, steps = [], []
+
+    def capture(cells, ledger_path, seeds, **kwargs):
+        ledgers.append(ledger_path.name)
+        steps.append({config.trpo.total_env_steps for _, config in cells})
+        raise KeyboardInterrupt  # nothing runs, nothing is written
+
+    monkeypatch.setattr(reproduce, "execute_cells", capture)
+    with pytest.raises(SystemExit):
+        reproduce.main(["--figure", "2", "--backend", "cpu", "--tasks", "hopper", "--steps", "2000000"])
+    assert ledgers == ["reproduce_fig2_cpu_2m_runs.json"] and steps == [{2_000_000}]
