@@ -893,7 +893,8 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     title = f"{figure.title}; --quick: CartPole, short runs" if args.quick else figure.title
     if cpu:
-        title = f"{figure.title} (EnvPool C MuJoCo on the CPU, {seeds} seeds vmapped per cell, {steps:,} env steps each)"
+        title = (f"{figure.title} (EnvPool C MuJoCo on the CPU, {seeds} seeds vmapped per cell, "
+                 f"{steps:,} env steps each)")
 
     fingerprints = {cell.key: fingerprint_of(config) for cell, config in cells}
 
