@@ -657,8 +657,8 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
     :func:`cell_config`), and record it when it finishes. A cell begun before goes on from its
     newest checkpoint (every chunk has one); a finished one never runs again.
     ``run_sweep(directory, base, seeds)`` is the sweep unless given (the tests give a stand-in);
-    ``after_cell(ledger)`` runs after each cell is recorded; ``provenance`` (the command and the
-    commit this process runs, :func:`provenance_of`) goes into each record."""
+    ``after_cell(ledger)`` runs after each cell is recorded; ``provenance`` (the command, the
+    commit this process runs and the processor, :func:`provenance_of`) goes into each record."""
     from rlhf_jax.sweep import SWEEP_FILE, Sweep
 
     def sweep(directory: Path, base: dict, seeds: int) -> None:
