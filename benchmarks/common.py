@@ -234,7 +234,7 @@ def write_result(name: str, result: dict, headline: Callable[[dict], list[Headli
 def stacked_runners(init, seeds: int, seed: int = 0):
     """``seeds`` runners on a leading axis, each initialised by its own call from the keys of
     ``PRNGKey(seed)``: vmapped orthogonal initialisers are batched LAPACK QRs, which can
-    deadlock XLA:CPU on few cores (see the README's *A CPU hang to know about*)."""
+    deadlock XLA:CPU on few cores (docs/notes.md, *A CPU hang*)."""
     runners = [init(key) for key in jax.random.split(jax.random.PRNGKey(seed), seeds)]
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *runners)
 

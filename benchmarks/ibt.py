@@ -50,7 +50,7 @@ CartPole-v1 and Acrobot-v1:
   ``mistake_prob`` = the annotator's noise.
 * *Models*, each fit for a fixed number of steps with its own key per seed, the 3 seeds as
   one ``jax.vmap`` (initialised one seed at a time: vmapped orthogonal initialisers can hang
-  XLA:CPU, see README). ``ibt``: :class:`IBTLearner` holding the ``b`` annotated clips, its
+  XLA:CPU, see docs/notes.md). ``ibt``: :class:`IBTLearner` holding the ``b`` annotated clips, its
   ``fit_step`` (:class:`UtilityMLP` (64, 64), every pair, C = 1) in a ``lax.scan``; ``ar``
   (the baseline, not a learner of the loop, so fitted here): :class:`AnnotationLSTM`
   (64, LSTM 64) on teacher-forced NLL over the same clips. Both: Adam at 1e-4 with b1 = 0

@@ -40,8 +40,8 @@ random play's -350 per 1,000 steps, at that budget).
 **A CPU hang worked around.** With jax/jaxlib 0.10.2 on CPU, ``jax.jit(jax.vmap(f))`` where
 ``f`` makes several orthogonal initialisations (``nn.initializers.orthogonal``: QR of a random
 matrix; ACER's init makes eight) can block forever in ``block_until_ready``, every thread
-idle: batched QRs side by side deadlock XLA:CPU's thread pool (the README's *A CPU hang to
-know about*). So the runners are initialised one seed at a time and stacked
+idle: batched QRs side by side deadlock XLA:CPU's thread pool (docs/notes.md, *A CPU
+hang*). So the runners are initialised one seed at a time and stacked
 (``benchmarks.common.stacked_runners``); the training chunks are vmapped.
 
 **Hyper-parameters** (not tuned; none is the paper's unless said so):
