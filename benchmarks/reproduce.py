@@ -85,6 +85,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from enum import StrEnum
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -121,6 +122,24 @@ OUR_ABLATIONS = {"no entropy bonus": ["trpo.entropy_coef=0.0"]}
 def known_ablations() -> dict[str, list[str]]:
     """Every ablation ``--ablations`` can name: the paper's (:func:`read_ablations`), then ours."""
     return {**read_ablations(), **OUR_ABLATIONS}
+
+
+class Kind(StrEnum):
+    """What a line of a panel is; the ledger stores it as its string."""
+
+    LABELS = "labels"  # the preference method at one label budget: the paper's lines
+    ABLATION = "ablation"  # a changed setting at the first budget
+    BASELINE = "baseline"  # an agent on the environment's own reward (or the oracle's)
+
+
+def budget_line(budget: int) -> str:
+    """The line, and legend label, of a label budget: "700 labels" (:func:`budget_of` reads it back)."""
+    return f"{budget} labels"
+
+
+def budget_of(line: str) -> int:
+    """The label budget of a :data:`Kind.LABELS` line (:func:`budget_line`)."""
+    return int(line.removesuffix(" labels"))
 
 
 class Baseline(NamedTuple):
@@ -233,7 +252,7 @@ class Run:
 
     task: str
     line: str  # the legend's label: "700 labels", "RL (trpo)", "no ensemble"
-    kind: str  # "labels", "ablation" or "baseline"
+    kind: Kind
     seed: int
     config_path: Path
     overrides: tuple[str, ...]
@@ -256,13 +275,13 @@ def plan(figure: Figure, tasks: list[str], budgets: list[int], ablations: list[s
     lines = []  # (task, line, kind, config, overrides) for one seed
     for name in tasks:
         task = task_table[name]
-        lines += [(name, b.line, "baseline", b.config, b.overrides)
+        lines += [(name, b.line, Kind.BASELINE, b.config, b.overrides)
                   for wanted in baselines for b in task.baselines if b.name == wanted]
         for budget in budgets:
-            lines.append((name, f"{budget} labels", "labels", task.rlhf, (f"preferences.labels={budget}",)))
+            lines.append((name, budget_line(budget), Kind.LABELS, task.rlhf, (f"preferences.labels={budget}",)))
         for ablation in ablations:
             overrides = (f"preferences.labels={budgets[0]}", *known[ablation], *extra.get(ablation, ()))
-            lines.append((name, ablation, "ablation", task.rlhf, overrides))
+            lines.append((name, ablation, Kind.ABLATION, task.rlhf, overrides))
     return [Run(task, line, kind, seed, config, tuple(overrides))
             for seed in range(seeds) for task, line, kind, config, overrides in lines]
 
@@ -431,13 +450,15 @@ def final_return(returns: list) -> float | None:
 
 
 def _line_order(record: dict, ablation_names: list[str]) -> tuple:
-    kind = {"labels": 0, "ablation": 1, "baseline": 2}[record["kind"]]
-    if record["kind"] == "labels":
-        return kind, int(record["line"].split()[0]), ""
-    if record["kind"] == "ablation":
-        names = ablation_names + [record["line"]]
-        return kind, names.index(record["line"]), ""
-    return kind, 0, record["line"]
+    """Budgets from the smallest, then ablations in the order they are known, then baselines."""
+    kind, line = Kind(record["kind"]), record["line"]
+    rank = list(Kind).index(kind)
+    if kind is Kind.LABELS:
+        return rank, budget_of(line), ""
+    if kind is Kind.ABLATION:
+        names = ablation_names + [line]
+        return rank, names.index(line), ""
+    return rank, 0, line
 
 
 def lines_by_task(ledger: dict, task_order: list[str]) -> dict:
@@ -465,15 +486,15 @@ def _colors(lines: list[str], kinds: dict) -> dict:
     import matplotlib
 
     blues = matplotlib.colormaps["Blues"]
-    budgets = [line for line in lines if kinds[line] == "labels"]
+    budgets = [line for line in lines if kinds[line] == Kind.LABELS]
     others = iter(["tab:green", "tab:red", "tab:purple", "tab:pink", "tab:olive", "tab:cyan", "tab:gray"])
     baselines = iter(["tab:orange", "tab:brown", "goldenrod"])
     colors = {}
     for line in lines:
-        if kinds[line] == "labels":
+        if kinds[line] == Kind.LABELS:
             shade = 0.45 + 0.5 * budgets.index(line) / (len(budgets) - 1) if len(budgets) > 1 else 0.85
             colors[line] = blues(shade)
-        elif kinds[line] == "baseline":
+        elif kinds[line] == Kind.BASELINE:
             colors[line] = next(baselines, "black")
         else:
             colors[line] = next(others, "black")
@@ -483,7 +504,7 @@ def _colors(lines: list[str], kinds: dict) -> dict:
 def legend_label(line: str, record: dict, figure: Figure) -> str:
     """The line's name, and an ablation's budget where the figure draws several budgets."""
     budgets = [o.split("=", 1)[1] for o in record.get("overrides", ()) if o.startswith("preferences.labels=")]
-    if record["kind"] != "ablation" or len(figure.budgets) == 1 or not budgets:
+    if record["kind"] != Kind.ABLATION or len(figure.budgets) == 1 or not budgets:
         return line
     return f"{line} ({budgets[-1]} labels)"  # the last override wins, as the config reads them
 
@@ -509,7 +530,7 @@ def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick:
         for line, records in lines.items():
             steps, mean, low, high = mean_curve(records)
             finite = np.isfinite(mean)
-            style = "--" if kinds[line] == "baseline" else "-"
+            style = "--" if kinds[line] == Kind.BASELINE else "-"
             (handle,) = ax.plot(steps[finite], mean[finite], style, color=colors[line], lw=1.6)
             if len(records) > 1:
                 ax.fill_between(steps[finite], low[finite], high[finite], color=colors[line], alpha=0.15, lw=0)
@@ -597,7 +618,7 @@ class Cell:
 
     task: str
     line: str
-    kind: str
+    kind: Kind
     config_path: Path
     overrides: tuple[str, ...]
 
@@ -614,11 +635,11 @@ def cpu_cells(figure: Figure, tasks: list[str], budgets: list[int], baselines: l
     runs = plan(figure, tasks, budgets, list(ablations), baselines, 1)
 
     def column(run: Run) -> float:
-        if run.kind == "baseline":
+        if run.kind == Kind.BASELINE:
             return 1.5 if run.line == ORACLE_LINE else 0
-        if run.kind == "ablation":
+        if run.kind == Kind.ABLATION:
             return len(budgets) + list(ablations).index(run.line)
-        return budgets.index(int(run.line.split()[0]))
+        return budgets.index(budget_of(run.line))
 
     ordered = sorted(runs, key=lambda run: (column(run), tasks.index(run.task)))
     return [Cell(run.task, run.line, run.kind, run.config_path,
@@ -746,7 +767,7 @@ def tasks_at(gains: dict[str, float | None], threshold: float = 0.8) -> int:
 def ratio_table(result: dict, budgets: list[int]) -> str:
     """Markdown: per task, RL's final return and each budget's, with its ratios to RL; then TRPO
     on the oracle with the ends hidden and each ablation, where any task has that line."""
-    columns = [f"{b} labels" for b in budgets]
+    columns = [budget_line(b) for b in budgets]
     columns += [line for line in (ORACLE_LINE, *known_ablations()) if any(line in cells for cells in result.values())]
     head = ["| task | RL (TRPO, true reward) |"] + [f" {c} |" for c in columns]
     lines = ["".join(head), "| --- | ---: |" + " ---: |" * len(columns)]
@@ -773,7 +794,7 @@ def cpu_headline(result: dict) -> list:
     rows = []
     for task, cells in result["tasks"].items():
         rl = rl_cell(cells)
-        cell = cells.get("700 labels")
+        cell = cells.get(budget_line(700))
         if cell is None or rl is None:
             continue
         rows.append(Headline(f"Figure 2 on the CPU, {task}: final true return from 700 labels vs TRPO on the true "
@@ -906,7 +927,7 @@ def main(argv: list[str] | None = None) -> None:
         extra = {}
         if cpu:
             result = with_ratios(result)
-            gains = gain_ratios(result, "700 labels")
+            gains = gain_ratios(result, budget_line(700))
             extra = {**provenance, "cells_finished": sorted({f"{r['task']}/{r['line']}" for r in ledger["runs"].values()}),
                      # finished under an earlier config; left out of every figure below until they run again
                      "cells_made_by_an_earlier_config": stale,

@@ -115,7 +115,7 @@ def test_the_double_pendulums_oracle_line_takes_the_labels_smooth_oracle():
 def test_where_metrics_are_also_sent_leaves_a_cell_the_same_cell():
     """A finished cell stays finished when a logging option is added or set; a result-changing
     setting (here the seed) makes a different run."""
-    run = reproduce.Run("reacher", "RL (trpo)", "baseline", 0, reproduce.ROOT / "configs/paper/mujoco/reacher_trpo.yaml", ())
+    run = reproduce.Run("reacher", "RL (trpo)", reproduce.Kind.BASELINE, 0, reproduce.ROOT / "configs/paper/mujoco/reacher_trpo.yaml", ())
     plain = reproduce.run_config(run, 20_000, 4, Path("/tmp/unused"))
     logged = reproduce.run_config(dataclasses.replace(run, overrides=("run.wandb=true", "run.wandb_tags=[a]")), 20_000, 4, Path("/tmp/unused"))
     assert logged.run.wandb and reproduce.fingerprint_of(logged) == reproduce.fingerprint_of(plain)
