@@ -84,8 +84,8 @@ import re
 import sys
 import time
 import warnings
-from pathlib import Path
 from enum import StrEnum
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -125,7 +125,8 @@ def known_ablations() -> dict[str, list[str]]:
 
 
 class Kind(StrEnum):
-    """What a line of a panel is; the ledger stores it as its string."""
+    """What a line of a panel is; the ledger stores it as its string. Declared in the order a
+    panel lists its lines (:func:`_line_order`)."""
 
     LABELS = "labels"  # the preference method at one label budget: the paper's lines
     ABLATION = "ablation"  # a changed setting at the first budget
@@ -506,7 +507,7 @@ def legend_label(line: str, record: dict, figure: Figure) -> str:
     budgets = [o.split("=", 1)[1] for o in record.get("overrides", ()) if o.startswith("preferences.labels=")]
     if record["kind"] != Kind.ABLATION or len(figure.budgets) == 1 or not budgets:
         return line
-    return f"{line} ({budgets[-1]} labels)"  # the last override wins, as the config reads them
+    return f"{line} ({budget_line(int(budgets[-1]))})"  # the last override wins, as the config reads them
 
 
 def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick: bool) -> None:
