@@ -40,7 +40,8 @@ import numpy as np
 
 from benchmarks.common import RESULTS
 from rlhf_jax import evaluation
-from rlhf_jax.agents.base import clip_action, env_step, rollout_rewards
+from rlhf_jax.agents.base import env_step, rollout_rewards
+from rlhf_jax.envs.core import clip_action
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.sweep import GroupProgram, Sweep, member_config
 
@@ -62,7 +63,8 @@ def play(training, params, episodes: int, seed: int) -> dict:
     def one(params, key):
         def step(carry, key):
             env_state, obs, alive, totals = carry
-            env_state, timestep, action = env_step(env, env_state, act(params, obs, key))
+            action = clip_action(env.spec.action_space, act(params, obs, key))  # the torques the robot gets
+            env_state, timestep = env_step(env, env_state, action)
             counted = alive & ~timestep.action_ignored
             torque = weight * jnp.sum(jnp.square(action), axis=-1)
             totals = totals + jnp.stack([timestep.info["true_reward"], torque, jnp.ones_like(torque)]) * counted
@@ -110,9 +112,10 @@ def restore_cell(directory: Path):
 
 def training_task_player(env, training):
     """``play(params, key)``, compiled once: a policy of ``training`` on ``env`` (a cell's training
-    task) for one of its fixed-length episodes, ``(obs, action, timestep)`` of every step, time-major."""
+    task) for one of its fixed-length episodes, ``(obs, action, timestep)`` of every step, time-major,
+    the action as the policy drew it (as r̂ was handed it in training)."""
     act = training.agent.make_policy(training.agent_config, env.spec)
-    observe = lambda obs, action, timestep: (obs, clip_action(env.spec.action_space, action), timestep)
+    observe = lambda obs, action, timestep: (obs, action, timestep)
     steps = env.spec.max_episode_steps
     return jax.jit(lambda params, key: evaluation.play(act, params, env, key, steps, observe))
 

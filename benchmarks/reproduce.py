@@ -297,7 +297,8 @@ def slug(text: str) -> str:
 ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "labels_from"): "",
                            ("preferences", "score_pairs"): 256, ("ibt", "marks_from"): "",
                            ("trpo", "normalize_value_targets"): False, ("run", "score_on_task"): False,
-                           ("env", "oracle"): "penalty", ("trpo", "fisher_subsample"): 1}
+                           ("env", "oracle"): "penalty", ("trpo", "fisher_subsample"): 1,
+                           ("reward_model", "clip_actions"): True}
 
 
 def fingerprinted_fields(config: ExperimentConfig) -> dict:

@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.agents.base import RewardFn, clip_action, rollout_rewards
+from rlhf_jax.agents.base import RewardFn, rollout_rewards
 from rlhf_jax.envs.core import Environment, TimeStep
 
 
@@ -91,8 +91,8 @@ def record_episodes(act, params, env: Environment, key, max_steps: int, copies: 
     keep = lambda x: x[:copies]
 
     def observe(obs, action, timestep):
-        # r̂ of the action as the agents hand it to the environment, the one it learned from
-        return keep(obs), keep(clip_action(env.spec.action_space, action)), jax.tree.map(keep, timestep)
+        # the action as sampled, as the agents hand it to r̂ (which clips it or not: its config)
+        return keep(obs), keep(action), jax.tree.map(keep, timestep)
 
     obs, action, timestep = play(act, params, env, key, max_steps, observe)
     true_done = timestep.info["true_done"]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rlhf_jax.agents import a2c
-from rlhf_jax.agents.base import final_values
+from rlhf_jax.agents.base import env_step, final_values
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.envs.core import TimeStep
 from rlhf_jax.evaluation import evaluate
@@ -121,18 +121,26 @@ def test_vmap_over_seeds_equals_separate_runs():
     assert not np.allclose(first[0], first[1])
 
 
-def test_gaussian_actions_are_clipped_for_the_env_but_not_the_loss():
+def test_gaussian_actions_are_clipped_for_the_env_but_not_for_the_loss_or_the_reward():
     env = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=2))
     config = a2c.A2CConfig(total_env_steps=10, log_std_init=3.0)  # std 20: most samples fall outside [-2, 2]
     runner = a2c.init_runner(jax.random.PRNGKey(0), config, env)
     act = a2c.make_policy(config, env.spec)
     actions = jax.vmap(lambda k: act(runner.params, runner.obs, k))(jax.random.split(jax.random.PRNGKey(1), 50))
     assert float(jnp.abs(actions).max()) > 2.0  # the policy itself is unbounded
-    runner, _, transitions = jax.jit(a2c.make_iteration(config, env, lambda p, o, a, ts: jnp.abs(a[:, 0])))(runner)
+    handed = []  # what the reward function was handed (eager: the rewards are asked for after the rollout)
+    reward_fn = lambda p, o, a, ts: handed.append(a) or jnp.abs(a[:, 0])
+    runner, _, transitions = a2c.make_iteration(config, env, reward_fn)(runner)
     assert np.isfinite(np.asarray(jax.tree.leaves(runner.params)[0])).all()
-    # The transitions hold the actions the environment received: inside its bounds.
+    # The transitions, and the reward, get the actions as sampled: a learned reward clips them
+    # or not as its config says (RewardModelConfig.clip_actions).
     assert transitions.action.shape == (config.num_steps, 2, 1)
-    assert float(jnp.abs(transitions.action).max()) <= 2.0
+    assert float(jnp.abs(transitions.action).max()) > 2.0
+    np.testing.assert_array_equal(handed[-1], transitions.action.reshape(-1, 1))
+    # The environment takes them clipped into its bounds.
+    recorder = type("Recorder", (), {"spec": env.spec, "step": lambda self, state, action: (state, action)})()
+    _, taken = env_step(recorder, None, jnp.array([[3.0], [-0.5], [-7.0]]))
+    np.testing.assert_array_equal(taken, [[2.0], [-0.5], [-2.0]])
 
 
 def test_bad_config_values():

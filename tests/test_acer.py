@@ -431,8 +431,6 @@ def stored_batch(action, reward, k=3, n=2, obs_dim=4):
 
 
 def test_relabel_rewards_recomputes_a_learned_discrete_reward_under_the_current_params():
-    spec = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=2)).spec
-
     seen = []
 
     def reward_fn(params, obs, action, timestep):
@@ -444,7 +442,7 @@ def test_relabel_rewards_recomputes_a_learned_discrete_reward_under_the_current_
     obs = stored_batch(action, jnp.zeros((3, 2))).obs
     stale = jnp.clip(2.0 * (0.5 * obs[:-1, :, 0] + action), -3.0, 3.0)  # as under params a = 0.5
     batch = stored_batch(action, stale)
-    new = acer.relabel_rewards(config, spec, reward_fn, batch, 1.5)  # read under params b = 1.5
+    new = acer.relabel_rewards(config, reward_fn, batch, 1.5)  # read under params b = 1.5
     expected = np.clip(2.0 * (1.5 * np.asarray(obs[:-1, :, 0]) + np.asarray(action)), -3.0, 3.0)
     np.testing.assert_allclose(new.reward, expected, rtol=1e-6)
     assert (np.abs(expected) == 3.0).any() and (np.abs(expected) < 3.0).any()  # the clip is exercised
@@ -460,30 +458,28 @@ def test_relabel_rewards_recomputes_a_learned_discrete_reward_under_the_current_
         np.testing.assert_array_equal(getattr(new, name), getattr(batch, name))
     # A reset step earns nothing, whatever the reward function says.
     ignored = batch._replace(action_ignored=batch.action_ignored.at[1, 0].set(True))
-    assert float(acer.relabel_rewards(config, spec, reward_fn, ignored, 1.5).reward[1, 0]) == 0.0
+    assert float(acer.relabel_rewards(config, reward_fn, ignored, 1.5).reward[1, 0]) == 0.0
     # Under jit, with the params traced, it is the same.
-    jitted = jax.jit(lambda b, p: acer.relabel_rewards(config, spec, reward_fn, b, p))(batch, 1.5)
+    jitted = jax.jit(lambda b, p: acer.relabel_rewards(config, reward_fn, b, p))(batch, 1.5)
     np.testing.assert_allclose(jitted.reward, expected, rtol=1e-6)
 
 
-def test_relabel_rewards_clips_continuous_actions_into_the_bounds_before_the_reward():
-    spec = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=2)).spec
-    assert (spec.action_space.low, spec.action_space.high) == (-2.0, 2.0)
+def test_relabel_rewards_hands_the_reward_the_action_as_sampled():
+    """As a rollout does: the reward function (the learned reward's config) decides whether an
+    action out of the bounds is read clipped; the memory and the losses keep it as sampled."""
     reward_fn = lambda params, obs, action, timestep: params * action[..., 0]
-    action = jnp.array([[[-5.0], [-1.0]], [[0.5], [3.0]], [[2.0], [-2.5]]])  # as sampled: some out of bounds
-    batch = stored_batch(action, reward_fn(1.0, None, jnp.clip(action, -2.0, 2.0), None))  # params a = 1
-    new = acer.relabel_rewards(acer.ACERConfig(reward_scale=0.1), spec, reward_fn, batch, -3.0)  # b = -3
-    clipped = np.clip(np.asarray(action[..., 0]), -2.0, 2.0)
-    np.testing.assert_allclose(new.reward, 0.1 * -3.0 * clipped, rtol=1e-6)
-    np.testing.assert_array_equal(new.action, action)  # the losses keep the sampled actions
+    action = jnp.array([[[-5.0], [-1.0]], [[0.5], [3.0]], [[2.0], [-2.5]]])  # Pendulum's bounds are +-2
+    batch = stored_batch(action, jnp.zeros((3, 2)))
+    new = acer.relabel_rewards(acer.ACERConfig(reward_scale=0.1), reward_fn, batch, -3.0)
+    np.testing.assert_allclose(new.reward, 0.1 * -3.0 * np.asarray(action[..., 0]), rtol=1e-6)
+    np.testing.assert_array_equal(new.action, action)
 
 
 def test_relabel_rewards_gives_the_true_reward_as_stored_scaled_and_clipped_as_a_rollout_does():
-    spec = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=2)).spec
     stored = jnp.array([[1.0, -1.0], [0.1, 2.0], [0.0, 7.0]])  # the environment's reward, as the memory keeps it
     batch = stored_batch(jnp.zeros((3, 2), jnp.int32), stored)
     config = acer.ACERConfig(reward_scale=3.0, reward_clip=1.0)
-    new = acer.relabel_rewards(config, spec, env_reward, batch, None)
+    new = acer.relabel_rewards(config, env_reward, batch, None)
     np.testing.assert_allclose(new.reward, [[1.0, -1.0], [0.3, 1.0], [0.0, 1.0]], rtol=1e-6)
     np.testing.assert_array_equal(new.obs, batch.obs)
 
@@ -492,12 +488,11 @@ def test_a_reward_of_the_next_observation_reads_the_final_one_on_replay():
     """Equation 2's kind of reward, params * (x_{t+1} - x_t), on the tiny episode: on replay it reads
     the observation each step reached (the terminal state 3, the time limit's 12), not the next
     episode's first, and earns nothing on a reset step; it follows the current params."""
-    spec = tiny_spec("gymnax")
     rise = lambda params, obs, action, timestep: params * (timestep.final_obs - obs)[..., 0]
     for backend, expected in (("gymnax", [1, 1, 1, 1, 1, 1]), ("envpool-atari", [1, 1, 0, 1, 1, 0, 1, 1])):
         batch = tiny_trajectory(backend)
         for params in (1.0, -2.0):
-            new = acer.relabel_rewards(acer.ACERConfig(), spec, rise, batch, params)
+            new = acer.relabel_rewards(acer.ACERConfig(), rise, batch, params)
             np.testing.assert_allclose(new.reward[:, 0], params * np.array(expected, np.float32))
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlhf_jax.envs.core import Discrete, EnvSpec
+from rlhf_jax.envs.core import Box, Discrete, EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import RewardCNN, RewardMLP, reward_network_for
 from rlhf_jax.reward import ensemble
@@ -336,6 +336,30 @@ def test_input_standardisation_floors_the_std_of_inputs_that_never_moved(state):
     np.testing.assert_allclose(standardised.obs_std, [1.0, 0.1])
     broken = (np.array([0.5, 0.0]) - standardised.obs_mean) / standardised.obs_std
     np.testing.assert_allclose(broken, [0.5, -10.0], rtol=1e-6)
+
+
+def test_clip_actions_decides_the_action_r_hat_reads_when_acting_and_when_fitting():
+    """Agents hand r̂ the action as sampled; ``clip_actions`` alone says whether r̂ reads it
+    clipped into the bounds: in its rewards and in the losses it is fitted by."""
+    spec = dataclasses.replace(SPEC, action_space=Box(-1.0, 1.0, (2,)))
+    drawn = jnp.array([[[3.0, -0.5], [-2.0, 0.25]]])  # [1, 2, 2]: one step of two copies, out of bounds
+    inside = jnp.clip(drawn, -1.0, 1.0)
+    obs = jax.random.normal(jax.random.key(1), (1, 2, 2))
+    clipped, sampled = CONFIG, dataclasses.replace(CONFIG, clip_actions=False)
+    state = init_ensemble(jax.random.key(0), clipped, spec)  # the same parameters under both
+    reward = lambda config, action: np.asarray(member_returns(state, config, spec, obs, action))
+    np.testing.assert_array_equal(reward(clipped, drawn), reward(clipped, inside))
+    np.testing.assert_array_equal(reward(sampled, inside), reward(clipped, inside))
+    assert np.abs(reward(sampled, drawn) - reward(sampled, inside)).min() > 1e-4
+
+    labels = empty_labels(spec, 8, LENGTH, CONFIG.ensemble_size)
+    labels = labels.replace(frames=jax.random.normal(jax.random.key(2), labels.frames.shape),
+                            action=jax.random.uniform(jax.random.key(3), labels.action.shape, minval=-3.0, maxval=3.0),
+                            mu=jnp.ones((8,)), count=jnp.asarray(8, jnp.int32), holdout=jnp.zeros((8, 3), bool))
+    in_bounds = labels.replace(action=jnp.clip(labels.action, -1.0, 1.0))
+    losses = lambda config, labels: np.asarray(validation_losses(state, config, spec, labels, jax.random.key(5), 8)[0])
+    np.testing.assert_array_equal(losses(clipped, labels), losses(clipped, in_bounds))
+    assert np.abs(losses(sampled, labels) - losses(sampled, in_bounds)).min() > 1e-6
 
 
 def test_reward_cnn_shapes_batch_stats_and_ignores_action():

@@ -415,7 +415,7 @@ def test_value_targets_are_standardised_by_the_batch_returns():
     assert float(plain.value_scale.mean) == 0.0 and float(plain.value_scale.std) == 1.0
 
     config, runner, after = runs[True]
-    (_, last_obs, _), (obs, _, _, timesteps) = trpo.make_rollout(config, env)(
+    (_, last_obs, _), (obs, _, timesteps) = trpo.make_rollout(config, env)(
         runner.params, runner.env_state, runner.obs, runner.key)
     v = lambda o: trpo.Value(env.spec, config).apply(runner.params["value"], o)  # the first scale: (0, 1)
     returns, mask = trpo.returns_and_mask(config, 100.0 * timesteps.reward, timesteps, v(obs),

@@ -181,10 +181,10 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
         )
 
     def iteration(runner: Runner, reward_params=None):
-        (env_state, obs, key), (observations, env_actions, actions, timesteps) = rollout(
+        (env_state, obs, key), (observations, actions, timesteps) = rollout(
             runner.params, runner.env_state, runner.obs, runner.key
         )
-        rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps,
+        rewards = rollout_rewards(reward_fn, reward_params, observations, actions, timesteps,
                                   config.reward_scale, config.reward_clip)
         value_of = lambda o: network.apply(runner.params, o)[-1]  # both heads return the value last
         returns, mask = n_step_targets(config, rewards, timesteps, final_values(value_of, timesteps), value_of(obs))
@@ -195,7 +195,7 @@ def make_iteration(config: A2CConfig, env: Environment, reward_fn: RewardFn):
         params = optax.apply_updates(runner.params, updates)
         env_steps = runner.env_steps + env_steps_per_iteration(config, env)
         metrics = {"loss": loss, **parts, "env_steps": env_steps, **episode_metrics(timesteps.info)}
-        transitions = Transitions(observations, env_actions, timesteps.reward, timesteps.done)
+        transitions = Transitions(observations, actions, timesteps.reward, timesteps.done)
         return Runner(params, opt_state, env_state, obs, key, env_steps), metrics, transitions
 
     return iteration

@@ -261,19 +261,16 @@ def _gather(memory: Memory, slots, envs) -> Trajectories:
     return jax.tree.map(lambda x: jnp.moveaxis(x[slots, :, envs], 0, 1), memory.data)
 
 
-def relabel_rewards(config: ACERConfig, spec: EnvSpec, reward_fn: RewardFn, batch: Trajectories,
-                    reward_params) -> Trajectories:
+def relabel_rewards(config: ACERConfig, reward_fn: RewardFn, batch: Trajectories, reward_params) -> Trajectories:
     """``batch`` with the environment's rewards it holds replaced by the agent's: ``reward_fn``
     under the current ``reward_params`` (:mod:`rlhf_jax.agents.base`: rewards never go stale).
 
     As a rollout computes them (:func:`rlhf_jax.agents.base.env_step` and ``rollout_rewards``):
-    on the sampled action clipped into a ``Box``'s bounds and the rebuilt ``TimeStep``
-    (:attr:`Trajectories.timestep`), times ``reward_scale``, clipped to
-    ``[-reward_clip, reward_clip]`` (0: no clipping), and 0 on a reset step.
+    on the action as sampled and the rebuilt ``TimeStep`` (:attr:`Trajectories.timestep`),
+    times ``reward_scale``, clipped to ``[-reward_clip, reward_clip]`` (0: no clipping), and
+    0 on a reset step.
     """
-    space = spec.action_space
-    env_action = jnp.clip(batch.action, space.low, space.high) if isinstance(space, Box) else batch.action
-    reward = rollout_rewards(reward_fn, reward_params, batch.obs[:-1], env_action, batch.timestep,
+    reward = rollout_rewards(reward_fn, reward_params, batch.obs[:-1], batch.action, batch.timestep,
                              config.reward_scale, config.reward_clip)
     return batch._replace(reward=reward.astype(batch.reward.dtype))
 
@@ -505,8 +502,8 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
         params, env_state, obs, key = carry
         key, act_key = jax.random.split(key)
         action, behaviour = sample_action(params, obs, act_key)
-        env_state, timestep, env_action = env_step(env, env_state, action)
-        return (params, env_state, timestep.obs, key), (obs, env_action, action, behaviour, timestep)
+        env_state, timestep = env_step(env, env_state, action)
+        return (params, env_state, timestep.obs, key), (obs, action, behaviour, timestep)
 
     def make_update(memory: Memory, key, rate, reward_params):
         """The body of the update loop: update ``i`` on trajectories from ``memory``, their
@@ -519,7 +516,7 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
             latest = (memory.position - 1) % slots
             rows = jnp.where(i == 0, latest, jax.random.randint(slot_key, (n,), 0, memory.size))
             envs = jnp.where(i == 0, jnp.arange(n), jax.random.randint(env_key, (n,), 0, n))
-            batch = relabel_rewards(config, spec, reward_fn, _gather(memory, rows, envs), reward_params)
+            batch = relabel_rewards(config, reward_fn, _gather(memory, rows, envs), reward_params)
             (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, avg_params, batch, loss_key)
             step, opt_state = optimizer.update(grads, opt_state, params)
             params = jax.tree.map(lambda p, u: p - rate * u, params, step)
@@ -533,7 +530,7 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
     def iteration(runner: Runner, reward_params=None):
         carry = (runner.params, runner.env_state, runner.obs, runner.key)
         (_, env_state, obs, key), steps = jax.lax.scan(rollout_step, carry, None, config.num_steps)
-        observations, env_actions, actions, behaviour, timesteps = steps
+        observations, actions, behaviour, timesteps = steps
         trajectories = Trajectories(jnp.concatenate([observations, obs[None]]), actions, timesteps.reward,
                                     timesteps.terminated, timesteps.truncated, timesteps.action_ignored,
                                     timesteps.final_obs if keep_final_obs else None, behaviour)
@@ -549,7 +546,7 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
         env_steps = runner.env_steps + per_iteration
         metrics = {name: total / (1 + replays) for name, total in sums.items()}  # means over the updates
         metrics.update(env_steps=env_steps, replay_updates=replays, **episode_metrics(timesteps.info))
-        transitions = Transitions(observations, env_actions, timesteps.reward, timesteps.done)
+        transitions = Transitions(observations, actions, timesteps.reward, timesteps.done)
         runner = Runner(params, avg_params, opt_state, memory, env_state, obs, key, env_steps,
                         runner.updates + 1 + replays)
         return runner, metrics, transitions

@@ -47,7 +47,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.envs.core import Box, Environment, TimeStep
+from rlhf_jax.envs.core import Environment, TimeStep, clip_action
 
 RewardFn = Callable[[Any, jax.Array, jax.Array, TimeStep], jax.Array]
 
@@ -60,13 +60,13 @@ def env_reward(reward_params, obs, action, timestep: TimeStep) -> jax.Array:
 
 def env_step(env: Environment, env_state, action):
     """One environment step as every agent takes it: a continuous action is clipped into the
-    action space's bounds (the agent's losses keep the sampled one).
+    action space's bounds (:func:`rlhf_jax.envs.core.clip_action`). Everything else keeps
+    the action as sampled: the agent's losses, and the learned reward, which clips it or
+    not as its config says (``RewardModelConfig.clip_actions``).
 
-    Returns ``(env_state, timestep, env_action)``.
+    Returns ``(env_state, timestep)``.
     """
-    env_action = clip_action(env.spec.action_space, action)
-    env_state, timestep = env.step(env_state, env_action)
-    return env_state, timestep, env_action
+    return env.step(env_state, clip_action(env.spec.action_space, action))
 
 
 def make_rollout(env: Environment, act: Callable, num_steps: int):
@@ -74,17 +74,17 @@ def make_rollout(env: Environment, act: Callable, num_steps: int):
     key)`` under parameters that stay fixed throughout.
 
     ``rollout(params, env_state, obs, key) -> ((env_state, obs, key), (observations,
-    env_actions, actions, timesteps))``, each output ``[num_steps, num_envs, ...]``;
-    ``observations`` are those the actions were chosen on, ``actions`` as sampled and
-    ``env_actions`` as the environment took them (:func:`env_step`).
+    actions, timesteps))``, each output ``[num_steps, num_envs, ...]``;
+    ``observations`` are those the actions were chosen on, ``actions`` as sampled
+    (:func:`env_step` clips them for the environment).
     """
 
     def step(carry, _):
         params, env_state, obs, key = carry
         key, act_key = jax.random.split(key)
         action = act(params, obs, act_key)
-        env_state, timestep, env_action = env_step(env, env_state, action)
-        return (params, env_state, timestep.obs, key), (obs, env_action, action, timestep)
+        env_state, timestep = env_step(env, env_state, action)
+        return (params, env_state, timestep.obs, key), (obs, action, timestep)
 
     def rollout(params, env_state, obs, key):
         (_, env_state, obs, key), outputs = jax.lax.scan(step, (params, env_state, obs, key), None, num_steps)
@@ -108,12 +108,7 @@ def final_values(value_fn: Callable[[jax.Array], jax.Array], timesteps: TimeStep
                         timesteps.final_obs)
 
 
-def clip_action(space, action: jax.Array) -> jax.Array:
-    """The action as every agent hands it to the environment: a continuous one clipped into ``space``'s bounds."""
-    return jnp.clip(action, space.low, space.high) if isinstance(space, Box) else action
-
-
-def rollout_rewards(reward_fn: RewardFn, reward_params, obs, env_action, timestep: TimeStep,
+def rollout_rewards(reward_fn: RewardFn, reward_params, obs, action, timestep: TimeStep,
                     reward_scale: float = 1.0, reward_clip: float = 0.0) -> jax.Array:
     """The rewards of a whole rollout ``[T, num_envs]`` in one call of ``reward_fn``, times
     ``reward_scale``, then clipped to ``[-reward_clip, reward_clip]`` (0: no clipping).
@@ -124,9 +119,9 @@ def rollout_rewards(reward_fn: RewardFn, reward_params, obs, env_action, timeste
     ignored (EnvPool's reset step) earns 0 whatever the reward function says, as the
     environment's own reward is: r̂ of a step that joins two episodes means nothing.
     """
-    leading = env_action.shape[:2]
+    leading = action.shape[:2]
     flat = lambda x: x.reshape(-1, *x.shape[2:])
-    reward = reward_fn(reward_params, flat(obs), flat(env_action), jax.tree.map(flat, timestep))
+    reward = reward_fn(reward_params, flat(obs), flat(action), jax.tree.map(flat, timestep))
     reward = jnp.where(timestep.action_ignored, 0.0, reward.reshape(leading) * reward_scale)
     return jnp.clip(reward, -reward_clip, reward_clip) if reward_clip else reward
 
@@ -135,7 +130,7 @@ class Transitions(NamedTuple):
     """The steps one iteration took, time-major ``[T, num_envs, ...]``."""
 
     obs: jax.Array  # o_t, the observation the action was chosen on
-    action: jax.Array  # a_t, as the environment received it
+    action: jax.Array  # a_t, as the policy drew it (the environment took it clipped: env_step)
     oracle_reward: jax.Array  # timestep.reward: what a synthetic oracle judges by (never the agent)
     done: jax.Array  # the agent's episode ended right after this step: TimeStep.done
 

@@ -341,10 +341,10 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         return value_params, opt_state, losses[-1].mean()
 
     def iteration(runner: Runner, reward_params=None):
-        (env_state, obs, key), (observations, env_actions, actions, timesteps) = rollout(
+        (env_state, obs, key), (observations, actions, timesteps) = rollout(
             runner.params, runner.env_state, runner.obs, runner.key
         )
-        rewards = rollout_rewards(reward_fn, reward_params, observations, env_actions, timesteps, config.reward_scale)
+        rewards = rollout_rewards(reward_fn, reward_params, observations, actions, timesteps, config.reward_scale)
         key, value_key = jax.random.split(key)
         params, scale = runner.params, runner.value_scale
         value_of = lambda o: value_in_units(params["value"], scale, o)
@@ -367,7 +367,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         env_steps = runner.env_steps + env_steps_per_iteration(config, env)
         metrics = {**policy_metrics, "value_loss": value_loss, "env_steps": env_steps,
                    **episode_metrics(timesteps.info)}
-        transitions = Transitions(observations, env_actions, timesteps.reward, timesteps.done)
+        transitions = Transitions(observations, actions, timesteps.reward, timesteps.done)
         params = {"policy": policy_params, "value": value_params}
         return Runner(params, opt_state, env_state, obs, key, env_steps, scale), metrics, transitions
 

@@ -107,6 +107,12 @@ class Box:
 ActionSpace = Union[Discrete, Box]
 
 
+def clip_action(space: ActionSpace, action: jax.Array) -> jax.Array:
+    """The action as the environment takes it: a continuous one clipped into ``space``'s
+    bounds (a Gaussian policy's draw can fall outside them), a discrete one as it is."""
+    return jnp.clip(action, space.low, space.high) if isinstance(space, Box) else action
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
     """Static facts about an environment, known before anything is traced."""

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax.config_base import MAX_LAYER, check_fields, check_path_field, in_range, in_state, non_negative, positive
-from rlhf_jax.envs.core import EnvSpec
+from rlhf_jax.envs.core import EnvSpec, clip_action
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import RewardCNN, input_statistics, is_atari_frames, reward_network_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
@@ -91,6 +91,11 @@ class RewardModelConfig:
     normalized_std: float = non_negative(0.0)  # 0: the paper's, 0.05 on Atari frames and 1 otherwise
     loss: Literal["preference", "target"] = "preference"
     bootstrap: bool = True
+    # A continuous action as r̂ reads it: clipped into the action space's bounds, as the
+    # environment takes it (True), or as the Gaussian policy drew it (False: the paper's
+    # public reference implementation, whose predictor reads the sampled action). Agents
+    # hand r̂ the sampled action; this is the one place that clips it.
+    clip_actions: bool = True
     # A reward model saved by `rlhf-jax fit-reward` (a .npz) for the run to start from instead of an
     # untrained one; its architecture keys (rlhf_jax.reward.saved_model) must match these. "": none.
     init_from: str = ""
@@ -170,8 +175,12 @@ def _optimizer(config: RewardModelConfig) -> optax.GradientTransformation:
     return learning_rate_in_state(optax.adam, config.learning_rate)
 
 
-def _flatten_steps(spec: EnvSpec, obs: jax.Array, action: jax.Array):
-    """``[..., *obs_shape]``, ``[..., *action_shape]`` -> ``[N, ...]`` each, and the leading shape."""
+def _flatten_steps(config: RewardModelConfig, spec: EnvSpec, obs: jax.Array, action: jax.Array):
+    """``[..., *obs_shape]``, ``[..., *action_shape]`` -> ``[N, ...]`` each, and the leading shape:
+    the network's inputs, with the action clipped into the bounds where ``config.clip_actions``
+    says so (the one place r̂ reads an action: acting, fitting and scoring alike)."""
+    if config.clip_actions:
+        action = clip_action(spec.action_space, action)
     obs_ndim = len(spec.observation_shape)
     leading = obs.shape[: obs.ndim - obs_ndim]
     chex.assert_shape(obs, leading + tuple(spec.observation_shape))
@@ -270,7 +279,7 @@ def member_returns(
       ``[M, ...]``: one reward per member and step (nothing is summed).
     """
     network = _network(config, spec)
-    obs, action, leading = _flatten_steps(spec, _standardize(state, spec, obs), action)
+    obs, action, leading = _flatten_steps(config, spec, _standardize(state, spec, obs), action)
     rewards = over_members(lambda params, batch_stats: _predict(network, params, batch_stats, obs, action),
                            state.params, state.batch_stats)
     return rewards.reshape((config.ensemble_size,) + leading)
@@ -416,7 +425,7 @@ def _train_step(config: RewardModelConfig, spec: EnvSpec, state: EnsembleState, 
         # Both segments of every pair go through the network as one batch.
         obs = _standardize(state, spec, labels.observations(rows))  # [B, 2, k, *obs_shape]
         action = labels.action[rows]
-        flat_obs, flat_action, leading = _flatten_steps(spec, obs, action)
+        flat_obs, flat_action, leading = _flatten_steps(config, spec, obs, action)
 
         def loss_fn(params):
             rewards, new_stats = _predict_train(network, params, batch_stats, flat_obs, flat_action, key)
@@ -527,8 +536,8 @@ def validation_losses(
 
     def add_chunk(i, sums):  # sums: (train_sum, train_n, val_sum, val_n), each [M]
         chunk_rows = padded[i]
-        obs, action, leading = _flatten_steps(spec, _standardize(state, spec, labels.observations(chunk_rows)),
-                                              labels.action[chunk_rows])
+        obs, action, leading = _flatten_steps(
+            config, spec, _standardize(state, spec, labels.observations(chunk_rows)), labels.action[chunk_rows])
 
         def member_losses(params, batch_stats):  # [batch]
             rewards = _predict(network, params, batch_stats, obs, action).reshape(leading)
