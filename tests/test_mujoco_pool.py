@@ -136,6 +136,29 @@ def test_the_pool_steps_as_gymnasium_does(reference):
     np.testing.assert_array_equal(modified.info["unhealthy"][:, 0], terminated)
 
 
+def test_a_hidden_end_that_resets_restarts_the_copy_untold_and_charges_the_oracle_once(reference):
+    """env.hidden_end=reset: Gymnasium's steps up to its first end; on that step the agent is
+    told nothing, the oracle pays the reward less the penalty once and the true episode ends;
+    the next step is EnvPool's reset step (its action ignored, reward 0) into a fresh episode."""
+    name, _, actions, obs, reward, terminated, ctrl_cost, _ = reference
+    tolerance = dict(rtol=1e-4, atol=1e-4)
+    env = make(EnvConfig(id=f"envpool/{name}", num_envs=1, seed=SEED, hide_episode_end=True, hidden_end="reset",
+                         control_cost=False, termination_penalty=PENALTY))
+    _, restarted = rollout(env, actions)
+    assert not (restarted.terminated.any() or restarted.truncated.any())
+    ends = np.flatnonzero(terminated)
+    last = ends[0] + 1 if len(ends) else len(actions)
+    np.testing.assert_allclose(restarted.obs[:last, 0], obs[:last], **tolerance)
+    np.testing.assert_allclose(restarted.reward[:last, 0], (reward + ctrl_cost - PENALTY * terminated)[:last],
+                               **tolerance)
+    np.testing.assert_allclose(restarted.info["true_reward"][:last, 0], (reward + ctrl_cost)[:last], **tolerance)
+    np.testing.assert_array_equal(restarted.info["true_done"][:last, 0], terminated[:last])
+    assert not restarted.action_ignored[:last, 0].any()
+    if name in ("Hopper-v5", "Walker2d-v5", "Ant-v5", "InvertedPendulum-v5", "InvertedDoublePendulum-v5"):
+        assert restarted.action_ignored[last, 0] and restarted.reward[last, 0] == 0.0
+        assert not np.allclose(restarted.obs[last, 0], obs[last], **tolerance)  # a new episode, not the fallen one
+
+
 def test_the_smooth_oracle_pays_gymnasiums_reward_without_health_and_with_the_height(reference):
     """env.oracle=smooth: Gymnasium's reward without the control cost and without the healthy
     bonus it pays while not terminated, plus the task's smooth bonus, on every step."""

@@ -257,20 +257,24 @@ class MujocoPoolEnv(EnvPoolEnv):
       ``termination_penalty``, the healthy bonus is paid only while healthy, and the true
       reward (the task's) stops counting after the first unhealthy step, so the true return
       is the unmodified episode's. ``oracle="smooth"`` pays :mod:`rlhf_jax.envs.smooth_oracle`'s
-      reward instead of the bonus and the penalty.
+      reward instead of the bonus and the penalty. With ``hidden_end="reset"`` the pool ends the
+      episode as Gymnasium does and restarts the copy on its next step instead, the agent is
+      not told, and the oracle pays the penalty on the failing step only.
 
     ``members`` runs of a sweep share one pool of ``members x num_envs`` copies
     (:func:`shared_by_members`).
     """
 
     def __init__(self, name: str, config: EnvConfig, members: int = 1):
-        reject_options(config, "EnvPool MuJoCo", hide_score=False, episodic_life=False, noop_max=30, hidden_end="continue")
+        reject_options(config, "EnvPool MuJoCo", hide_score=False, episodic_life=False, noop_max=30)
         check_oracle(name, config.oracle, config.hide_episode_end)
         defaults = envpool.make_spec(name, num_envs=1).config
         self._name, self._task = name, defaults
         self._ctrl_cost_weight = float(getattr(defaults, "ctrl_cost_weight", 0.0))
         self._healthy_reward = float(getattr(defaults, "healthy_reward", 0.0))
-        self._run_on = RUN_ON.get(name) if config.hide_episode_end else None
+        hidden = config.hide_episode_end and name in RUN_ON
+        self._run_on = RUN_ON[name] if hidden and config.hidden_end == "continue" else None
+        self._restart_hidden = hidden and config.hidden_end == "reset"
         options = dict(self._run_on.options) if self._run_on else {}
         if self._ctrl_cost_weight:
             options["ctrl_cost_weight"] = 0.0  # paid in _step, from the action
@@ -316,13 +320,17 @@ class MujocoPoolEnv(EnvPoolEnv):
         task_reward = jnp.where(reset_step, 0.0, reward - ctrl_cost * self._config.control_cost)
         oracle = true_reward = task_reward
         failed = inner.failed
-        if self._run_on:
+        if self._run_on or self._restart_hidden:
             oracle = jnp.where(reset_step, 0.0, hidden_end_oracle(self._config, self._name, task_reward,
                                                                   self._healthy_reward * healthy, ~healthy, obs))
+        if self._run_on:
             true_reward = jnp.where(failed, 0.0, task_reward)  # the unmodified episode has ended
             failed = (failed | ~healthy) & ~game_over & ~reset_step
+        # hidden_end="reset": the pool ends the episode and restarts the copy on its next step,
+        # and the agent is not told; only a time limit ends its episode.
+        told_terminated = terminated & ~self._restart_hidden
         info = {"true_reward": true_reward, "true_done": game_over, "unhealthy": ~healthy & ~reset_step}
-        timestep = TimeStep(obs, oracle, terminated, truncated & ~terminated, obs, reset_step, info)
+        timestep = TimeStep(obs, oracle, told_terminated, truncated & ~terminated, obs, reset_step, info)
         return PoolState(handle, inner.lives, failed), timestep
 
 

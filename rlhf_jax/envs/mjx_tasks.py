@@ -35,7 +35,8 @@ Deviations from Gymnasium, all deliberate:
 * With ``hide_episode_end`` the true episode's statistics (``episode_return``,
   ``episode_length``, added by the base class) run over the fixed-length episode;
   the return equals the unmodified episode's because ``true_reward`` is 0 after
-  the copy first fails, but the length is the time limit.
+  the copy first fails, but the length is the time limit. With ``hidden_end="reset"``
+  a failed copy restarts at once instead, unannounced, and its true episode ends there.
 
 How close to Gymnasium (MuJoCo's C engine, float64) this is, measured from the
 same ``(qpos, qvel)`` and action over one step:
@@ -481,7 +482,7 @@ class MjxEnv(Environment):
     """A batch of ``config.num_envs`` copies of one task; see the module docstring."""
 
     def __init__(self, task: MjxTask, config: EnvConfig):
-        reject_options(config, "mjx", hide_score=False, episodic_life=False, noop_max=30, hidden_end="continue")
+        reject_options(config, "mjx", hide_score=False, episodic_life=False, noop_max=30)
         check_oracle(task.name, config.oracle, config.hide_episode_end)
         self.config = config
         self.mj_model = load_gymnasium_model(task.xml)
@@ -708,12 +709,20 @@ class MjxEnv(Environment):
             failed = inner.failed | terminated
             true_done = at_limit
             reset = at_limit | diverged
+            if config.hidden_end == "reset":
+                # Or the copy restarts at once where it failed, unannounced; only the time limit
+                # of a life that lasts ends the agent's episode.
+                agent_truncated = at_limit & ~terminated
+                true_reward, failed = task_reward, jnp.zeros_like(inner.failed)
+                true_done = reset = terminated | at_limit
         else:
             agent_terminated, agent_truncated = terminated, at_limit & ~terminated
             failed = jnp.zeros_like(inner.failed)
             true_reward = task_reward
             true_done = reset = terminated | at_limit
         done = agent_terminated | agent_truncated
+        # The time limit counts from the agent's episode start, or from a hidden restart.
+        life_over = reset if config.hide_episode_end and config.hidden_end == "reset" else done
         oracle = jnp.where(diverged, 0.0, oracle)
 
         key, reset_key = jax.random.split(inner.key)
@@ -728,7 +737,7 @@ class MjxEnv(Environment):
         next_data, next_obs = jax.lax.cond(jnp.any(reset), with_resets, lambda args: args, (after, obs))
         next_inner = MjxState(
             data=next_data,
-            steps=jnp.where(done, 0, steps),
+            steps=jnp.where(life_over, 0, steps),
             failed=failed & ~done,
             key=key,
         )

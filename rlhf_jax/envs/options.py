@@ -48,10 +48,11 @@ class EnvConfig:
     # step; "smooth": neither, but a bonus smooth in the height (or the pendulum's angle) on
     # every step, as the paper's reference implementation writes its tasks (envs/smooth_oracle.py).
     oracle: Literal["penalty", "smooth"] = "penalty"
-    # gymnax only, with hide_episode_end: "continue" runs a failed copy on to its time limit
-    # (the MuJoCo treatment); "reset" restarts it at once without telling the agent and the
-    # oracle pays the penalty once (the Atari treatment: one continuous episode). CartPole
-    # needs "reset": a fallen pole spins far outside the states worth learning about.
+    # gymnax and MuJoCo, with hide_episode_end: "continue" runs a failed copy on to its time
+    # limit (appendix A's MuJoCo treatment); "reset" restarts it at once without telling the
+    # agent and the oracle pays the penalty once (the Atari treatment: one continuous
+    # episode). CartPole needs "reset": a fallen pole spins far outside the states worth
+    # learning about. On InvertedPendulum it made a fall too cheap (docs/reproducing.md).
     hidden_end: Literal["continue", "reset"] = "continue"
     # Atari only: paint the score (and BeamRider's enemy count, Enduro's speedometer) black.
     hide_score: bool = False
