@@ -271,16 +271,21 @@ def test_hide_episode_end_unhealthy_hopper_keeps_running(hide_rollout):
     np.testing.assert_allclose(ts.final_obs[HIDE_LIMIT, 1, 0], 1.25, atol=0.05)  # z of a fresh hopper
 
 
+def first_steps_with(hide_rollout, **option):
+    """The first 3 steps of ``hide_rollout``'s two copies and actions, with one more env option."""
+    _, qpos, qvel, actions, _ = hide_rollout
+    env = make_mjx("Hopper-v5", mjx_config("Hopper-v5", num_envs=2, hide_episode_end=True, control_cost=False,
+                                           max_episode_steps=HIDE_LIMIT, **option))
+    _, ts = jax.jit(lambda s, a: jax.lax.scan(env.step, s, a))(env.state_from_qpos_qvel(qpos, qvel),
+                                                                jnp.asarray(actions[:3]))
+    return jax.tree.map(np.asarray, ts)
+
+
 def test_hidden_end_reset_restarts_a_failed_copy_unannounced(hide_rollout):
     """env.hidden_end=reset on the same two copies: copy 1 fails on its first step, the oracle
     pays the penalty once, the true episode ends there, and the copy restarts at once; the agent
     is told nothing."""
-    _, qpos, qvel, actions, _ = hide_rollout
-    env = make_mjx("Hopper-v5", mjx_config("Hopper-v5", num_envs=2, hide_episode_end=True, control_cost=False,
-                                           max_episode_steps=HIDE_LIMIT, hidden_end="reset"))
-    _, ts = jax.jit(lambda s, a: jax.lax.scan(env.step, s, a))(env.state_from_qpos_qvel(qpos, qvel),
-                                                                jnp.asarray(actions[:3]))
-    ts = jax.tree.map(np.asarray, ts)
+    ts = first_steps_with(hide_rollout, hidden_end="reset")
     assert not (ts.terminated.any() or ts.truncated.any())
     assert ts.info["unhealthy"][0, 1] and ts.info["true_done"][0, 1]
     np.testing.assert_allclose(ts.reward[0, 1], ts.info["x_velocity"][0, 1] - 1.0, atol=1e-5)
@@ -310,12 +315,7 @@ def test_control_cost_removed(hide_rollout, hopper_step):
 def test_smooth_oracle_pays_height_not_health(hide_rollout):
     """env.oracle=smooth on the same two copies (one upright, one unhealthy throughout): no
     healthy bonus, no penalty, the torso's height less 1 on every step (rl-teacher's Hopper)."""
-    _, qpos, qvel, actions, _ = hide_rollout
-    env = make_mjx("Hopper-v5", mjx_config("Hopper-v5", num_envs=2, hide_episode_end=True, control_cost=False,
-                                           max_episode_steps=HIDE_LIMIT, oracle="smooth"))
-    _, ts = jax.jit(lambda s, a: jax.lax.scan(env.step, s, a))(env.state_from_qpos_qvel(qpos, qvel),
-                                                                jnp.asarray(actions[:3]))
-    ts = jax.tree.map(np.asarray, ts)
+    ts = first_steps_with(hide_rollout, oracle="smooth")
     assert not ts.info["unhealthy"][:, 0].any() and ts.info["unhealthy"][:, 1].all()
     z = ts.obs[..., 0]
     np.testing.assert_allclose(ts.reward, ts.info["x_velocity"] + z - 1.0, atol=1e-5)
