@@ -154,7 +154,7 @@ def test_a_hidden_end_that_resets_restarts_the_copy_untold_and_charges_the_oracl
     np.testing.assert_allclose(restarted.info["true_reward"][:last, 0], (reward + ctrl_cost)[:last], **tolerance)
     np.testing.assert_array_equal(restarted.info["true_done"][:last, 0], terminated[:last])
     assert not restarted.action_ignored[:last, 0].any()
-    if name in ("Hopper-v5", "Walker2d-v5", "Ant-v5", "InvertedPendulum-v5", "InvertedDoublePendulum-v5"):
+    if len(ends):  # every task that can end does, within its steps (test_terminating_tasks_fail_...)
         assert restarted.action_ignored[last, 0] and restarted.reward[last, 0] == 0.0
         assert not np.allclose(restarted.obs[last, 0], obs[last], **tolerance)  # a new episode, not the fallen one
 

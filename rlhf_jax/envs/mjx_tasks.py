@@ -696,6 +696,7 @@ class MjxEnv(Environment):
         # removed it (appendix A); 0 on a step where the simulation diverged.
         task_reward = jnp.where(diverged, 0.0, terms.reward - terms.ctrl_cost * config.control_cost)
         oracle = task_reward
+        restarts = config.hide_episode_end and config.hidden_end == "reset"
         if config.hide_episode_end:
             # Fixed-length episodes: the simulation runs on after failure; the oracle pays
             # the penalty for every step in a terminal state (or, with oracle="smooth", its
@@ -709,7 +710,7 @@ class MjxEnv(Environment):
             failed = inner.failed | terminated
             true_done = at_limit
             reset = at_limit | diverged
-            if config.hidden_end == "reset":
+            if restarts:
                 # Or the copy restarts at once where it failed, unannounced; only the time limit
                 # of a life that lasts ends the agent's episode.
                 agent_truncated = at_limit & ~terminated
@@ -722,7 +723,7 @@ class MjxEnv(Environment):
             true_done = reset = terminated | at_limit
         done = agent_terminated | agent_truncated
         # The time limit counts from the agent's episode start, or from a hidden restart.
-        life_over = reset if config.hide_episode_end and config.hidden_end == "reset" else done
+        life_over = reset if restarts else done
         oracle = jnp.where(diverged, 0.0, oracle)
 
         key, reset_key = jax.random.split(inner.key)
