@@ -11,10 +11,10 @@ members over every device (:mod:`rlhf_jax.sweep`), and
 For each config, every round runs ``rlhf-jax sweep configs/<config>.yaml --seeds S`` as a
 process of its own twice, in turn: on one device, then on one device per core this process
 may use (``os.sched_getaffinity``). The figure of a run is the median, over its chunks after
-the first (which compiles), of ``steps_per_second`` in its ``members.csv`` (a member's env
-steps over the chunk's wall time) times the members: env steps per second of the whole sweep.
-The ratio is taken within each round; the result is its median, with the range. The members
-are padded to a multiple of the device count, so ``--seeds`` should be one. EnvPool sweeps
+each group's first (which compiles), of ``steps_per_second`` in its ``members.csv``: the whole
+sweep's env steps over the chunk's wall time, which :mod:`rlhf_jax.sweep` writes on every
+member's row. The ratio is taken within each round; the result is its median, with the range. The members
+are padded to a multiple of the device count, so ``--seeds`` should be a multiple of the cores. EnvPool sweeps
 run on one device whatever the count (one pool feeds one device), so they are not measured.
 No target: the result says what the flag is worth on this machine.
 
@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import Headline, write_result
+from benchmarks.common import Headline, Spread, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("trpo_pendulum", "a2c_cartpole", "rlhf_cartpole")
@@ -52,15 +52,16 @@ def sweep_steps_per_s(config: str, seeds: int, devices: int, overrides: list[str
 
 
 def sweep_rate(members_csv: Path) -> float:
-    """A sweep's env steps per second from its ``members.csv``: each chunk's ``steps_per_second``
-    summed over the members, the median over the chunks after the first (which compiles)."""
-    by_chunk: dict[int, list[float]] = {}
+    """A sweep's env steps per second from its ``members.csv``: the median over its chunks, each
+    group's first (which compiles) left out, of the sweep's rate that every member's row of the
+    chunk carries (:mod:`rlhf_jax.sweep`)."""
+    by_chunk: dict[tuple[int, int], float] = {}
     with open(members_csv) as rows:
         for row in csv.DictReader(rows):
-            by_chunk.setdefault(int(row["chunk"]), []).append(float(row["steps_per_second"]))
-    timed = [sum(rates) for chunk, rates in sorted(by_chunk.items()) if chunk > 0]
+            by_chunk[int(row["group"]), int(row["chunk"])] = float(row["steps_per_second"])
+    timed = [rate for (_, chunk), rate in by_chunk.items() if chunk > 0]
     if not timed:
-        raise RuntimeError(f"{members_csv}: the sweep ran one chunk, all of it compiling; give it more env steps")
+        raise RuntimeError(f"{members_csv}: the sweep ran one chunk a group, all of it compiling; give it more env steps")
     return statistics.median(timed)
 
 
@@ -76,13 +77,14 @@ def measure(config: str, seeds: int, rounds: int, overrides: list[str]) -> dict:
                 rates[devices].append(sweep_steps_per_s(config, seeds, devices, overrides, directory))
                 print(f"{config}, round {round_ + 1}, {devices} device(s): {rates[devices][-1]:,.0f} env steps/s",
                       flush=True)
-    ratios = [many / one for many, one in zip(rates[cores], rates[1])]
+    one, many = Spread.of(rates[1]), Spread.of(rates[cores])
+    ratios = Spread.of(m / o for m, o in zip(many.rounds, one.rounds))
     return {
         "seeds": seeds, "cores": cores, "rounds": rounds, "overrides": overrides,
-        "one_device_steps_per_s": round(statistics.median(rates[1]), 1),
-        "device_per_core_steps_per_s": round(statistics.median(rates[cores]), 1),
-        "device_per_core_over_one": round(statistics.median(ratios), 3),
-        "device_per_core_over_one_range": [round(min(ratios), 3), round(max(ratios), 3)],
+        "one_device_steps_per_s": round(one.median, 1),
+        "device_per_core_steps_per_s": round(many.median, 1),
+        "device_per_core_over_one": round(ratios.median, 3),
+        "device_per_core_over_one_range": [round(ratios.low, 3), round(ratios.high, 3)],
         "load_during": {"min": min(loads), "max": max(loads)},
     }
 

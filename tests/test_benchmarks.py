@@ -285,13 +285,16 @@ def test_ranking_against_another_cell_refuses_a_cell_without_a_learned_reward_or
     assert f"--against: {tmp_path} is not a cell's sweep directory" in capsys.readouterr().err
 
 
-def test_a_sweeps_rate_sums_its_members_and_leaves_out_the_compiling_chunk(tmp_path):
+def test_a_sweeps_rate_is_the_rate_its_rows_carry_without_each_groups_compiling_chunk(tmp_path):
     from benchmarks.cpu_devices import sweep_rate
 
+    # rlhf_jax.sweep writes the whole sweep's rate on every member's row of a chunk.
     rows = ["group,chunk,member,steps_per_second", "0,0,0,1", "0,0,1,1",  # compiling: left out
-            "0,1,0,10", "0,1,1,12", "0,2,0,20", "0,2,1,22", "0,3,0,30", "0,3,1,30"]
+            "0,1,0,10", "0,1,1,10", "0,2,0,20", "0,2,1,20",
+            "1,0,2,2", "1,0,3,2",  # the second group's program compiles too
+            "1,1,2,60", "1,1,3,60"]
     (tmp_path / "members.csv").write_text("\n".join(rows) + "\n")
-    assert sweep_rate(tmp_path / "members.csv") == 42.0  # the median of 22, 42 and 60
+    assert sweep_rate(tmp_path / "members.csv") == 20.0  # the median of 10, 20 and 60
     (tmp_path / "members.csv").write_text("\n".join(rows[:3]) + "\n")
     with pytest.raises(RuntimeError, match="one chunk"):
         sweep_rate(tmp_path / "members.csv")
