@@ -32,9 +32,12 @@ the plan as ``rlhf-jax train`` commands (to spread over machines) and runs nothi
 
 **--backend cpu** (figure 2): the eight tasks on EnvPool's C MuJoCo (``env.id`` set to
 ``envpool/<Task>-v5``, every other setting the config's), 5 copies per seed (see
-``CPU_NUM_ENVS``), 1M env steps per seed in every cell, 3 seeds. A *cell* is one line of one
-panel with all its seeds, run as one program: a sweep (:mod:`rlhf_jax.sweep`) whose seeds share
-one EnvPool pool, checkpointed every chunk, in ``runs/reproduce/fig2_cpu/<task>/<line>-<fingerprint>/``.
+``CPU_NUM_ENVS``), 1M env steps per seed in every cell, 5 seeds (the paper's five runs per
+curve). A *cell* is one line of one panel with all its seeds, run as one program: a sweep
+(:mod:`rlhf_jax.sweep`) whose seeds share one EnvPool pool, checkpointed every chunk, in
+``runs/reproduce/fig2_cpu/<task>/<line>-<fingerprint>/``. A cell finished at fewer seeds (the
+figure's first cells had 3) keeps them and runs the rest as a sweep of their own beside it
+(:func:`later_seeds_config`).
 The cells run RL and 700 labels task by task, then 1,400 labels, then 350. When a cell
 finishes it goes into the ledger ``reproduce_fig2_cpu_runs.json`` and the figure and
 ``reproduce_fig2_cpu.json`` (per cell: each seed's final return, the mean, the wall time, the
@@ -603,7 +606,7 @@ def _csv(text: str | None) -> list[str]:
 # ------------------------------------------------------------------ the CPU back end
 # --backend cpu: figure 2 on EnvPool's C MuJoCo, each cell (a task's line) its seeds as one
 # program: a sweep (rlhf_jax.sweep) whose members share one pool of seeds x copies.
-CPU_SEEDS = 3
+CPU_SEEDS = 5  # "All curves are the average of 5 runs" (figure 2's caption)
 # Copies per seed. TRPO's batch of 5,000 env steps is then 1,000 steps of each copy: whole
 # episodes. With 64 copies started together (ends hidden: every episode 1,000 steps) each batch
 # would hold one 79-step phase of all of them, and the trust region would bound the policy's
@@ -694,15 +697,16 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
     ledger = load_ledger(ledger_path)
     todo = []
     for cell, config in cells:
-        records = [ledger["runs"].get(f"{cell.key}/seed{seed}") for seed in range(seeds)]
-        if not all(r and r.get("fingerprint") == fingerprint_of(config) for r in records):
-            todo.append((cell, config))
+        first = first_unfinished_seed(ledger, cell, fingerprint_of(config), seeds)
+        if first < seeds:
+            todo.append((cell, config if first == 0 else later_seeds_config(config, first), first))
     print(f"{len(cells)} cells planned ({seeds} seeds each, one program per cell): "
           f"{len(cells) - len(todo)} finished before (skipped), {len(todo)} to run", flush=True)
-    for index, (cell, config) in enumerate(todo):
-        print(f"[{index + 1}/{len(todo)}] {cell.task}, {cell.line} (load {os.getloadavg()[0]:.1f})", flush=True)
+    for index, (cell, config, first) in enumerate(todo):
+        which = f", seeds {first}-{seeds - 1} beside the {first} finished" if first else ""
+        print(f"[{index + 1}/{len(todo)}] {cell.task}, {cell.line}{which} (load {os.getloadavg()[0]:.1f})", flush=True)
         start = time.perf_counter()
-        run_sweep(Path(config.run.dir), to_dict(config), seeds)
+        run_sweep(Path(config.run.dir), to_dict(config), seeds - first)
         records = sweep_records(cell, config, Path(config.run.dir), time.perf_counter() - start)
         for record in records:
             ledger["runs"][f"{cell.key}/seed{record['seed']}"] = {**record, **(provenance or {})}
@@ -713,6 +717,29 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
         if after_cell is not None:
             after_cell(ledger)
     return ledger
+
+
+def first_unfinished_seed(ledger: dict, cell: Cell, fingerprint: str, seeds: int) -> int:
+    """The first of the cell's ``seeds`` seeds the ledger lacks on the cell's config today, from
+    which on it runs; ``seeds`` when every one is there. A cell finished at fewer seeds than
+    asked for now keeps them and runs only the rest (``--seeds 5`` after the default 3)."""
+    for seed in range(seeds):
+        record = ledger["runs"].get(f"{cell.key}/seed{seed}")
+        if not (record and record.get("fingerprint") == fingerprint):
+            return seed
+    return seeds
+
+
+def later_seeds_config(config: ExperimentConfig, first: int) -> ExperimentConfig:
+    """The cell's config for its seeds from ``first`` on, run as a sweep of their own beside the
+    cell's finished one (``<line>-from-seed<first>-<fingerprint>``, the cell's fingerprint). The
+    pool seeds its copy i with ``env.seed + i``, so the later seeds' copies start from the env
+    seeds one sweep of every seed would have given them: none is shared with an earlier seed."""
+    directory = Path(config.run.dir)
+    line, fingerprint = directory.name.rsplit("-", 1)
+    return dataclasses.replace(
+        config, seed=first, env=dataclasses.replace(config.env, seed=first * config.env.num_envs),
+        run=dataclasses.replace(config.run, dir=str(directory.parent / f"{line}-from-seed{first}-{fingerprint}")))
 
 
 def current_records(ledger: dict, fingerprints: dict[str, str]) -> tuple[dict, list[str]]:
@@ -856,7 +883,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs-dir", default="runs/reproduce", help="where the runs' directories go")
     parser.add_argument("--backend", choices=("mjx", "cpu"), default="mjx",
                         help="figure 2's MuJoCo: mjx (the configs' own, for an accelerator) or cpu (EnvPool's C "
-                        f"MuJoCo, {CPU_SEEDS} seeds vmapped per cell, {CPU_STEPS:,} env steps each)")
+                        f"MuJoCo, {CPU_SEEDS} seeds per cell vmapped in one program, {CPU_STEPS:,} env steps each)")
     args = parser.parse_args(argv)
 
     figure = FIGURES[args.figure]
@@ -916,8 +943,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     title = f"{figure.title}; --quick: CartPole, short runs" if args.quick else figure.title
     if cpu:
-        title = (f"{figure.title} (EnvPool C MuJoCo on the CPU, {seeds} seeds vmapped per cell, "
-                 f"{steps:,} env steps each)")
+        title = f"{figure.title} (EnvPool C MuJoCo on the CPU, {seeds} seeds per cell, {steps:,} env steps each)"
 
     fingerprints = {cell.key: fingerprint_of(config) for cell, config in cells}
 

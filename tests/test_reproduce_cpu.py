@@ -134,7 +134,7 @@ def fake_sweep(calls, interrupt_at=None):
         with (directory / "members.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, ["group", "chunk", "member", "seed", "label", "env_steps", "episode_return"])
             writer.writeheader()
-            for seed in range(seeds):
+            for seed in range(base["seed"], base["seed"] + seeds):
                 for chunk in range(2):
                     writer.writerow({"group": 0, "chunk": chunk, "member": seed, "seed": seed, "label": "base",
                                      "env_steps": 5000 * (chunk + 1), "episode_return": (chunk + 1) * returns / 2})
@@ -181,6 +181,29 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     current, stale = reproduce.current_records(ledger, {**fingerprints, "hopper/700 labels": "0123456789"})
     assert sorted(current["runs"]) == ["hopper/RL (trpo)/seed0", "hopper/RL (trpo)/seed1"] and stale == ["hopper/700 labels"]
     assert sorted(ledger["runs"])[-1] == "hopper/RL (trpo)/seed1" and len(ledger["runs"]) == 4  # the file's ledger is kept
+
+
+def test_a_cell_finished_at_fewer_seeds_runs_only_the_seeds_it_lacks(tmp_path):
+    """``--seeds 5`` after a cell finished at 3: seeds 3 and 4 run as a sweep of their own in a
+    directory beside the cell's, their pool's copies seeded as one sweep of all five would seed
+    them (copy i: ``env.seed + i``, 5 copies per seed), and the three finished seeds are kept."""
+    cells = reproduce.cpu_cells(reproduce.FIGURES[2], ["hopper"], [700], ["trpo"])[:1]
+    ledger_path, runs_dir = tmp_path / "ledger.json", tmp_path / "runs"
+    planned = [(cell, reproduce.cell_config(cell, 10_000, 2, runs_dir)) for cell in cells]
+    calls = []
+    reproduce.execute_cells(planned, ledger_path, 3, run_sweep=fake_sweep(calls))
+    first_three = json.loads(ledger_path.read_text())["runs"]
+    calls = []
+    ledger = reproduce.execute_cells(planned, ledger_path, 5, run_sweep=fake_sweep(calls))
+    assert len(calls) == 1 and calls[0].name == f"rl-trpo-from-seed3-{reproduce.fingerprint_of(planned[0][1])}"
+    base = yaml.safe_load((calls[0] / SWEEP_FILE).read_text())
+    assert (base["seeds"], base["base"]["seed"], base["base"]["env"]["seed"]) == (2, 3, 15)
+    assert sorted(ledger["runs"]) == [f"hopper/RL (trpo)/seed{seed}" for seed in range(5)]
+    assert all(ledger["runs"][key] == record for key, record in first_three.items())
+    assert ledger["runs"]["hopper/RL (trpo)/seed4"]["fingerprint"] == reproduce.fingerprint_of(planned[0][1])
+    calls = []
+    reproduce.execute_cells(planned, ledger_path, 5, run_sweep=fake_sweep(calls))
+    assert calls == []  # all five finished: nothing runs again
 
 
 @pytest.mark.parametrize("stop, code", [(KeyboardInterrupt(), 130), (Interrupted(signal.SIGTERM, "stopped"), 143)])
