@@ -722,7 +722,7 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
 def first_unfinished_seed(ledger: dict, cell: Cell, fingerprint: str, seeds: int) -> int:
     """The first of the cell's ``seeds`` seeds the ledger lacks on the cell's config today, from
     which on it runs; ``seeds`` when every one is there. A cell finished at fewer seeds than
-    asked for now keeps them and runs only the rest (``--seeds 5`` after the default 3)."""
+    asked for now keeps them and runs only the rest (seeds 3 and 4 of a cell that ran at 3)."""
     for seed in range(seeds):
         record = ledger["runs"].get(f"{cell.key}/seed{seed}")
         if not (record and record.get("fingerprint") == fingerprint):
