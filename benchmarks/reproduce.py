@@ -735,8 +735,8 @@ def later_seeds_config(config: ExperimentConfig, first: int) -> ExperimentConfig
     cell's finished one (``<line>-from-seed<first>-<fingerprint>``, the cell's fingerprint). The
     pool seeds its copy i with ``env.seed + i``, so the later seeds' copies start from the env
     seeds one sweep of every seed would have given them: none is shared with an earlier seed."""
-    directory = Path(config.run.dir)
-    line, fingerprint = directory.name.rsplit("-", 1)
+    directory, fingerprint = Path(config.run.dir), fingerprint_of(config)
+    line = directory.name.removesuffix(f"-{fingerprint}")
     return dataclasses.replace(
         config, seed=first, env=dataclasses.replace(config.env, seed=first * config.env.num_envs),
         run=dataclasses.replace(config.run, dir=str(directory.parent / f"{line}-from-seed{first}-{fingerprint}")))
