@@ -37,7 +37,8 @@ curve). A *cell* is one line of one panel with all its seeds, run as one program
 (:mod:`rlhf_jax.sweep`) whose seeds share one EnvPool pool, checkpointed every chunk, in
 ``runs/reproduce/fig2_cpu/<task>/<line>-<fingerprint>/``. A cell finished at fewer seeds (the
 figure's first cells had 3) keeps them and runs the rest as a sweep of their own beside it
-(:func:`later_seeds_config`).
+(:func:`later_seeds_config`). ``--dry-run`` prints, as ``rlhf-jax sweep`` commands, what the
+same command would run now: the cells the ledger lacks, or only the seeds they lack.
 The cells run RL and 700 labels task by task, then 1,400 labels, then 350. When a cell
 finishes it goes into the ledger ``reproduce_fig2_cpu_runs.json`` and the figure and
 ``reproduce_fig2_cpu.json`` (per cell: each seed's final return, the mean, the wall time, the
@@ -695,11 +696,7 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
 
     run_sweep = run_sweep or sweep
     ledger = load_ledger(ledger_path)
-    todo = []
-    for cell, config in cells:
-        first = first_unfinished_seed(ledger, cell, fingerprint_of(config), seeds)
-        if first < seeds:
-            todo.append((cell, config if first == 0 else later_seeds_config(config, first), first))
+    todo = cells_to_run(cells, ledger, seeds)
     print(f"{len(cells)} cells planned ({seeds} seeds each, one program per cell): "
           f"{len(cells) - len(todo)} finished before (skipped), {len(todo)} to run", flush=True)
     for index, (cell, config, first) in enumerate(todo):
@@ -717,6 +714,25 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
         if after_cell is not None:
             after_cell(ledger)
     return ledger
+
+
+def cells_to_run(cells: list[tuple[Cell, ExperimentConfig]], ledger: dict,
+                 seeds: int) -> list[tuple[Cell, ExperimentConfig, int]]:
+    """The cells the ledger lacks a seed of, each with the config its missing seeds run on (the
+    cell's own, or :func:`later_seeds_config` beside the seeds it kept) and the first of them."""
+    todo = []
+    for cell, config in cells:
+        first = first_unfinished_seed(ledger, cell, fingerprint_of(config), seeds)
+        if first < seeds:
+            todo.append((cell, config if first == 0 else later_seeds_config(config, first), first))
+    return todo
+
+
+def sweep_command(cell: Cell, config: ExperimentConfig, seeds: int) -> str:
+    """The ``rlhf-jax sweep`` command line that runs ``seeds`` seeds of the cell on ``config``
+    (its base seed, pool seed and directory among the keys), as ``--dry-run`` prints it."""
+    keys = run_command(Run(cell.task, cell.line, cell.kind, 0, cell.config_path, ()), config).removeprefix("rlhf-jax train ")
+    return f"rlhf-jax sweep {keys} --seeds {seeds} --dir {config.run.dir}   # {cell.key}"
 
 
 def first_unfinished_seed(ledger: dict, cell: Cell, fingerprint: str, seeds: int) -> int:
@@ -926,10 +942,11 @@ def main(argv: list[str] | None = None) -> None:
     # each CPU cell with its config, made once: the fingerprints, the dry run and the runs read it
     cells = [(cell, cell_config(cell, steps, points, runs_dir))
              for cell in (cpu_cells(figure, tasks, budgets, baselines, ablations) if cpu else [])]
+    ledger_path = RESULTS / f"{name}_runs.json"
     if args.dry_run:
-        if cpu:
-            for cell, config in cells:
-                print(f"rlhf-jax sweep {run_command(Run(cell.task, cell.line, cell.kind, 0, cell.config_path, ()), config).removeprefix('rlhf-jax train ')} --seeds {seeds} --dir {config.run.dir}   # {cell.key}")
+        if cpu:  # what the same command would run now: the cells, or their seeds, the ledger lacks
+            for cell, config, first in cells_to_run(cells, load_ledger(ledger_path), seeds):
+                print(sweep_command(cell, config, seeds - first))
             return
         for run in runs:
             config = run_config(run, steps, points, runs_dir)
@@ -937,7 +954,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     enable_compilation_cache()
     provenance = provenance_of(sys.argv[1:] if argv is None else argv)
-    ledger_path = RESULTS / f"{name}_runs.json"
     png = RESULTS / f"{name}.png"
     task_order = list(task_table)
     start = time.perf_counter()

@@ -206,6 +206,28 @@ def test_a_cell_finished_at_fewer_seeds_runs_only_the_seeds_it_lacks(tmp_path):
     assert calls == []  # all five finished: nothing runs again
 
 
+def test_the_dry_run_prints_only_what_the_ledger_lacks(tmp_path, monkeypatch, capsys):
+    """``--dry-run`` on the CPU back end reads the ledger: a cell finished at three seeds is
+    printed as the sweep of seeds 3 and 4 beside them (base seed 3, pool seed 15, two seeds),
+    a finished cell not at all, and a cell never run as the sweep of all five."""
+    monkeypatch.setattr(reproduce, "RESULTS", tmp_path)
+    argv = ["--figure", "2", "--backend", "cpu", "--tasks", "hopper", "--budgets", "700", "--baselines", "trpo"]
+    cells = reproduce.cpu_cells(reproduce.FIGURES[2], ["hopper"], [700], ["trpo"])
+    planned = [(cell, reproduce.cell_config(cell, reproduce.CPU_STEPS, reproduce.CPU_POINTS,
+                                            Path("runs/reproduce/fig2_cpu"))) for cell in cells]
+    reproduce.execute_cells(planned[:1], tmp_path / "reproduce_fig2_cpu_runs.json", 3, run_sweep=fake_sweep([]))
+    capsys.readouterr()
+    reproduce.main([*argv, "--dry-run"])
+    rl, labels = capsys.readouterr().out.splitlines()
+    assert rl.endswith("# hopper/RL (trpo)") and " seed=3 " in rl and " env.seed=15 " in rl and "--seeds 2 " in rl
+    assert f"rl-trpo-from-seed3-{reproduce.fingerprint_of(planned[0][1])}" in rl
+    assert labels.endswith("# hopper/700 labels") and "--seeds 5 " in labels and " seed=" not in labels
+    reproduce.execute_cells(planned[:1], tmp_path / "reproduce_fig2_cpu_runs.json", 5, run_sweep=fake_sweep([]))
+    capsys.readouterr()
+    reproduce.main([*argv, "--dry-run"])
+    assert [line.split("#")[-1] for line in capsys.readouterr().out.splitlines()] == [" hopper/700 labels"]
+
+
 @pytest.mark.parametrize("stop, code", [(KeyboardInterrupt(), 130), (Interrupted(signal.SIGTERM, "stopped"), 143)])
 def test_a_stop_inside_a_cell_ends_the_command_with_its_resume_message(monkeypatch, capsys, stop, code):
     """Ctrl-C (or SIGTERM) inside a cell reaches the command as the run's Interrupted, its
