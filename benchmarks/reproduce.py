@@ -809,20 +809,26 @@ def tasks_at(gains: dict[str, float | None], threshold: float = 0.8) -> int:
     return sum(1 for gain in gains.values() if gain is not None and gain >= threshold)
 
 
-def ratio_table(result: dict, budgets: list[int]) -> str:
+def ratio_table(result: dict, budgets: list[int], seeds: int | None = None) -> str:
     """Markdown: per task, RL's final return and each budget's, with its ratios to RL; then TRPO
-    on the oracle with the ends hidden and each ablation, where any task has that line."""
+    on the oracle with the ends hidden and each ablation, where any task has that line. A cell
+    that has run fewer than the planned ``seeds`` so far says how many, ``[3]``, so that a mean
+    of three is not read beside the others' five unsaid."""
     columns = [budget_line(b) for b in budgets]
     columns += [line for line in (ORACLE_LINE, *known_ablations()) if any(line in cells for cells in result.values())]
     head = ["| task | RL (TRPO, true reward) |"] + [f" {c} |" for c in columns]
     lines = ["".join(head), "| --- | ---: |" + " ---: |" * len(columns)]
+
+    def short(cell: dict) -> str:
+        return f" [{cell['seeds']}]" if seeds is not None and cell["seeds"] < seeds else ""
+
     for task, cells in result.items():
         rl = rl_cell(cells)
-        row = [f"| {task} | {_number(rl and rl['final_return'])} |"]
+        row = [f"| {task} | {_number(rl and rl['final_return'])}{rl and short(rl) or ''} |"]
         for column in columns:
             cell = cells.get(column)
             row.append(" |" if cell is None else f" {_number(cell['final_return'])} "
-                       f"({_number(cell['ratio_to_rl'], 2)}; {_number(cell['gain_ratio_to_rl'], 2)}) |")
+                       f"({_number(cell['ratio_to_rl'], 2)}; {_number(cell['gain_ratio_to_rl'], 2)}){short(cell)} |")
         lines.append("".join(row))
     return "\n".join(lines)
 
@@ -975,7 +981,7 @@ def main(argv: list[str] | None = None) -> None:
             extra = {**provenance, "cells_finished": sorted({f"{r['task']}/{r['line']}" for r in ledger["runs"].values()}),
                      # finished under an earlier config; left out of every figure below until they run again
                      "cells_made_by_an_earlier_config": stale,
-                     "table": ratio_table(result, budgets),
+                     "table": ratio_table(result, budgets, seeds),
                      **{f"{task}_700_labels_gain_ratio": gain for task, gain in gains.items()},
                      "tasks_at_0.8_from_700_labels": tasks_at(gains),
                      # the same count for each line of ours at 700 labels, beside the paper's
@@ -1003,7 +1009,7 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(stop.exit_code if isinstance(stop, Interrupted) else 130)
     result = publish(ledger)
-    print(ratio_table(result, budgets) if cpu else table(result))
+    print(ratio_table(result, budgets, seeds) if cpu else table(result))
 
 
 if __name__ == "__main__":

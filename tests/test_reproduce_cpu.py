@@ -169,6 +169,8 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     # gains over the first point (the mean of both lines' first points, 45): (80 - 45) / (100 - 45)
     assert cell["gain_ratio_to_rl"] == pytest.approx(35 / 55, abs=1e-4)
     assert "| hopper | 100.0 | 80.0 (0.80; 0.64) |" in reproduce.ratio_table(result, [700])
+    assert "| hopper | 100.0 [2] | 80.0 (0.80; 0.64) [2] |" in reproduce.ratio_table(result, [700], seeds=5)
+    assert "| hopper | 100.0 | 80.0 (0.80; 0.64) |" in reproduce.ratio_table(result, [700], seeds=2)
     assert reproduce.gain_ratios(result, "700 labels") == {"hopper": cell["gain_ratio_to_rl"]}
     assert reproduce.gain_ratios(result, "no entropy bonus") == {}  # a line that has not run counts nowhere
     assert reproduce.tasks_at({"a": 0.8, "b": 0.79, "c": None, "d": 1.5}) == 2
