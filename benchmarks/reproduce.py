@@ -422,12 +422,10 @@ def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, 
         eta = f", about {_duration(np.mean(spent) * (len(todo) - index))} left" if spent else ""
         print(f"[{index + 1}/{len(todo)}] {run.task}, {run.line}, seed {run.seed}{eta}", flush=True)
         run_dir = Path(config.run.dir)
-        start = time.perf_counter()
         if (run_dir / "config.yaml").exists():  # begun before: go on from its newest checkpoint
-            train_fn(resume=run_dir, progress=progress)
+            spent.append(run_timed(run_dir, lambda: train_fn(resume=run_dir, progress=progress)))
         else:
-            train_fn(config, progress=progress)
-        spent.append(time.perf_counter() - start)
+            spent.append(run_timed(run_dir, lambda: train_fn(config, progress=progress)))
         record = {"task": run.task, "line": run.line, "kind": run.kind, "seed": run.seed,
                   "config": str(run.config_path.relative_to(ROOT) if run.config_path.is_relative_to(ROOT)
                                 else run.config_path),
@@ -442,6 +440,26 @@ def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, 
         if after_run is not None:
             after_run(ledger)
     return ledger
+
+
+WALL_SECONDS_FILE = "wall_seconds.txt"
+
+
+def run_timed(directory: Path, work: Callable[[], None]) -> float:
+    """Do ``work`` (a run or a sweep that checkpoints into ``directory``) and return the wall
+    seconds it has taken over every attempt. Each attempt adds its time to ``directory``'s
+    :data:`WALL_SECONDS_FILE`, stopped or not, so a cell resumed after a stop is recorded with
+    its whole time, not the last stretch's."""
+    path = directory / WALL_SECONDS_FILE
+    before = float(path.read_text()) if path.exists() else 0.0
+    start = time.perf_counter()
+    try:
+        work()
+    finally:
+        total = before + time.perf_counter() - start
+        if directory.exists():  # an attempt that failed before making it has nothing to resume
+            path.write_text(f"{total:.1f}\n")
+    return total
 
 
 def _duration(seconds: float) -> str:
@@ -702,14 +720,14 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
     for index, (cell, config, first) in enumerate(todo):
         which = f", seeds {first}-{seeds - 1} beside the {first} finished" if first else ""
         print(f"[{index + 1}/{len(todo)}] {cell.task}, {cell.line}{which} (load {os.getloadavg()[0]:.1f})", flush=True)
-        start = time.perf_counter()
-        run_sweep(Path(config.run.dir), to_dict(config), seeds - first)
-        records = sweep_records(cell, config, Path(config.run.dir), time.perf_counter() - start)
+        directory = Path(config.run.dir)
+        seconds = run_timed(directory, lambda: run_sweep(directory, to_dict(config), seeds - first))
+        records = sweep_records(cell, config, directory, seconds)
         for record in records:
             ledger["runs"][f"{cell.key}/seed{record['seed']}"] = {**record, **(provenance or {})}
         save_json(ledger_path, ledger)
         finals = [final_return(r["episode_return"]) for r in records]
-        print(f"    finished in {_duration(time.perf_counter() - start)}: final true returns "
+        print(f"    finished in {_duration(seconds)}: final true returns "
               f"{', '.join('-' if f is None else f'{f:.1f}' for f in finals)}", flush=True)
         if after_cell is not None:
             after_cell(ledger)

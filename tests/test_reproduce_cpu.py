@@ -152,10 +152,14 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     with pytest.raises(KeyboardInterrupt):  # the second cell is interrupted: the first is kept
         execute(calls, interrupt_at=2)
     assert sorted(json.loads(ledger_path.read_text())["runs"]) == ["hopper/RL (trpo)/seed0", "hopper/RL (trpo)/seed1"]
+    stopped = calls[1] / reproduce.WALL_SECONDS_FILE  # the stopped attempt's time is kept...
+    assert stopped.exists()
+    stopped.write_text("100.0\n")  # (as if it had run 100 s)
     calls = []
     ledger = execute(calls)
     assert len(calls) == 1 and calls[0].name.startswith("700-labels-")  # only the unfinished cell
     record = ledger["runs"]["hopper/700 labels/seed1"]
+    assert 100 <= record["seconds"] < 200  # ...and counted in the cell's wall time when it finishes
     assert record["episode_return"] == [40.0, 80.0] and record["backend"] == "cpu"
     assert {key: record[key] for key in made_by} == made_by  # each cell says what made it
     calls = []
