@@ -387,3 +387,24 @@ def test_permutation_of_many_is_a_uniform_shuffle():
     where_zero = np.argmax(draws == 0, axis=1)
     assert abs(where_zero.mean() - 2.0) < 0.25  # uniform over 0..4: mean 2, std of the mean 0.07
     assert np.bincount(where_zero, minlength=5).min() > 50  # 80 expected in each
+
+
+def test_running_moments_of_batches_are_those_of_everything_seen():
+    """Three batches merged one by one give the NumPy mean and variance of all their rows; the
+    start's count of 1e-4 moves them by less than the tolerance."""
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(loc, scale, size=(n, 4, 3)) for loc, scale, n in ((5.0, 2.0, 7), (-1.0, 0.5, 11), (3.0, 4.0, 2))]
+    moments = ops.init_moments((3,))
+    for batch in batches:
+        moments = jax.jit(ops.merge_moments)(moments, jnp.asarray(batch, jnp.float32))
+    rows = np.concatenate([b.reshape(-1, 3) for b in batches])
+    np.testing.assert_allclose(moments.mean, rows.mean(0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(moments.var, rows.var(0), rtol=1e-4)
+    assert float(moments.count) == pytest.approx(len(rows), abs=1e-3)
+
+
+def test_standardize_by_hand():
+    """(x - mean) / std, with the std floored at 0.1 and the result clipped to [-5, 5]."""
+    moments = ops.Moments(jnp.array([1.0, 0.0, 2.0]), jnp.array([4.0, 1e-6, 0.25]), jnp.asarray(10.0))
+    x = jnp.array([[5.0, 0.2, 2.5], [1.0, -3.0, -10.0]])
+    np.testing.assert_allclose(ops.standardize(moments, x), [[2.0, 2.0, 1.0], [0.0, -5.0, -5.0]], rtol=1e-6)

@@ -499,3 +499,27 @@ def test_the_training_command_runs_trpo(tmp_path):
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 and "kl" in rows[0].split(",")
     assert main(["eval", str(run_dir), "--episodes", "4"]) == 0
+
+
+def test_the_networks_read_observations_standardised_by_every_one_seen():
+    """``normalize_observations``: an iteration adds its batch's observations to the runner's
+    moments (their NumPy mean and variance after one), and the policy acts on the observations
+    standardised by them; without the option there are no moments and the networks read the
+    observations as they are."""
+    env = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=4))
+    config = trpo.TRPOConfig(batch_size=32, total_env_steps=32, policy_hidden=(8,), value_hidden=(8,),
+                             value_minibatches=2, normalize_observations=True)
+    runner = trpo.init_runner(jax.random.PRNGKey(5), config, env)
+    after = jax.jit(trpo.make_iteration(config, env, lambda p, o, a, ts: ts.reward))(runner)[0]
+    _, (obs, _, _) = trpo.make_rollout(config, env)(runner.params, runner.env_state, runner.obs, runner.key)
+    rows = np.asarray(obs).reshape(-1, 3)
+    np.testing.assert_allclose(after.params["observations"].mean, rows.mean(0), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(after.params["observations"].var, rows.var(0), rtol=1e-3)
+    act = trpo.make_policy(config, env.spec)
+    policy = trpo.Policy(env.spec, config)
+    standardised = ops.standardize(after.params["observations"], obs[0])
+    np.testing.assert_allclose(act(after.params, obs[0], None, greedy=True),
+                               policy.apply(after.params["policy"], standardised)[0], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(policy.apply(after.params["policy"], obs[0])[0], policy.apply(after.params["policy"], standardised)[0])
+    plain = trpo.init_runner(jax.random.PRNGKey(5), trpo.TRPOConfig(), env)
+    assert set(plain.params) == {"policy", "value"}

@@ -101,6 +101,11 @@ class TRPOConfig:
     activation: Literal["tanh", "relu"] = "tanh"
     network: Literal["a3c", "nature"] = "a3c"  # the torso for stacked Atari frames, if ever used
     log_std_init: float = 0.0  # Gaussian policies only
+    # Policy and value read each observation standardised by the running mean and std of every
+    # observation seen so far, clipped to [-5, 5] (:func:`rlhf_jax.ops.standardize`), as OpenAI
+    # Baselines' TRPO and Schulman's modular_rl feed theirs; the moments take in each batch before
+    # its update, as Baselines' do. Not in the paper, which names TRPO and no input scaling.
+    normalize_observations: bool = False
     reward_scale: float = positive(1.0)
 
     def __post_init__(self):
@@ -153,7 +158,7 @@ class TargetScale(NamedTuple):
 
 
 class Runner(NamedTuple):
-    params: Any  # {"policy": ..., "value": ...}
+    params: Any  # {"policy": ..., "value": ...} and, with normalize_observations, "observations": Moments
     opt_state: Any  # the value network's Adam state (the policy has no optimiser state)
     env_state: EnvState
     obs: jax.Array
@@ -186,6 +191,8 @@ def init_runner(key, config: TRPOConfig, env: Environment) -> Runner:
         "policy": Policy(env.spec, config).init(policy_key, timestep.obs[:1]),
         "value": Value(env.spec, config).init(value_key, timestep.obs[:1]),
     }
+    if config.normalize_observations:
+        params["observations"] = ops.init_moments(env.spec.observation_shape)
     opt_state = make_value_optimizer(config).init(params["value"])
     scale = TargetScale(jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32))
     return Runner(params, opt_state, env_state, timestep.obs, key, jnp.zeros((), jnp.int32), scale)
@@ -209,13 +216,19 @@ def _kl(old, new, continuous: bool):
     return gaussian_kl(*old, *new) if continuous else categorical_kl(old[0], new[0])
 
 
+def network_input(config: TRPOConfig, params, obs):
+    """What policy and value read of ``obs``: standardised by the runner's running moments
+    (``normalize_observations``), or as it is."""
+    return ops.standardize(params["observations"], obs) if config.normalize_observations else obs
+
+
 def make_policy(config: TRPOConfig, spec: EnvSpec):
     """``act(params, obs, key, greedy=False) -> action``: sample from pi, or take its mode."""
     policy = Policy(spec, config)
     continuous = isinstance(spec.action_space, Box)
 
     def act(params, obs, key, greedy: bool = False):
-        dist = policy.apply(params["policy"], obs)
+        dist = policy.apply(params["policy"], network_input(config, params, obs))
         if continuous:
             mean, log_std = dist
             return mean if greedy else mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
@@ -347,7 +360,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         rewards = rollout_rewards(reward_fn, reward_params, observations, actions, timesteps, config.reward_scale)
         key, value_key = jax.random.split(key)
         params, scale = runner.params, runner.value_scale
-        value_of = lambda o: value_in_units(params["value"], scale, o)
+        value_of = lambda o: value_in_units(params["value"], scale, network_input(config, params, o))
         values = value_of(observations)
         returns, mask = returns_and_mask(config, rewards, timesteps, values, final_values(value_of, timesteps),
                                          value_of(obs))
@@ -357,18 +370,21 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
             std = jnp.sqrt(ops.masked_mean((advantages - mean) ** 2, mask))
             advantages = (advantages - mean) / (std + 1e-8)
 
-        policy_params, policy_metrics = update_policy(params["policy"], observations, actions, advantages, mask)
+        if config.normalize_observations:  # this batch joins the moments before the update, as in Baselines
+            params = {**params, "observations": ops.merge_moments(params["observations"], observations)}
+        inputs = network_input(config, params, observations)
+        policy_params, policy_metrics = update_policy(params["policy"], inputs, actions, advantages, mask)
         if config.normalize_value_targets:
             mean = ops.masked_mean(returns, mask)
             scale = TargetScale(mean, jnp.maximum(jnp.sqrt(ops.masked_mean((returns - mean) ** 2, mask)), 1e-6))
         value_params, opt_state, value_loss = update_value(
-            params["value"], runner.opt_state, observations, returns, mask, value_key, scale
+            params["value"], runner.opt_state, inputs, returns, mask, value_key, scale
         )
         env_steps = runner.env_steps + env_steps_per_iteration(config, env)
         metrics = {**policy_metrics, "value_loss": value_loss, "env_steps": env_steps,
                    **episode_metrics(timesteps.info)}
         transitions = Transitions(observations, actions, timesteps.reward, timesteps.done)
-        params = {"policy": policy_params, "value": value_params}
+        params = {**params, "policy": policy_params, "value": value_params}
         return Runner(params, opt_state, env_state, obs, key, env_steps, scale), metrics, transitions
 
     return iteration

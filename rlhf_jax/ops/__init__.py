@@ -1,4 +1,5 @@
-"""Pure RL maths: returns, losses, distributions, exploration, schedules and shuffles.
+"""Pure RL maths: returns, losses, distributions, exploration, schedules, shuffles and running
+moments.
 
 Every function is a small pure function over arrays that ``jax.jit`` and
 ``jax.vmap`` accept, with its paper's equation in the docstring and ``chex``
@@ -21,6 +22,7 @@ from rlhf_jax.ops.episode_ends import fold_time_limits, loss_mask, masked_mean
 from rlhf_jax.ops.exploration import epsilon_greedy
 from rlhf_jax.ops.policy_gradient import actor_critic_loss, policy_gradient_loss
 from rlhf_jax.ops.returns import gae_advantages, lambda_returns, n_step_returns
+from rlhf_jax.ops.running_moments import Moments, init_moments, merge_moments, standardize
 from rlhf_jax.ops.schedules import linear_schedule
 from rlhf_jax.ops.shuffle import permutation
 from rlhf_jax.ops.trust_region import (
@@ -51,6 +53,7 @@ __all__ = [
     "gaussian_kl",
     "gaussian_log_prob",
     "huber_loss",
+    "init_moments",
     "lambda_returns",
     "linear_schedule",
     "linearize",
@@ -58,6 +61,8 @@ __all__ = [
     "loss_mask",
     "masked_mean",
     "max_step",
+    "merge_moments",
+    "Moments",
     "n_step_returns",
     "permutation",
     "policy_gradient_loss",
@@ -65,6 +70,7 @@ __all__ = [
     "q_learning_target",
     "retrace_targets",
     "retrace_traces",
+    "standardize",
     "stochastic_dueling_q",
     "truncated_is_policy_objective",
     "truncated_value_target",
