@@ -217,10 +217,11 @@ def test_the_dry_run_prints_only_what_the_ledger_lacks(tmp_path, monkeypatch, ca
     printed as the sweep of seeds 3 and 4 beside them (base seed 3, pool seed 15, two seeds),
     a finished cell not at all, and a cell never run as the sweep of all five."""
     monkeypatch.setattr(reproduce, "RESULTS", tmp_path)
-    argv = ["--figure", "2", "--backend", "cpu", "--tasks", "hopper", "--budgets", "700", "--baselines", "trpo"]
+    argv = ["--figure", "2", "--backend", "cpu", "--tasks", "hopper", "--budgets", "700", "--baselines", "trpo",
+            "--runs-dir", str(tmp_path / "runs")]
     cells = reproduce.cpu_cells(reproduce.FIGURES[2], ["hopper"], [700], ["trpo"])
     planned = [(cell, reproduce.cell_config(cell, reproduce.CPU_STEPS, reproduce.CPU_POINTS,
-                                            Path("runs/reproduce/fig2_cpu"))) for cell in cells]
+                                            tmp_path / "runs" / "fig2_cpu")) for cell in cells]
     reproduce.execute_cells(planned[:1], tmp_path / "reproduce_fig2_cpu_runs.json", 3, run_sweep=fake_sweep([]))
     capsys.readouterr()
     reproduce.main([*argv, "--dry-run"])
