@@ -842,7 +842,7 @@ def ratio_table(result: dict, budgets: list[int], seeds: int | None = None) -> s
 
     for task, cells in result.items():
         rl = rl_cell(cells)
-        row = [f"| {task} | {_number(rl and rl['final_return'])}{rl and short(rl) or ''} |"]
+        row = [f"| {task} | {_number(rl and rl['final_return'])}{short(rl) if rl else ''} |"]
         for column in columns:
             cell = cells.get(column)
             row.append(" |" if cell is None else f" {_number(cell['final_return'])} "

@@ -360,7 +360,8 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         rewards = rollout_rewards(reward_fn, reward_params, observations, actions, timesteps, config.reward_scale)
         key, value_key = jax.random.split(key)
         params, scale = runner.params, runner.value_scale
-        value_of = lambda o: value_in_units(params["value"], scale, network_input(config, params, o))
+        # V as the rollout's parameters give it (before this batch joins the moments, below)
+        value_of = lambda o: value_in_units(runner.params["value"], scale, network_input(config, runner.params, o))
         values = value_of(observations)
         returns, mask = returns_and_mask(config, rewards, timesteps, values, final_values(value_of, timesteps),
                                          value_of(obs))
