@@ -82,6 +82,15 @@ def check_fields(config) -> None:
         _check_range(field, getattr(config, field.name), field.name)
 
 
+def check_decay_horizon(section: str, decay_env_steps: int, total_env_steps: int) -> None:
+    """A learning rate that decays linearly to zero at ``decay_env_steps`` (0: at the run's end)
+    must not get there before the run ends: it would train on at a rate of zero."""
+    if 0 < decay_env_steps < total_env_steps:
+        raise ConfigError(f"{section}.lr_decay_env_steps={decay_env_steps} ends before {section}.total_env_steps="
+                          f"{total_env_steps}, leaving the rate at zero: set it to 0 (decay over the run) or at "
+                          f"least {total_env_steps}")
+
+
 def check_path_field(key: str, value: str) -> None:
     """A field naming a file or directory (``""``: none): no surrounding blanks or line breaks,
     which a path typed into YAML or an override can carry by mistake. Whether the path exists

@@ -178,6 +178,9 @@ def test_bad_config_values():
         acer.ACERConfig(gamma=1.5)
     with pytest.raises(ConfigError, match="truncation"):
         acer.ACERConfig(truncation=0.0)
+    with pytest.raises(ConfigError, match="acer.lr_decay_env_steps=1000 ends before acer.total_env_steps=2000"):
+        acer.ACERConfig(total_env_steps=2000, lr_decay_env_steps=1000)
+    acer.ACERConfig(total_env_steps=2000, lr_decay_env_steps=2000)  # decaying to zero at the last step is fine
     env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=4))
     with pytest.raises(ConfigError, match="holds no trajectory"):
         acer.init_runner(jax.random.PRNGKey(0), acer.ACERConfig(replay_capacity=79), env)

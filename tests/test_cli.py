@@ -57,6 +57,8 @@ def error_line(capsys) -> str:
         (["a2c.max_grad_norm=-1"], "a2c.max_grad_norm must be a positive number"),
         (["env.termination_penalty=.nan"], "env.termination_penalty must be a finite number"),
         (["name=../../x"], "name must be a plain file name"),
+        # The default's rate decays to zero at 1,638,400 env steps: a longer run would idle at zero.
+        (["a2c.total_env_steps=2048000"], "a2c.lr_decay_env_steps=1638400 ends before a2c.total_env_steps=2048000"),
         # Checked where the run is built, still before anything is written.
         ([str(CONFIGS / "a2c_cartpole.yaml"), "a2c.total_env_steps=10"],
          "a2c.total_env_steps=10 is less than one iteration: at least 256 env steps here (env.num_envs=32)"),

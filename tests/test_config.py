@@ -199,9 +199,11 @@ def test_numbers_written_as_the_readme_writes_them_parse():
     for text in written:
         assert parse_yaml(text) == float(text), text
     config = load_config(ExperimentConfig, None, ["a2c.learning_rate=3e-4", "a2c.rms_eps=1e-5",
-                                                  "a2c.total_env_steps=1e9", "preferences.label_decay_steps=2e6"])
+                                                  "a2c.total_env_steps=1e9", "a2c.lr_decay_env_steps=2e9",
+                                                  "preferences.label_decay_steps=2e6"])
     assert config.a2c.learning_rate == 3e-4 and config.a2c.rms_eps == 1e-5
     assert config.a2c.total_env_steps == 10**9 and isinstance(config.a2c.total_env_steps, int)
+    assert config.a2c.lr_decay_env_steps == 2 * 10**9
     assert config.preferences.label_decay_steps == 2_000_000
     # Still YAML: integers stay ints, and what is no number stays a string.
     assert parse_yaml("100") == 100 and isinstance(parse_yaml("100"), int)

@@ -21,7 +21,8 @@ import optax
 from rlhf_jax import ops
 from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_values, make_rollout,
                                   make_train as assemble, rollout_rewards)
-from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
+from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_decay_horizon, check_fields, in_range, in_state,
+                                   non_negative, positive)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, apply_time_major, torso_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
@@ -60,6 +61,7 @@ class A2CConfig:
 
     def __post_init__(self):
         check_fields(self)
+        check_decay_horizon("a2c", self.lr_decay_env_steps, self.total_env_steps)
 
 
 class ActorCritic(nn.Module):

@@ -72,7 +72,8 @@ import optax
 from rlhf_jax import ops, replay
 from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
                                   rollout_rewards)
-from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, non_negative, positive
+from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_decay_horizon, check_fields, in_range, non_negative,
+                                   positive)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import apply_time_major, torso_for
@@ -115,6 +116,7 @@ class ACERConfig:
 
     def __post_init__(self):
         check_fields(self)
+        check_decay_horizon("acer", self.lr_decay_env_steps, self.total_env_steps)
 
 
 # --------------------------------------------------------------------------- networks
