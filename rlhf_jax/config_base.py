@@ -82,10 +82,16 @@ def check_fields(config) -> None:
         _check_range(field, getattr(config, field.name), field.name)
 
 
+def decay_horizon(decay_env_steps: int, total_env_steps: int) -> int:
+    """The env step at which a linearly decaying learning rate reaches zero: ``decay_env_steps``,
+    or the run's end where that is 0 (an ``lr_decay_env_steps`` field's meaning)."""
+    return decay_env_steps or total_env_steps
+
+
 def check_decay_horizon(section: str, decay_env_steps: int, total_env_steps: int) -> None:
-    """A learning rate that decays linearly to zero at ``decay_env_steps`` (0: at the run's end)
-    must not get there before the run ends: it would train on at a rate of zero."""
-    if 0 < decay_env_steps < total_env_steps:
+    """A learning rate that decays linearly to zero must not get there before the run ends: it
+    would train on at a rate of zero."""
+    if decay_horizon(decay_env_steps, total_env_steps) < total_env_steps:
         raise ConfigError(f"{section}.lr_decay_env_steps={decay_env_steps} ends before {section}.total_env_steps="
                           f"{total_env_steps}, leaving the rate at zero: set it to 0 (decay over the run) or at "
                           f"least {total_env_steps}")

@@ -21,8 +21,8 @@ import optax
 from rlhf_jax import ops
 from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_values, make_rollout,
                                   make_train as assemble, rollout_rewards)
-from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_decay_horizon, check_fields, in_range, in_state,
-                                   non_negative, positive)
+from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_decay_horizon, check_fields, decay_horizon, in_range,
+                                  in_state, non_negative, positive)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, apply_time_major, torso_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
@@ -109,7 +109,8 @@ def num_iterations(config: A2CConfig, env: Environment) -> int:
 def make_optimizer(config: A2CConfig, env: Environment) -> optax.GradientTransformation:
     """Clipped RMSProp whose learning rate lives in the state (``opt_state[1].hyperparams``),
     decayed linearly to zero: runs differing only in ``learning_rate`` share one program."""
-    decay_steps = (config.lr_decay_env_steps or config.total_env_steps) // env_steps_per_iteration(config, env)
+    decay_env_steps = decay_horizon(config.lr_decay_env_steps, config.total_env_steps)
+    decay_steps = decay_env_steps // env_steps_per_iteration(config, env)
     # RMSProp at a rate held in the state (a sweep vmaps over it), decayed linearly to 0.
     return optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),

@@ -72,8 +72,8 @@ import optax
 from rlhf_jax import ops, replay
 from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
                                   rollout_rewards)
-from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_decay_horizon, check_fields, in_range, non_negative,
-                                   positive)
+from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_decay_horizon, check_fields, decay_horizon, in_range,
+                                  non_negative, positive)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import apply_time_major, torso_for
@@ -495,7 +495,7 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
     loss_fn = make_loss(config, spec)
     optimizer = make_optimizer(config)
     per_iteration = env_steps_per_iteration(config, env)
-    decay_steps = config.lr_decay_env_steps or config.total_env_steps
+    decay_steps = decay_horizon(config.lr_decay_env_steps, config.total_env_steps)
     learning_rate = ops.linear_schedule(config.learning_rate, 0.0, max(1, decay_steps))
     n = env.num_envs
     keep_final_obs = replay.keeps_final_obs(spec)
