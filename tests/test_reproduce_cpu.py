@@ -269,3 +269,19 @@ def test_another_cpu_budget_is_another_figure_beside_the_standing_one(monkeypatc
     with pytest.raises(SystemExit):
         reproduce.main(["--figure", "2", "--backend", "cpu", "--tasks", "hopper", "--steps", "2000000"])
     assert ledgers == ["reproduce_fig2_cpu_2m_runs.json"] and steps == [{2_000_000}]
+
+
+def test_every_cell_of_the_committed_figure_is_the_cell_the_configs_make_today():
+    """Each finished cell in the figure's ledger has the fingerprint its config resolves to now.
+    A config field added without its neutral value in ``ADDED_AFTER_FIRST_CELLS`` changes every
+    fingerprint, and the next run of the figure would leave all its cells out as made by an
+    earlier config and start them again (``trpo.normalize_observations`` once did)."""
+    ledger = reproduce.load_ledger(reproduce.RESULTS / "reproduce_fig2_cpu_runs.json")
+    records = ledger["runs"].values()
+    ablations = sorted({r["line"] for r in records if r["kind"] == reproduce.Kind.ABLATION})
+    tasks = sorted({r["task"] for r in records})
+    cells = reproduce.cpu_cells(reproduce.FIGURES[2], tasks, list(reproduce.CPU_BUDGETS), ["trpo", "oracle"], ablations)
+    today = {cell.key: reproduce.fingerprint_of(reproduce.cell_config(
+        cell, reproduce.CPU_STEPS, reproduce.CPU_POINTS, Path("/tmp/unused"))) for cell in cells}
+    recorded = {key: r["fingerprint"] for key, r in ledger["runs"].items()}
+    assert recorded and {key: today.get(f"{r['task']}/{r['line']}") for key, r in ledger["runs"].items()} == recorded
