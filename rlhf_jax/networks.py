@@ -200,6 +200,45 @@ def torso_for(observation_shape: Sequence[int], kind: str = "nature", **mlp_kwar
 # --- Reward predictors r̂(o, a) (Christiano et al. 2017, appendix A) -----------------
 
 
+def _dyadic_bits(rate: float, most: int = 8) -> int | None:
+    """The fewest bits ``b <= most`` with ``rate * 2**b`` a whole number, or None."""
+    for bits in range(1, most + 1):
+        if (rate * 2**bits).is_integer():
+            return bits
+    return None
+
+
+class Dropout(nn.Module):
+    """Dropout (training only; needs a ``"dropout"`` rng) that draws one random bit per unit
+    where the rate allows: each unit is zeroed with probability ``rate`` and the rest scaled
+    by ``1 / (1 - rate)``, as :class:`flax.linen.Dropout` does.
+
+    Why not flax's: it draws a 32-bit uniform per unit, and on XLA:CPU the threefry draws
+    cost more than the reward network's own arithmetic (a 700-label InvertedPendulum run at
+    dropout 0.5 ran at half the speed of one without). Where ``rate`` is a multiple of
+    ``2**-b`` (``b <= 8``; 0.5 needs one bit), a unit is dropped when its ``b`` random bits,
+    read as a number below ``2**b``, fall under ``rate * 2**b``; every 32-bit word serves 32
+    units of one feature (32 rows). Other rates fall back to flax's Dropout.
+    """
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        if not train or self.rate == 0.0:
+            return x
+        bits = _dyadic_bits(self.rate)
+        if bits is None:
+            return nn.Dropout(self.rate, deterministic=False)(x)
+        rows, features = math.prod(x.shape[:-1]), x.shape[-1]
+        words = jax.random.bits(self.make_rng("dropout"), (bits, -(-rows // 32), features), jnp.uint32)
+        shifts = jnp.arange(32, dtype=jnp.uint32)[:, None]
+        planes = ((words[:, :, None, :] >> shifts) & 1).reshape(bits, -1, features)[:, :rows]
+        number = sum(planes[i] << i for i in range(bits))  # b random bits per unit: uniform below 2**b
+        keep = (number >= round(self.rate * 2**bits)).reshape(x.shape)
+        return jnp.where(keep, x / (1.0 - self.rate), 0.0)
+
+
 def _leaky_relu(x: jax.Array, slope: float) -> jax.Array:
     return nn.leaky_relu(x, negative_slope=slope)
 
@@ -234,8 +273,7 @@ class RewardMLP(nn.Module):
         )
         for features in self.hidden:
             x = _leaky_relu(_dense(features, math.sqrt(2.0))(x), self.slope)
-            if self.dropout > 0.0:
-                x = nn.Dropout(self.dropout, deterministic=not train)(x)
+            x = Dropout(self.dropout)(x, train)
         return _dense(1, 1.0)(x)[:, 0]
 
 
@@ -274,8 +312,7 @@ class RewardCNN(nn.Module):
             if self.batch_norm:
                 x = nn.BatchNorm(use_running_average=not train)(x)
             x = _leaky_relu(x, self.slope)
-            if self.dropout > 0.0:
-                x = nn.Dropout(self.dropout, deterministic=not train)(x)
+            x = Dropout(self.dropout)(x, train)
         x = x.reshape((x.shape[0], -1))
         x = _leaky_relu(_dense(self.hidden, math.sqrt(2.0))(x), self.slope)
         return _dense(1, 1.0)(x)[:, 0]

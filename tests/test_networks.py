@@ -132,3 +132,24 @@ def test_time_major_atari_frames_go_through_in_passes_of_whole_time_steps_joined
     vectors = jnp.arange(7 * 12 * 4, dtype=jnp.float32).reshape(7, 12, 4)
     np.testing.assert_array_equal(apply_time_major(per_frame, 2.0, vectors)[0], per_frame(2.0, vectors)[0])
     assert passes == [(7, 12), (7, 12)]
+
+
+@pytest.mark.parametrize("rate", [0.5, 0.25, 0.75, 0.1])
+def test_dropout_drops_each_unit_on_its_own_with_the_rate_and_scales_the_rest(rate):
+    """The reward networks' Dropout, one random bit per unit where the rate allows (0.1 falls
+    back to flax's): the share dropped is the rate, a kept unit is x / (1 - rate), and the
+    units that draw from one 32-bit word (32 rows of a feature) are dropped independently."""
+    from rlhf_jax.networks import Dropout
+
+    x = jnp.ones((4_000, 3, 16))  # 12,000 rows of 16 features
+    out = np.asarray(Dropout(rate).apply({}, x, True, rngs={"dropout": KEY}))
+    kept = out != 0
+    np.testing.assert_allclose(out[kept], 1.0 / (1.0 - rate), rtol=1e-6)
+    sigma = np.sqrt(rate * (1 - rate) / kept.size)
+    assert abs((1 - kept.mean()) - rate) < 5 * sigma
+    rows = kept.reshape(-1, 16).astype(float)
+    for lag in (1, 31, 32):  # neighbours within a word, across its ends and one word on
+        correlation = np.corrcoef(rows[:-lag].ravel(), rows[lag:].ravel())[0, 1]
+        assert abs(correlation) < 0.03, (lag, correlation)
+    assert abs(np.corrcoef(rows[:, :-1].ravel(), rows[:, 1:].ravel())[0, 1]) < 0.03  # neighbouring features
+    np.testing.assert_array_equal(Dropout(rate).apply({}, x, False), x)  # evaluation: no dropout
