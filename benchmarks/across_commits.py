@@ -1,7 +1,8 @@
 """One benchmark figure at two commits, measured alternately on the same machine in one run.
 
     python -m benchmarks.across_commits --before cb7886c [--after HEAD] \\
-        [--benchmark rlhf_overhead] [--args=--quick] [--key pong_rlhf_steps_per_s] [--rounds 1] [--target 10]
+        [--benchmark rlhf_overhead] [--args=--quick] [--key pong_rlhf_steps_per_s] [--rounds 1] [--target 10] \\
+        [--name across_commits_dropout]
 
 A speed-up claimed against an older commit is only fair when both were timed on the same
 machine within minutes of each other: a shared machine's speed drifts by 2-3x between days.
@@ -11,7 +12,7 @@ neither), and the benchmark runs there as its own process, ``after, before, afte
 ``after`` runs). The key is read from the JSON that each run writes in its worktree; the
 ratio is the median of ``after`` over the median of ``before``.
 
-Writes ``benchmarks/results/across_commits_<benchmark>.json``. The default measures the Pong
+Writes ``benchmarks/results/across_commits_<benchmark>.json`` (or ``<name>.json``). The default measures the Pong
 RLHF loop (``rlhf_overhead --quick``) against cb7886c, the commit before the reward ensemble's
 members were written out, the start of the work on the loop's speed (target: 10 times).
 """
@@ -65,6 +66,8 @@ def main() -> None:
     parser.add_argument("--key", default="pong_rlhf_steps_per_s", help="the JSON key compared")
     parser.add_argument("--rounds", type=int, default=1, help="runs of `before` (after runs one more)")
     parser.add_argument("--target", type=float, default=10.0, help="the ratio aimed at; 0 for none")
+    parser.add_argument("--name", help="the result's name, so that another pair of commits does not replace "
+                                       "the default's (default: across_commits_<benchmark>)")
     args = parser.parse_args()
     commits = {"after": commit_of(args.after), "before": commit_of(args.before)}
     values: dict[str, list[float]] = {"after": [], "before": []}
@@ -92,7 +95,7 @@ def main() -> None:
               "after_median": after.median, "before_median": before.median,
               "after_over_before": round(after.median / before.median, 2),
               "load_1min": loads, "target": args.target or None}
-    write_result(f"across_commits_{args.benchmark}", result, headline)
+    write_result(args.name or f"across_commits_{args.benchmark}", result, headline)
 
 
 if __name__ == "__main__":
