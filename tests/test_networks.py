@@ -7,6 +7,7 @@ import pytest
 
 from rlhf_jax.networks import (
     A3CCNN,
+    Dropout,
     GaussianPolicyValueHead,
     MLPTorso,
     NatureCNN,
@@ -139,8 +140,6 @@ def test_dropout_drops_each_unit_on_its_own_with_the_rate_and_scales_the_rest(ra
     """The reward networks' Dropout, one random bit per unit where the rate allows (0.1 falls
     back to flax's): the share dropped is the rate, a kept unit is x / (1 - rate), and the
     units that draw from one 32-bit word (32 rows of a feature) are dropped independently."""
-    from rlhf_jax.networks import Dropout
-
     x = jnp.ones((4_000, 3, 16))  # 12,000 rows of 16 features
     out = np.asarray(Dropout(rate).apply({}, x, True, rngs={"dropout": KEY}))
     kept = out != 0
