@@ -6,17 +6,26 @@ For each task, with the settings of ``configs/paper/mujoco/`` on the CPU back en
 ``envpool/<Task>-v5``, 64 copies), five sides take turns in every round, so that load from
 other work falls on all of them alike (compiling excluded: each side runs once first):
 
-* ``raw``: EnvPool's own Python loop, ``pool.step`` with random actions, the same copies;
-* ``raw_xla``: EnvPool's XLA interface alone, its step in a bare jitted ``lax.scan`` of random
-  actions: the pool with neither Python nor our environment around it;
-* ``env``: our environment stepped inside a jitted ``lax.scan`` (random actions), through
-  EnvPool's XLA interface: what the agents' rollouts pay for the environment alone;
-* ``trpo``: TRPO on the true reward (``<task>_trpo.yaml``), one chunk as ``rlhf-jax train`` runs it;
+* ``trpo``: TRPO on the true reward (``<task>_trpo.yaml``), one chunk as ``rlhf-jax train`` runs
+  it (the same compiled chunk, which also hands back the actions its environment took);
+* ``raw``: EnvPool's own Python loop, ``pool.step``, replaying those very actions on a pool
+  built, seeded and reset as TRPO's: the same trajectories (checked: the replay's last
+  observations against TRPO's, ``replay_max_obs_diff``), so the same physics. What a MuJoCo
+  step costs depends on where the model is (Swimmer's steps under TRPO's policy cost up to a
+  third more than under uniform random actions), so random actions are not the same work;
+* ``raw_random``: EnvPool's own loop with uniform random actions, the same copies (the raw
+  side of this benchmark before 2026-11-30's fifteenth session);
+* ``raw_xla``: EnvPool's XLA interface alone, its step in a bare jitted ``lax.scan`` over the
+  same actions, on a third such pool: the pool with neither Python nor our environment around it;
+* ``env``: our environment stepped inside a jitted ``lax.scan`` (uniform random actions), through
+  EnvPool's XLA interface, on a pool of its own: what the agents' rollouts pay for the
+  environment alone, against ``raw_random``;
 * ``rlhf``: the RLHF loop (``<task>.yaml``: 700 labels, hidden ends, no torque cost), one chunk.
 
 Each figure is the median over rounds, with [min, max]; each ratio is the median of the
 ratios measured within a round. The machine's load average is recorded beside every
-measurement. Targets: ``trpo_over_raw`` >= 0.8 at 64 copies, ``rlhf_over_trpo`` >= 0.5.
+measurement. Targets: ``trpo_over_raw`` >= 0.8 at 64 copies, ``rlhf_over_trpo`` >= 0.5
+(``trpo_over_raw_random`` beside the first, for comparison with earlier runs).
 Beside them, what the time goes to: a TRPO iteration's time (from its median rate) against
 the same env steps of raw EnvPool, TRPO's own time per iteration on a stand-in environment that
 costs nothing (:class:`CostlessEnv`), split into its rollout and its update, and XLA's count of the
@@ -37,9 +46,9 @@ from benchmarks.common import Headline, Target, enable_compilation_cache, write_
 from benchmarks.reproduce import MUJOCO_TASKS, cpu_overrides
 from benchmarks.rlhf_overhead import flops_per_env_step
 from rlhf_jax.config import ExperimentConfig, load_config
-from rlhf_jax.envs.core import Environment, EnvSpec, TimeStep
+from rlhf_jax.envs.core import Environment, EnvSpec, TimeStep, clip_action
 from rlhf_jax.envs.envpool_envs import x64
-from rlhf_jax.trainer import make_training
+from rlhf_jax.trainer import compile_chunk, make_training, true_reward_env_config
 
 
 def load() -> float:
@@ -59,6 +68,95 @@ class Raw:
     def __call__(self):
         for action in self.actions:
             self.pool.step(action)
+
+
+class TrpoChunk:
+    """One chunk of TRPO on the true reward, compiled as ``rlhf-jax train`` compiles it
+    (:func:`rlhf_jax.trainer.compile_chunk` over the agent's iteration), that also hands back
+    the actions its environment took (clipped into the bounds, as :func:`env_step` gives them),
+    for :class:`Replay`; the first call compiles."""
+
+    def __init__(self, config: ExperimentConfig):
+        self.training = training = make_training(config)
+        space = training.env.spec.action_space
+
+        def step(runner):
+            runner, metrics, transitions = training.iteration(runner)
+            return runner, (metrics, clip_action(space, transitions.action))
+
+        self.run = compile_chunk(step, training.loop)
+        self.state = training.init_runner(jax.random.PRNGKey(0))
+        self.env_steps = training.chunk_iterations * training.steps_per_iteration
+        self.taken = []  # [chunk iterations, steps, num_envs, ...], one per chunk run
+        self()
+
+    def __call__(self):
+        self.state, (metrics, actions) = self.run(self.state, self.training.chunk_iterations)
+        jax.block_until_ready((self.state, metrics))
+        self.taken.append(actions)
+
+
+class Replay:
+    """EnvPool's own loop stepping the actions a :class:`TrpoChunk` took, on a pool of the same
+    task, options and seed reset as its environment was: the same trajectories. ``prepare``
+    (untimed) takes the chunks it has not yet replayed; the first (the compiling call's) is
+    replayed at once, so that both pools stay step for step together."""
+
+    def __init__(self, source: TrpoChunk):
+        config = true_reward_env_config(source.training.config)
+        self.source, self.env_steps, self.last_obs, self.replayed = source, source.env_steps, None, 0
+        self.pool = envpool.make(config.name, env_type="gymnasium", num_envs=config.num_envs, seed=config.seed,
+                                 **source.training.env.pool_options)
+        self.start()
+        self.prepare()
+        self()
+
+    def start(self):
+        self.pool.reset()
+
+    def prepare(self):
+        chunks = [np.asarray(a, np.float64) for a in self.source.taken[self.replayed:]]
+        self.replayed = len(self.source.taken)
+        self.actions = np.concatenate([a.reshape((-1,) + a.shape[2:]) for a in chunks])
+
+    def __call__(self):
+        for action in self.actions:
+            self.last_obs, *_ = self.pool.step(action)
+
+    def max_obs_diff(self) -> float:
+        """How far the replay's last observations are from TRPO's (float32 rounding: ~1e-6)."""
+        return float(np.max(np.abs(np.asarray(self.last_obs, np.float64) - np.asarray(self.source.state.obs))))
+
+
+class ReplayXla(Replay):
+    """EnvPool's XLA interface alone replaying TRPO's actions: its step in a bare jitted
+    ``lax.scan`` over them, with neither Python nor our environment around it."""
+
+    def start(self):
+        self.pool.reset()
+        with x64():
+            handle, _, _, xla_step = self.pool.xla()
+
+        def run(handle, actions):
+            def body(handle, action):
+                handle, (obs, *_) = xla_step(handle, action)
+                return handle, obs
+            handle, obs = jax.lax.scan(body, handle, actions)
+            return handle, obs[-1]
+
+        with x64():
+            self.run = jax.jit(run)
+        self.handle = jnp.asarray(handle)
+
+    def prepare(self):
+        super().prepare()
+        with x64():
+            self.actions = jnp.asarray(self.actions)
+
+    def __call__(self):
+        with x64():
+            self.handle, self.last_obs = self.run(self.handle, self.actions)
+            jax.block_until_ready(self.last_obs)
 
 
 class RandomSteps:
@@ -81,25 +179,6 @@ class RandomSteps:
         self.key, key = jax.random.split(self.key)
         self.state, total = self.run(self.state, key)
         jax.block_until_ready(total)
-
-
-class RawXla(RandomSteps):
-    """EnvPool's XLA step alone, the same copies: no Python and none of our environment around it."""
-
-    def __init__(self, name: str, num_envs: int, steps: int):
-        self.pool = envpool.make(name, env_type="gymnasium", num_envs=num_envs, seed=0)  # alive as long as its program
-        self.pool.reset()
-        with x64():
-            handle, _, _, xla_step = self.pool.xla()
-
-        def step(handle, action):
-            with x64():
-                handle, (_, reward, *_) = xla_step(handle, action.astype(jnp.float64))
-                return handle, reward.astype(jnp.float32)
-
-        space = self.pool.action_space
-        low, high = space.low.astype(np.float32), space.high.astype(np.float32)
-        super().__init__(step, jnp.asarray(handle), (num_envs, *space.shape), low, high, steps)
 
 
 class OurEnv(RandomSteps):
@@ -183,35 +262,42 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
     size = [f"env.num_envs={num_envs}", f"run.chunk_env_steps={chunk_env_steps}"]
     trpo_config = load_config(ExperimentConfig, info.baselines[0].config, [*cpu_overrides(info.baselines[0].config), *size])
     rlhf_config = load_config(ExperimentConfig, info.rlhf, [*cpu_overrides(info.rlhf), *size])
-    sides = {"trpo": Chunk(trpo_config), "rlhf": Chunk(rlhf_config)}
-    steps = sides["trpo"].env_steps // num_envs
-    sides = {"raw": Raw(trpo_config.env.name, num_envs, steps), "raw_xla": RawXla(trpo_config.env.name, num_envs, steps),
-             "env": OurEnv(sides["trpo"].training, steps), **sides}
+    trpo = TrpoChunk(trpo_config)
+    steps = trpo.env_steps // num_envs
+    # trpo first in every round, so that raw replays the actions of the round's own chunk
+    sides = {"trpo": trpo, "raw": Replay(trpo), "raw_random": Raw(trpo_config.env.name, num_envs, steps),
+             "raw_xla": ReplayXla(trpo),
+             "env": OurEnv(make_training(trpo_config), steps), "rlhf": Chunk(rlhf_config)}
     rates = {name: [] for name in sides}
     loads = []
     for _ in range(rounds):
         for name, side in sides.items():
+            if isinstance(side, Replay):  # the actions of this round's trpo chunk
+                side.prepare()
             loads.append(load())
             start = time.perf_counter()
             side()
             rates[name].append(side.env_steps / (time.perf_counter() - start))
     ratios = {
         "raw_xla_over_raw": [x / r for x, r in zip(rates["raw_xla"], rates["raw"])],
-        "env_over_raw": [e / r for e, r in zip(rates["env"], rates["raw"])],
+        "env_over_raw_random": [e / r for e, r in zip(rates["env"], rates["raw_random"])],
+        "raw_random_over_raw": [x / r for x, r in zip(rates["raw_random"], rates["raw"])],
         "trpo_over_raw_xla": [t / x for t, x in zip(rates["trpo"], rates["raw_xla"])],
         "trpo_over_raw": [t / r for t, r in zip(rates["trpo"], rates["raw"])],
+        "trpo_over_raw_random": [t / r for t, r in zip(rates["trpo"], rates["raw_random"])],
         "rlhf_over_trpo": [h / t for h, t in zip(rates["rlhf"], rates["trpo"])],
     }
     flops = flops_per_env_step(sides["rlhf"].training, sides["trpo"].training)
     result = {
         "num_envs": num_envs, "rounds": rounds, "env_steps_per_measurement": {n: s.env_steps for n, s in sides.items()},
+        "replay_max_obs_diff": max(sides["raw"].max_obs_diff(), sides["raw_xla"].max_obs_diff()),
         "load_during": {"median": float(np.median(loads)), "min": min(loads), "max": max(loads)},
         **{f"{name}_steps_per_s": round(float(np.median(v)), 1) for name, v in rates.items()},
         **{f"{name}_steps_per_s_range": [round(min(v), 1), round(max(v), 1)] for name, v in rates.items()},
         **{name: round(float(np.median(v)), 4) for name, v in ratios.items()},
         **{f"{name}_range": [round(min(v), 4), round(max(v), 4)] for name, v in ratios.items()},
         **{f"{name}_iteration_ms": round(1e3 * sides["trpo"].training.steps_per_iteration / float(np.median(rates[name])), 2)
-           for name in ("trpo", "raw")},
+           for name in ("trpo", "raw", "raw_random")},
         **{f"trpo_{k}": round(v, 2) for k, v in agent_ms(sides["trpo"].training).items()},
         **{f"flops_per_env_step_{k}": round(v) for k, v in flops.items()},
     }
@@ -238,17 +324,24 @@ def main() -> None:
 
 
 def headline(result: dict) -> list[Headline]:
-    """The report's rows, per task: TRPO over raw EnvPool (target 0.8), over EnvPool's XLA step
-    alone (no target), the loop over TRPO (target 0.5)."""
+    """The report's rows, per task: TRPO over raw EnvPool stepping its actions (target 0.8), over
+    raw EnvPool's random actions and EnvPool's XLA step alone (no target), the loop over TRPO
+    (target 0.5)."""
     rows = []
     for task, r in result["tasks"].items():
         n = r["num_envs"]
-        rows.append(Headline(f"{task}: TRPO (true reward) env steps/s vs raw EnvPool stepping, {n} copies",
+        replay = "trpo_over_raw_random" in r  # since raw replays TRPO's own actions
+        rows.append(Headline(f"{task}: TRPO (true reward) env steps/s vs raw EnvPool stepping"
+                             f"{' the same actions' if replay else ''}, {n} copies",
                              r["trpo_steps_per_s"], r["raw_steps_per_s"], r["trpo_over_raw"],
                              Target.on(r, "trpo_over_raw", ">=", 0.8)))
+        if replay:
+            rows.append(Headline(f"{task}: TRPO (true reward) env steps/s vs raw EnvPool stepping uniform random "
+                                 f"actions, {n} copies", r["trpo_steps_per_s"], r["raw_random_steps_per_s"],
+                                 r["trpo_over_raw_random"]))
         if "trpo_over_raw_xla" in r:  # measured since EnvPool's MuJoCo steps through its XLA interface
             rows.append(Headline(f"{task}: TRPO (true reward) env steps/s vs EnvPool's XLA step alone in a jitted "
-                                 f"scan, {n} copies", r["trpo_steps_per_s"], r["raw_xla_steps_per_s"],
+                                 f"scan{' of the same actions' if replay else ''}, {n} copies", r["trpo_steps_per_s"], r["raw_xla_steps_per_s"],
                                  r["trpo_over_raw_xla"]))
         rows.append(Headline(f"{task}: RLHF loop (700 labels) env steps/s vs TRPO on the true reward, {n} copies",
                              r["rlhf_steps_per_s"], r["trpo_steps_per_s"], r["rlhf_over_trpo"],

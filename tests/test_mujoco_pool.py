@@ -233,3 +233,20 @@ def test_the_pool_hands_back_32_bits_and_leaves_64_bit_types_off():
     for leaf in jax.tree.leaves((first, steps)):
         assert leaf.dtype.itemsize <= 4, leaf.dtype
     assert steps.obs.dtype == np.float32 and steps.reward.dtype == np.float32
+
+
+def test_a_pool_built_from_pool_options_replays_our_environment_step_for_step():
+    """``pool_options`` with the config's name and seed build a second pool that, fed the same
+    actions, goes through the same states: what the throughput benchmark's raw side relies on
+    to step the very trajectories TRPO stepped. Hopper with its end hidden runs on past a fall
+    (``terminate_when_unhealthy=False``), which a pool built without the options would not."""
+    config = EnvConfig(id="envpool/Hopper-v5", num_envs=2, seed=4, hide_episode_end=True, control_cost=False)
+    env = make(config)
+    actions = np.random.default_rng(3).uniform(-1, 1, (60, 2, 3)).astype(np.float32)
+    first, steps = rollout(env, actions)
+    twin = envpool.make(config.name, env_type="gymnasium", num_envs=2, seed=config.seed, **env.pool_options)
+    twin_first, _ = twin.reset()
+    replayed = np.array([twin.step(a.astype(np.float64))[0] for a in actions])
+    np.testing.assert_allclose(twin_first, first.obs, atol=1e-6)
+    assert steps.info["unhealthy"].any()  # a fall, past which only the options keep the twin with us
+    np.testing.assert_allclose(replayed, steps.obs, atol=1e-5)

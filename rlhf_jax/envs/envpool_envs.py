@@ -112,6 +112,7 @@ class EnvPoolEnv(Environment):
 
     def __init__(self, config: EnvConfig, spec: EnvSpec, members: int = 1, **pool_options):
         self._config = config
+        self.pool_options = pool_options  # what a second pool needs to step as this one does (benchmarks)
         self.pool = envpool.make(
             config.name, env_type="gymnasium", num_envs=config.num_envs * members, seed=config.seed, **pool_options
         )
