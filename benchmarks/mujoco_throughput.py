@@ -159,41 +159,31 @@ class ReplayXla(Replay):
             jax.block_until_ready(self.last_obs)
 
 
-class RandomSteps:
-    """``steps`` steps of random actions in one jitted scan: ``step(state, action) -> (state,
-    reward [num_envs])`` from ``state``, actions uniform in ``[low, high]`` of shape ``shape``."""
+class OurEnv:
+    """Our environment, as the agents' rollouts step it: ``steps`` steps of uniform random
+    actions in one jitted scan."""
 
-    def __init__(self, step, state, shape, low, high, steps: int):
+    def __init__(self, training, steps: int):
+        env = training.env
+        space = env.action_space
+        shape = (env.num_envs, *space.shape)
+
         def run(state, key):
             def body(state, key):
-                state, reward = step(state, jax.random.uniform(key, shape, minval=low, maxval=high))
-                return state, reward.sum()
+                action = jax.random.uniform(key, shape, minval=space.low, maxval=space.high)
+                state, timestep = env.step(state, action)
+                return state, timestep.reward.sum()
             return jax.lax.scan(body, state, jax.random.split(key, steps))
 
         self.run = jax.jit(run)
-        self.state, self.key = state, jax.random.PRNGKey(1)
-        self.env_steps = steps * shape[0]
+        self.state, self.key = env.reset(jax.random.PRNGKey(0))[0], jax.random.PRNGKey(1)
+        self.env_steps = steps * env.num_envs
         self()
 
     def __call__(self):
         self.key, key = jax.random.split(self.key)
         self.state, total = self.run(self.state, key)
         jax.block_until_ready(total)
-
-
-class OurEnv(RandomSteps):
-    """Our environment, as the agents' rollouts step it."""
-
-    def __init__(self, training, steps: int):
-        env = training.env
-        space = env.action_space
-        state, _ = env.reset(jax.random.PRNGKey(0))
-
-        def step(state, action):
-            state, timestep = env.step(state, action)
-            return state, timestep.reward
-
-        super().__init__(step, state, (env.num_envs, *space.shape), space.low, space.high, steps)
 
 
 class Chunk:
