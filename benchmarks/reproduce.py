@@ -26,7 +26,8 @@ ended in each chunk, labels, reward accuracy) goes into the ledger
 ``benchmarks/results/reproduce_fig<N>_runs.json`` and the figure is redrawn. Run again, the
 same command skips every run the ledger holds with the same fingerprint, continues an
 interrupted one from its newest checkpoint (Ctrl-C saves one), and starts the rest; change
-a setting and the runs it changes start afresh. Seeds go in the outer loop, so a figure
+a setting and the runs it changes start afresh; so does a code change that alters results
+once it is registered in ``RESULT_CHANGES``. Seeds go in the outer loop, so a figure
 is complete at one seed before the second seed of any line starts. ``--dry-run`` prints
 the plan as ``rlhf-jax train`` commands (to spread over machines) and runs nothing.
 
@@ -309,15 +310,38 @@ ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "l
                            ("reward_model", "clip_actions"): True, ("trpo", "normalize_observations"): False}
 
 
+@dataclasses.dataclass(frozen=True)
+class ResultChange:
+    """A change to the library after which a run of the same config computes something else:
+    another draw of the same distribution (dropout's masks), another order of a sum (whose
+    last bit a run of a million steps amplifies), a corrected rule. ``touches`` says which
+    configs it reaches."""
+
+    name: str  # short and never edited: it enters the fingerprint of every config it touches
+    touches: Callable[[ExperimentConfig], bool]
+
+
+# One entry per such change, appended in the commit that makes it: the cells it touches get
+# another fingerprint, so the figure leaves their records out ("cells_made_by_an_earlier_config")
+# and the same command runs them again on the new code. A change that only makes runs faster,
+# bit for bit the same, needs none. (The changes before this list existed had their cells moved
+# out of the ledger by hand: docs/reproducing.md.)
+RESULT_CHANGES: tuple[ResultChange, ...] = ()
+
+
 def fingerprinted_fields(config: ExperimentConfig) -> dict:
     """The resolved config less the Weights & Biases settings (where metrics are also sent
     changes no result) and less the fields of ``ADDED_AFTER_FIRST_CELLS`` at their neutral
-    value: an option added later must not make finished cells look new."""
+    value (an option added later must not make finished cells look new), with the names of
+    the ``RESULT_CHANGES`` that touch it (a code change that alters results must)."""
     fields = to_dict(config)
     fields["run"] = {key: value for key, value in fields["run"].items() if not key.startswith("wandb")}
     for (section, key), neutral in ADDED_AFTER_FIRST_CELLS.items():
         if key in fields[section] and fields[section][key] == neutral:
             del fields[section][key]
+    changes = [change.name for change in RESULT_CHANGES if change.touches(config)]
+    if changes:  # absent while none touches it: the fingerprints of the cells made before the list
+        fields["result_changes"] = changes
     return fields
 
 

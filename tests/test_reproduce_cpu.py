@@ -290,3 +290,25 @@ def test_the_committed_figure_names_every_cell_its_configs_no_longer_make():
     _, made_by_an_earlier_config = reproduce.current_records(ledger, today)
     assert len(records) > 0
     assert made_by_an_earlier_config == published["cells_made_by_an_earlier_config"]
+
+
+def test_a_registered_result_change_gives_the_cells_it_touches_a_new_fingerprint_and_only_those(monkeypatch):
+    """An entry in ``RESULT_CHANGES`` (here: another draw of r̂'s dropout masks) makes the cells
+    whose config it touches new cells, so the figure's command runs them again on the new code;
+    the others keep the fingerprint they had, and with the list empty every cell keeps its own."""
+    figure = reproduce.FIGURES[2]
+    cells = {cell.key: cell for cell in reproduce.cpu_cells(figure, ["invertedpendulum", "hopper"], [700],
+                                                            ["trpo"], [])}
+    dropout_cell, plain_cell = cells["invertedpendulum/700 labels"], cells["hopper/700 labels"]
+
+    def fingerprints():
+        return [reproduce.fingerprint_of(reproduce.cell_config(cell, reproduce.CPU_STEPS, reproduce.CPU_POINTS,
+                                                               Path("/tmp/unused")))
+                for cell in (dropout_cell, plain_cell)]
+
+    before = fingerprints()
+    change = reproduce.ResultChange("dropout masks, another draw", lambda c: c.reward_model.mlp_dropout > 0)
+    monkeypatch.setattr(reproduce, "RESULT_CHANGES", (change,))
+    after = fingerprints()
+    assert after[0] != before[0]  # InvertedPendulum's r̂ fits with dropout: a new cell
+    assert after[1] == before[1]  # Hopper's does not: its records stay
