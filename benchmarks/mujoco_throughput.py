@@ -3,7 +3,7 @@
     python -m benchmarks.mujoco_throughput [--quick] [--tasks hopper,ant] [--rounds N] [--num-envs N]
 
 For each task, with the settings of ``configs/paper/mujoco/`` on the CPU back end (``env.id``
-``envpool/<Task>-v5``, 64 copies), five sides take turns in every round, so that load from
+``envpool/<Task>-v5``, 64 copies), six sides take turns in every round, so that load from
 other work falls on all of them alike (compiling excluded: each side runs once first):
 
 * ``trpo``: TRPO on the true reward (``<task>_trpo.yaml``), one chunk as ``rlhf-jax train`` runs
@@ -14,7 +14,7 @@ other work falls on all of them alike (compiling excluded: each side runs once f
   step costs depends on where the model is (Swimmer's steps under TRPO's policy cost up to a
   third more than under uniform random actions), so random actions are not the same work;
 * ``raw_random``: EnvPool's own loop with uniform random actions, the same copies (the raw
-  side of this benchmark before 2026-11-30's fifteenth session);
+  side of this benchmark until 2026-11-30);
 * ``raw_xla``: EnvPool's XLA interface alone, its step in a bare jitted ``lax.scan`` over the
   same actions, on a third such pool: the pool with neither Python nor our environment around it;
 * ``env``: our environment stepped inside a jitted ``lax.scan`` (uniform random actions), through
