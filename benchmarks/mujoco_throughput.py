@@ -1,6 +1,6 @@
 """TRPO and the RLHF loop on EnvPool's C MuJoCo, against raw EnvPool stepping at the same copies.
 
-    python -m benchmarks.mujoco_throughput [--quick] [--tasks hopper,ant] [--rounds N] [--num-envs N]
+    python -m benchmarks.mujoco_throughput [--quick] [--tasks hopper,ant] [--rounds N] [--num-envs N] [--name NAME]
 
 For each task, with the settings of ``configs/paper/mujoco/`` on the CPU back end (``env.id``
 ``envpool/<Task>-v5``, 64 copies), six sides take turns in every round, so that load from
@@ -23,7 +23,9 @@ other work falls on all of them alike (compiling excluded: each side runs once f
 * ``rlhf``: the RLHF loop (``<task>.yaml``: 700 labels, hidden ends, no torque cost), one chunk.
 
 Each figure is the median over rounds, with [min, max]; each ratio is the median of the
-ratios measured within a round. The machine's load average is recorded beside every
+ratios measured within a round, and, as ``*_all_rounds``, the ratio of the two sides' total
+times (with ``--rounds 66`` TRPO's chunks make a whole 1M-step run, its policy changing as it
+learns, and so does what its trajectories cost to simulate). The machine's load average is recorded beside every
 measurement. Targets: ``trpo_over_raw`` >= 0.8 at 64 copies, ``rlhf_over_trpo`` >= 0.5
 (``trpo_over_raw_random`` beside the first, for comparison with earlier runs).
 Beside them, what the time goes to: a TRPO iteration's time (from its median rate) against
@@ -259,6 +261,7 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
              "raw_xla": ReplayXla(trpo),
              "env": OurEnv(make_training(trpo_config), steps), "rlhf": Chunk(rlhf_config)}
     rates = {name: [] for name in sides}
+    seconds = {name: 0.0 for name in sides}
     loads = []
     for _ in range(rounds):
         for name, side in sides.items():
@@ -267,7 +270,9 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
             loads.append(load())
             start = time.perf_counter()
             side()
-            rates[name].append(side.env_steps / (time.perf_counter() - start))
+            took = time.perf_counter() - start
+            rates[name].append(side.env_steps / took)
+            seconds[name] += took
     ratios = {
         "raw_xla_over_raw": [x / r for x, r in zip(rates["raw_xla"], rates["raw"])],
         "env_over_raw_random": [e / r for e, r in zip(rates["env"], rates["raw_random"])],
@@ -285,6 +290,11 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
         **{f"{name}_steps_per_s": round(float(np.median(v)), 1) for name, v in rates.items()},
         **{f"{name}_steps_per_s_range": [round(min(v), 1), round(max(v), 1)] for name, v in rates.items()},
         **{name: round(float(np.median(v)), 4) for name, v in ratios.items()},
+        # over all rounds together: the same env steps on both sides, so the ratio of the times
+        # (over a whole run's worth of rounds, what the run as a whole would see)
+        "trpo_over_raw_all_rounds": round(seconds["raw"] / seconds["trpo"], 4),
+        "trpo_over_raw_random_all_rounds": round(seconds["raw_random"] / seconds["trpo"], 4),
+        "rlhf_over_trpo_all_rounds": round(seconds["trpo"] / seconds["rlhf"], 4),
         **{f"{name}_range": [round(min(v), 4), round(max(v), 4)] for name, v in ratios.items()},
         **{f"{name}_iteration_ms": round(1e3 * sides["trpo"].training.steps_per_iteration / float(np.median(rates[name])), 2)
            for name in ("trpo", "raw", "raw_random")},
@@ -302,13 +312,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--num-envs", type=int, default=64)
     parser.add_argument("--chunk-env-steps", type=int, default=20_000, help="env steps per measurement (about)")
+    parser.add_argument("--name", help="the result's name (default: mujoco_throughput, or mujoco_throughput_quick), "
+                                       "so that a run of another shape does not replace the figures of record")
     args = parser.parse_args()
     enable_compilation_cache()
     tasks = ["hopper"] if args.quick else args.tasks.split(",")
     rounds = 3 if args.quick else args.rounds
     load_before = load()
     results = {task: measure(task, args.num_envs, rounds, args.chunk_env_steps) for task in tasks}
-    write_result("mujoco_throughput_quick" if args.quick else "mujoco_throughput", {
+    write_result(args.name or ("mujoco_throughput_quick" if args.quick else "mujoco_throughput"), {
         "quick": args.quick, "load_before": load_before, "load_after": load(), "tasks": results,
     }, headline=headline)
 
