@@ -10,9 +10,10 @@ other work falls on all of them alike (compiling excluded: each side runs once f
   it (the same compiled chunk, which also hands back the actions its environment took);
 * ``raw``: EnvPool's own Python loop, ``pool.step``, replaying those very actions on a pool
   built, seeded and reset as TRPO's: the same trajectories (checked: the replay's last
-  observations against TRPO's, ``replay_max_obs_diff``, and a warning past ``REPLAY_TOLERANCE``), so the same physics. What a MuJoCo
-  step costs depends on where the model is (Swimmer's steps under TRPO's policy cost up to a
-  third more than under uniform random actions), so random actions are not the same work;
+  observations against TRPO's, ``replay_max_obs_diff``, with a warning past
+  ``REPLAY_TOLERANCE``), so the same physics. What a MuJoCo step costs depends on where the
+  model is (Swimmer's steps under TRPO's policy cost up to a third more than under uniform
+  random actions), so random actions are not the same work;
 * ``raw_random``: EnvPool's own loop with uniform random actions, the same copies (the raw
   side of this benchmark until 2026-11-30);
 * ``raw_xla``: EnvPool's XLA interface alone, its step in a bare jitted ``lax.scan`` over the
