@@ -26,8 +26,8 @@ other work falls on all of them alike (compiling excluded: each side runs once f
 Each figure is the median over rounds, with [min, max]; each ratio is the median of the
 ratios measured within a round, and, as ``*_all_rounds``, the ratio of the two sides' total
 times (with ``--rounds 66`` TRPO's chunks make a whole 1M-step run, its policy changing as it
-learns, and so does what its trajectories cost to simulate). The machine's load average is recorded beside every
-measurement. Targets: ``trpo_over_raw`` >= 0.8 at 64 copies, ``rlhf_over_trpo`` >= 0.5
+learns, and so does what its trajectories cost to simulate). The machine's load average is
+recorded beside every measurement. Targets: ``trpo_over_raw`` >= 0.8 at 64 copies, ``rlhf_over_trpo`` >= 0.5
 (``trpo_over_raw_random`` beside the first, for comparison with earlier runs).
 Beside them, what the time goes to: a TRPO iteration's time (from its median rate) against
 the same env steps of raw EnvPool, TRPO's own time per iteration on a stand-in environment that
