@@ -12,8 +12,8 @@ other work falls on all of them alike (compiling excluded: each side runs once f
   built, seeded and reset as TRPO's: the same trajectories (checked: the replay's last
   observations against TRPO's, ``replay_max_obs_diff``, with a warning past
   ``REPLAY_TOLERANCE``), so the same physics. What a MuJoCo step costs depends on where the
-  model is (Swimmer's steps under TRPO's policy cost up to a third more than under uniform
-  random actions), so random actions are not the same work;
+  model is (over a whole run Swimmer's steps under TRPO's policy cost 1.4 times what uniform
+  random actions' do), so random actions are not the same work;
 * ``raw_random``: EnvPool's own loop with uniform random actions, the same copies (the raw
   side of this benchmark until 2026-11-30);
 * ``raw_xla``: EnvPool's XLA interface alone, its step in a bare jitted ``lax.scan`` over the
@@ -27,8 +27,9 @@ Each figure is the median over rounds, with [min, max]; each ratio is the median
 ratios measured within a round, and, as ``*_all_rounds``, the ratio of the two sides' total
 times (with ``--rounds 66`` TRPO's chunks make a whole 1M-step run, its policy changing as it
 learns, and so does what its trajectories cost to simulate). The machine's load average is
-recorded beside every measurement. Targets: ``trpo_over_raw`` >= 0.8 at 64 copies, ``rlhf_over_trpo`` >= 0.5
-(``trpo_over_raw_random`` beside the first, for comparison with earlier runs).
+recorded beside every measurement. Targets: ``trpo_over_raw`` >= 0.8 at 64 copies,
+``rlhf_over_trpo`` >= 0.5 (``trpo_over_raw_random`` beside the first, for comparison with
+earlier runs).
 Beside them, what the time goes to: a TRPO iteration's time (from its median rate) against
 the same env steps of raw EnvPool, TRPO's own time per iteration on a stand-in environment that
 costs nothing (:class:`CostlessEnv`), split into its rollout and its update, and XLA's count of the
@@ -354,8 +355,8 @@ def headline(result: dict) -> list[Headline]:
                                  r["trpo_over_raw_random"]))
         if "trpo_over_raw_xla" in r:  # measured since EnvPool's MuJoCo steps through its XLA interface
             rows.append(Headline(f"{task}: TRPO (true reward) env steps/s vs EnvPool's XLA step alone in a jitted "
-                                 f"scan{' of the same actions' if replay else ''}, {n} copies", r["trpo_steps_per_s"], r["raw_xla_steps_per_s"],
-                                 r["trpo_over_raw_xla"]))
+                                 f"scan{' of the same actions' if replay else ''}, {n} copies",
+                                 r["trpo_steps_per_s"], r["raw_xla_steps_per_s"], r["trpo_over_raw_xla"]))
         rows.append(Headline(f"{task}: RLHF loop (700 labels) env steps/s vs TRPO on the true reward, {n} copies",
                              r["rlhf_steps_per_s"], r["trpo_steps_per_s"], r["rlhf_over_trpo"],
                              Target.on(r, "rlhf_over_trpo", ">=", 0.5)))
