@@ -17,8 +17,9 @@ The report has the machine and the library versions on top, then ONE table of th
 headline figures of every benchmark: our figure, the peer's or the raw back end's figure
 where there is one, their ratio, the target and whether it is met, and for each row the
 JSON file it came from and whether that run was ``--quick``. Then the scaling plots of
-``benchmarks/scaling.py`` and links to the other figures, the JSON files used, and what
-happened to each benchmark this invocation ran.
+``benchmarks/scaling.py`` and links to the other figures; what only an accelerator can show
+(each benchmark's :class:`OnAccelerator`, with its command and the device its stored result
+came from); the JSON files used; and what happened to each benchmark this invocation ran.
 
 What a benchmark's headline figures are, and their targets, the benchmark says: its
 ``headline(result)`` gives its rows (``benchmarks.common.Headline``), which ``write_result``
@@ -57,6 +58,15 @@ REPORT = ROOT / "benchmarks" / "REPORT.md"
 
 
 @dataclasses.dataclass(frozen=True)
+class OnAccelerator:
+    """What a benchmark's run on an accelerator would show that its CPU figures cannot, and the
+    arguments that measure it there."""
+
+    shows: str
+    args: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Benchmark:
     """One script of ``benchmarks/`` as this runner drives it."""
 
@@ -69,28 +79,47 @@ class Benchmark:
     quick_result: str  # ... and that --quick writes (often the same file)
     quick_minutes: float  # rough wall time on 2 shared CPU cores, for the plan printed at the start
     full_minutes: float
+    on_accelerator: OnAccelerator | None = None  # None: an accelerator would show nothing more
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("env_throughput", "Environments", "environment back ends against the raw ones", ("--quick",), (),
-              "env_throughput", "env_throughput", 1, 5),
+              "env_throughput", "env_throughput", 1, 5,
+              OnAccelerator("MJX's Hopper stepped on the device (`mjx_hopper_steps_per_s`); on a CPU MJX steps about "
+                            "50 times slower than C MuJoCo")),
     Benchmark("scaling", "Agents: seeds and environments", "agents' env steps/s against seeds and environments",
-              ("--quick",), (), "scaling", "scaling", 4, 20),
+              ("--quick",), (), "scaling", "scaling", 4, 20,
+              OnAccelerator("how far env steps/s keep rising with seeds and environments on a device wider than "
+                            "two cores")),
     Benchmark("cpu_devices", "Agents: seeds and environments",
               "sweeps on a CPU made one device per core, against one device", ("--quick",), (),
               "cpu_devices", "cpu_devices_quick", 1, 15),
     Benchmark("agent_throughput", "Agents vs Stable-Baselines3 and raw EnvPool",
               "agents' env steps/s, against Stable-Baselines3 and raw EnvPool",
-              ("--quick",), (), "agent_throughput", "agent_throughput", 2, 15),
+              ("--quick",), (), "agent_throughput", "agent_throughput", 2, 15,
+              OnAccelerator("A2C on Pong against Stable-Baselines3 with both networks on the device (on the CPU "
+                            "XLA's convolutions weigh on the ratio), and whether Atari batches should go "
+                            "through the CNN in passes there as on the CPU (`rlhf_jax.networks.apply_time_major`)")),
     Benchmark("reward_fit", "Reward fitting vs imitation", "fitting the reward ensemble, against imitation",
-              ("--quick",), (), "reward_fit", "reward_fit", 3, 16),
+              ("--quick",), (), "reward_fit", "reward_fit", 3, 16,
+              OnAccelerator("the Atari reward CNN's fit as one scanned program (`cnn_scan_pairs_per_s`), left out "
+                            "on a CPU, where convolution gradients inside loops run many times slower")),
     Benchmark("ibt", "IBT", "IBT loss throughput and reward quality against AR and preferences", ("--quick",), (),
               "ibt", "ibt_quick", 3, 10),
     Benchmark("mujoco_throughput", "MuJoCo on the CPU (EnvPool)",
               "TRPO and the RLHF loop on EnvPool's C MuJoCo, against raw EnvPool stepping", ("--quick",), (),
-              "mujoco_throughput", "mujoco_throughput_quick", 2, 5),
+              "mujoco_throughput", "mujoco_throughput_quick", 2, 5,
+              OnAccelerator("the RLHF loop against TRPO (target 0.5) with r-hat's fitting at a device's rate: on "
+                            "2 CPU cores the fitting (10.8 MFLOP per env step on Hopper) runs near their "
+                            "arithmetic rate, on the cores the pool steps on; and TRPO against raw stepping "
+                            "(target 0.8) on the tasks cheapest to simulate, where TRPO's update is one core's "
+                            "arithmetic on the CPU",
+                            ("--tasks", ",".join(("hopper", "walker2d", "halfcheetah", "ant", "swimmer", "reacher",
+                                                  "invertedpendulum", "inverteddoublependulum"))))),
     Benchmark("rlhf_overhead", "RLHF overhead", "the RLHF loop against RL on the true reward", ("--quick",), (),
-              "rlhf_overhead", "rlhf_overhead", 30, 60),
+              "rlhf_overhead", "rlhf_overhead", 30, 60,
+              OnAccelerator("the RLHF loop against the true reward (target 0.8) with the fitting's arithmetic, "
+                            "which bounds it on a CPU (XLA's cost analysis in the JSON), at a device's rate")),
     Benchmark("across_commits", "RLHF overhead",
               "the Pong RLHF loop at this commit against cb7886c, alternated in one run", (), (),
               "across_commits_rlhf_overhead", "across_commits_rlhf_overhead", 15, 15),
@@ -106,7 +135,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("minatar_curves", "Learning: MinAtar", "DQN and A2C learning curves on MinAtar Breakout",
               ("--quick",), (), "minatar_curves", "minatar_curves", 2, 90),
     Benchmark("mujoco_curves", "Learning: MuJoCo", "TRPO and ACER learning curves on MJX Hopper and HalfCheetah",
-              ("--quick",), (), "mujoco_curves", "mujoco_curves_quick", 5, 600),
+              ("--quick",), (), "mujoco_curves", "mujoco_curves_quick", 5, 600,
+              OnAccelerator("TRPO's and ACER's curves on MJX at their full budget (about ten hours on a CPU, "
+                            "estimated)")),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 STDERR_TAIL = 40  # lines of a failed benchmark's stderr kept for the report
@@ -416,6 +447,25 @@ OTHER_FIGURES = ("ibt.png", "ibt_quick.png", "labels_vs_return.png", "labels_vs_
                  "minatar_curves.png", "mujoco_curves.png", "mujoco_curves_quick.png")
 
 
+def accelerator_section(sources: dict[str, Source]) -> list[str]:
+    """What only an accelerator can show: each benchmark's ``on_accelerator``, the command that
+    measures it, and the device its stored result was measured on."""
+    lines = ["## What only an accelerator can show", "",
+             "The figures above come from the machine each JSON records. These are the ones a CPU cannot give:",
+             "run the command where JAX's default device is an accelerator, then rebuild this report. The",
+             "papers' full figures, which need one too, are sized in",
+             "[Reproducing the papers](../docs/reproducing.md#what-needs-a-gpu).", "",
+             "| benchmark | what a run on an accelerator would show | command | stored result measured on |",
+             "| --- | --- | --- | --- |"]
+    for bench in BENCHMARKS:
+        if bench.on_accelerator:
+            source = sources.get(bench.name)
+            device = source.data.get("machine", {}).get("device", "not recorded") if source else "no result yet"
+            command = " ".join(("python -m", f"benchmarks.{bench.name}", *bench.on_accelerator.args))
+            lines.append(f"| {bench.name} | {bench.on_accelerator.shows} | `{command}` | {device} |")
+    return lines + [""]
+
+
 def write_report(outcomes: list[Outcome], written_now: set[str], invocation: str) -> Path:
     sources = {b.name: s for b in BENCHMARKS if (s := load_source(b, written_now)) is not None}
     lines = ["# Benchmark report", "",
@@ -443,6 +493,7 @@ def write_report(outcomes: list[Outcome], written_now: set[str], invocation: str
     if others:
         lines += ["Other figures: " + ", ".join(others) + ".", ""]
 
+    lines += accelerator_section(sources)
     lines += ["## Sources", "", "| benchmark | JSON | mode | file written | machine recorded | this invocation |",
               "| --- | --- | --- | --- | --- | --- |"]
     for bench in BENCHMARKS:

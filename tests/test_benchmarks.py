@@ -298,3 +298,23 @@ def test_a_sweeps_rate_is_the_rate_its_rows_carry_without_each_groups_compiling_
     (tmp_path / "members.csv").write_text("\n".join(rows[:3]) + "\n")
     with pytest.raises(RuntimeError, match="one chunk"):
         sweep_rate(tmp_path / "members.csv")
+
+
+def test_the_report_lists_what_only_an_accelerator_can_show_with_its_command_and_where_each_result_was_measured():
+    """Every benchmark that declares what an accelerator would show gets a row under its own
+    heading: the command that measures it and the device its stored result came from."""
+    from benchmarks.run import BENCHMARKS, accelerator_section
+
+    sources = {"mujoco_throughput": _source("mujoco_throughput", {"machine": {"device": "gpu:NVIDIA H200"}}),
+               "reward_fit": _source("reward_fit", {"machine": {"device": "cpu:cpu"}})}
+    lines = accelerator_section(sources)
+    assert lines[0] == "## What only an accelerator can show"
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in lines if line.startswith("| ") and "---" not in line}
+    declared = [b.name for b in BENCHMARKS if b.on_accelerator is not None]
+    assert "mujoco_throughput" in declared and "cpu_devices" not in declared
+    assert sorted(rows) == sorted(["benchmark", *declared])
+    assert rows["mujoco_throughput"].endswith(
+        "| `python -m benchmarks.mujoco_throughput --tasks hopper,walker2d,halfcheetah,ant,swimmer,reacher,"
+        "invertedpendulum,inverteddoublependulum` | gpu:NVIDIA H200 |")
+    assert rows["reward_fit"].endswith("| `python -m benchmarks.reward_fit` | cpu:cpu |")
+    assert rows["mujoco_curves"].endswith("| no result yet |")
