@@ -1,6 +1,6 @@
 """TRPO and the RLHF loop on EnvPool's C MuJoCo, against raw EnvPool stepping at the same copies.
 
-    python -m benchmarks.mujoco_throughput [--quick] [--tasks hopper,ant] [--rounds N] [--num-envs N] [--name NAME]
+    python -m benchmarks.mujoco_throughput [--quick] [--tasks hopper,ant|all] [--rounds N] [--num-envs N] [--name NAME]
 
 For each task, with the settings of ``configs/paper/mujoco/`` on the CPU back end (``env.id``
 ``envpool/<Task>-v5``, 64 copies), six sides take turns in every round, so that load from
@@ -320,15 +320,18 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="Hopper only, 3 rounds")
-    parser.add_argument("--tasks", default="hopper", help=f"comma-separated, of {', '.join(MUJOCO_TASKS)}")
+    parser.add_argument("--tasks", default="hopper",
+                        help=f"comma-separated, of {', '.join(MUJOCO_TASKS)}; or all of them: all")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--num-envs", type=int, default=64)
     parser.add_argument("--chunk-env-steps", type=int, default=20_000, help="env steps per measurement (about)")
     parser.add_argument("--name", help="the result's name (default: mujoco_throughput, or mujoco_throughput_quick), "
                                        "so that a run of another shape does not replace the figures of record")
     args = parser.parse_args()
+    tasks = ["hopper"] if args.quick else list(MUJOCO_TASKS) if args.tasks == "all" else args.tasks.split(",")
+    if unknown := [task for task in tasks if task not in MUJOCO_TASKS]:
+        parser.error(f"--tasks: no MuJoCo task {', '.join(unknown)} (known: {', '.join(MUJOCO_TASKS)}, or all)")
     enable_compilation_cache()
-    tasks = ["hopper"] if args.quick else args.tasks.split(",")
     rounds = 3 if args.quick else args.rounds
     load_before = load()
     results = {task: measure(task, args.num_envs, rounds, args.chunk_env_steps) for task in tasks}

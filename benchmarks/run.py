@@ -114,8 +114,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                             "arithmetic rate, on the cores the pool steps on; and TRPO against raw stepping "
                             "(target 0.8) on the tasks cheapest to simulate, where TRPO's update is one core's "
                             "arithmetic on the CPU",
-                            ("--tasks", ",".join(("hopper", "walker2d", "halfcheetah", "ant", "swimmer", "reacher",
-                                                  "invertedpendulum", "inverteddoublependulum"))))),
+                            ("--tasks", "all"))),
     Benchmark("rlhf_overhead", "RLHF overhead", "the RLHF loop against RL on the true reward", ("--quick",), (),
               "rlhf_overhead", "rlhf_overhead", 30, 60,
               OnAccelerator("the RLHF loop against the true reward (target 0.8) with the fitting's arithmetic, "

@@ -309,12 +309,24 @@ def test_the_report_lists_what_only_an_accelerator_can_show_with_its_command_and
                "reward_fit": _source("reward_fit", {"machine": {"device": "cpu:cpu"}})}
     lines = accelerator_section(sources)
     assert lines[0] == "## What only an accelerator can show"
-    rows = {line.split(" | ")[0].removeprefix("| "): line for line in lines if line.startswith("| ") and "---" not in line}
+    rows = {line.split(" | ")[0].removeprefix("| "): line
+            for line in lines if line.startswith("| ") and "---" not in line}
     declared = [b.name for b in BENCHMARKS if b.on_accelerator is not None]
     assert "mujoco_throughput" in declared and "cpu_devices" not in declared
     assert sorted(rows) == sorted(["benchmark", *declared])
     assert rows["mujoco_throughput"].endswith(
-        "| `python -m benchmarks.mujoco_throughput --tasks hopper,walker2d,halfcheetah,ant,swimmer,reacher,"
-        "invertedpendulum,inverteddoublependulum` | gpu:NVIDIA H200 |")
+        "| `python -m benchmarks.mujoco_throughput --tasks all` | gpu:NVIDIA H200 |")
     assert rows["reward_fit"].endswith("| `python -m benchmarks.reward_fit` | cpu:cpu |")
     assert rows["mujoco_curves"].endswith("| no result yet |")
+
+
+def test_the_mujoco_throughput_benchmark_names_a_task_it_does_not_know_before_measuring(monkeypatch, capsys):
+    import sys
+
+    from benchmarks import mujoco_throughput
+
+    monkeypatch.setattr(mujoco_throughput, "measure", lambda *a: pytest.fail("measured an unknown task"))
+    monkeypatch.setattr(sys, "argv", ["mujoco_throughput", "--tasks", "hopper,hoper"])
+    with pytest.raises(SystemExit):
+        mujoco_throughput.main()
+    assert "--tasks: no MuJoCo task hoper (known: reacher, halfcheetah, hopper" in capsys.readouterr().err
