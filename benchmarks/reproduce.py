@@ -39,7 +39,8 @@ curve). A *cell* is one line of one panel with all its seeds, run as one program
 ``runs/reproduce/fig2_cpu/<task>/<line>-<fingerprint>/``. A cell finished at fewer seeds (the
 figure's first cells had 3) keeps them and runs the rest as a sweep of their own beside it
 (:func:`later_seeds_config`). ``--dry-run`` prints, as ``rlhf-jax sweep`` commands, what the
-same command would run now: the cells the ledger lacks, or only the seeds they lack.
+same command would run now: the cells the ledger lacks, or only the seeds they lack (with
+none left, a comment saying so).
 The cells run RL and 700 labels task by task, then 1,400 labels, then 350. When a cell
 finishes it goes into the ledger ``reproduce_fig2_cpu_runs.json`` and the figure and
 ``reproduce_fig2_cpu.json`` (per cell: each seed's final return, the mean, the wall time, the
@@ -998,8 +999,11 @@ def main(argv: list[str] | None = None) -> None:
     ledger_path = RESULTS / f"{name}_runs.json"
     if args.dry_run:
         if cpu:  # what the same command would run now: the cells, or their seeds, the ledger lacks
-            for cell, config, first in cells_to_run(cells, load_ledger(ledger_path), seeds):
+            to_run = cells_to_run(cells, load_ledger(ledger_path), seeds)
+            for cell, config, first in to_run:
                 print(sweep_command(cell, config, seeds - first))
+            if not to_run:  # a comment, so that the output stays a script
+                print(f"# nothing to run: the {len(cells)} cells have {seeds} seeds each in {ledger_path.name}")
             return
         for run in runs:
             config = run_config(run, steps, points, runs_dir)

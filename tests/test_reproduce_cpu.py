@@ -215,7 +215,8 @@ def test_a_cell_finished_at_fewer_seeds_runs_only_the_seeds_it_lacks(tmp_path):
 def test_the_dry_run_prints_only_what_the_ledger_lacks(tmp_path, monkeypatch, capsys):
     """``--dry-run`` on the CPU back end reads the ledger: a cell finished at three seeds is
     printed as the sweep of seeds 3 and 4 beside them (base seed 3, pool seed 15, two seeds),
-    a finished cell not at all, and a cell never run as the sweep of all five."""
+    a finished cell not at all, and a cell never run as the sweep of all five; with every cell
+    finished, a comment that nothing is left to run."""
     monkeypatch.setattr(reproduce, "RESULTS", tmp_path)
     argv = ["--figure", "2", "--backend", "cpu", "--tasks", "hopper", "--budgets", "700", "--baselines", "trpo",
             "--runs-dir", str(tmp_path / "runs")]
@@ -233,6 +234,10 @@ def test_the_dry_run_prints_only_what_the_ledger_lacks(tmp_path, monkeypatch, ca
     capsys.readouterr()
     reproduce.main([*argv, "--dry-run"])
     assert [line.split("#")[-1] for line in capsys.readouterr().out.splitlines()] == [" hopper/700 labels"]
+    reproduce.execute_cells(planned, tmp_path / "reproduce_fig2_cpu_runs.json", 5, run_sweep=fake_sweep([]))
+    capsys.readouterr()
+    reproduce.main([*argv, "--dry-run"])
+    assert capsys.readouterr().out == "# nothing to run: the 2 cells have 5 seeds each in reproduce_fig2_cpu_runs.json\n"
 
 
 @pytest.mark.parametrize("stop, code", [(KeyboardInterrupt(), 130), (Interrupted(signal.SIGTERM, "stopped"), 143)])
