@@ -28,6 +28,7 @@ from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, RunConfig, load_config
 from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.reward.preference_learner import PreferenceLearner
+from small_runs import SMALL_LEARNERS, SMALL_RUN
 from rlhf_jax.trainer import (SaveSchedule, Training, check_finite, load_run_config, make_training, restore_latest,
                               train)
 
@@ -39,19 +40,11 @@ DQN = [
     "dqn.exploration_steps=1000", "dqn.batch_size=32", "dqn.target_update_period=50", "dqn.mlp_hidden=[32,32]",
     "run.chunk_env_steps=200", "run.checkpoint_every_updates=1", "run.tensorboard=false",
 ]
-# A2C on CartPole from 40 synthetic preferences (the built-in default experiment), tiny:
-# 8 chunks of 512 env steps, each checkpointed.
-PREFERENCES = [
-    "env.num_envs=32", "a2c.total_env_steps=4096", "a2c.mlp_hidden=[32,32]", "preferences.labels=40",
-    "preferences.segment_capacity=64", "preferences.fit_pairs_per_env_step=0.01",
-    "run.chunk_env_steps=512", "run.checkpoint_every_updates=1", "run.tensorboard=false",
-]
-# A2C on CartPole from IBT marks on 40 annotated episodes, tiny: 8 chunks of 512 env steps.
-IBT = [
-    str(ROOT / "configs" / "ibt_cartpole.yaml"), "a2c.total_env_steps=4096", "a2c.mlp_hidden=[32,32]",
-    "ibt.episodes=40", "ibt.episode_capacity=64", "ibt.batch_episodes=8", "ibt.hidden=[32,32]",
-    "run.chunk_env_steps=512", "run.checkpoint_every_updates=1", "run.tensorboard=false",
-]
+# The small learned-reward runs of tests/small_runs.py (A2C on CartPole from 40 preferences or
+# 40 IBT-marked episodes; 5 chunks of 1024 env steps, then 512), each chunk checkpointed: the
+# programs they compile are the loop's tests' own, so one file's compile serves the other.
+LEARNED = {learner: [*SMALL_RUN, *words, "run.checkpoint_every_updates=1", "run.tensorboard=false"]
+           for learner, words in SMALL_LEARNERS.items()}
 
 
 # A real SIGKILL at a known moment: the process kills itself as soon as checkpoint {after} is
@@ -165,13 +158,14 @@ def test_a_kill_while_a_checkpoint_is_written_leaves_the_one_before(dqn_whole, t
     assert_same_trees(resumed, whole)
 
 
-@pytest.mark.parametrize("argv, labels", [(PREFERENCES, "labels"), (IBT, "annotated")], ids=["preferences", "ibt"])
-def test_a_learned_reward_run_killed_and_resumed_keeps_every_label(argv, labels, tmp_path):
+@pytest.mark.parametrize("learner, labels", [("preferences", "labels"), ("ibt", "annotated")])
+def test_a_learned_reward_run_killed_and_resumed_keeps_every_label(learner, labels, tmp_path):
+    argv = LEARNED[learner]
     # The uninterrupted run first: the killed one then loads its compiled programs from the cache.
     whole = train(config_of([*argv, f"run.dir={tmp_path / 'whole'}"]), progress=False)
     run_dir = tmp_path / "killed"
     last = run_and_kill(argv, run_dir, after_chunk=1)
-    assert 1 <= last < 7, "the run ended before it was killed"
+    assert 1 <= last < 5, "the run ended before it was killed"
     # Whatever the kill left, a checkpoint that never finished is passed over.
     junk = run_dir / "checkpoints" / f"{last + 1}{TMP_SUFFIX}"
     junk.mkdir(exist_ok=True)
@@ -180,7 +174,7 @@ def test_a_learned_reward_run_killed_and_resumed_keeps_every_label(argv, labels,
     assert main(["train", "--resume", str(run_dir)]) == 0
 
     (chunk_a, a), (chunk_b, b) = final_states(whole, run_dir)
-    assert chunk_a == chunk_b == 7 and int(getattr(a.learner, labels).count) == int(getattr(b.learner, labels).count) > 10
+    assert chunk_a == chunk_b == 5 and int(getattr(a.learner, labels).count) == int(getattr(b.learner, labels).count) > 10
     # Agent, reward model, labels (marked episodes), clip buffers, recent steps, keys: all of it.
     assert_same_trees(a, b)
     labels_a, labels_b = np.load(whole / "labels.npz"), np.load(run_dir / "labels.npz")
