@@ -205,7 +205,8 @@ class Checkpoints:
         damaged = []  # (chunk, what is wrong with it), newest first
         for chunk in chunks:
             try:
-                state = self._read(chunk, abstract)
+                with _read_failure_noise_held():
+                    state = self._read(chunk, abstract)
             except Exception as error:  # orbax raises many kinds; all mean the same to the user
                 # The first sentence only: orbax goes on to suggest padding the arrays.
                 reason = f"{type(error).__name__}: {str(error).splitlines()[0].split('. ')[0][:300]}"
@@ -360,6 +361,29 @@ def _save_failure_noise_held():
                 previous_hook(report)
 
 
+@contextmanager
+def _read_failure_noise_held():
+    """A read that fails (a damaged checkpoint, passed over in one line) is followed by
+    :func:`_is_noise_of_failed_io`'s reports, during the read and after it: hold them back
+    during the read, and drop them then and from then on if it failed."""
+    held = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = held.append
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        sys.unraisablehook = previous
+        if failed:
+            _drop_unraisable_reports_of_failed_io()
+        for report in held:
+            if not (failed and _is_noise_of_failed_io(report)):
+                previous(report)
+
+
 class _LateWriteFailure(logging.Filter):
     """A log record whose exception (or, failing that, message) is a failed write: asyncio's
     report of a future orbax left unread, or orbax's thread logging the error it raised."""
@@ -384,15 +408,32 @@ def _drop_late_reports_of_failed_writes() -> None:
         logger = logging.getLogger(name)
         if _LATE_WRITE_FAILURE not in logger.filters:
             logger.addFilter(_LATE_WRITE_FAILURE)
-    if getattr(sys.unraisablehook, "drops_closed_loop", False):
+    _drop_unraisable_reports_of_failed_io()
+
+
+def _is_noise_of_failed_io(report) -> bool:
+    """An unraisable report that follows a failed read or write of orbax's: TensorStore's
+    callback finding orbax's event loop closed, or a coroutine of orbax's that never ran (one
+    per array not yet read or written, each with its traceback)."""
+    if isinstance(report.exc_value, RuntimeError) and str(report.exc_value) == "Event loop is closed":
+        return True
+    code = getattr(report.object, "cr_code", None)
+    return code is not None and "orbax" in code.co_filename
+
+
+def _drop_unraisable_reports_of_failed_io() -> None:
+    """From now on, drop the unraisable reports :func:`_is_noise_of_failed_io` names (nothing
+    else): a checkpoint cut short, passed over in one line, was followed by 27 tracebacks of
+    arrays orbax never read and more of its closed event loop."""
+    if getattr(sys.unraisablehook, "drops_noise_of_failed_io", False):
         return
     previous = sys.unraisablehook
 
     def hook(report):
-        if not (isinstance(report.exc_value, RuntimeError) and str(report.exc_value) == "Event loop is closed"):
+        if not _is_noise_of_failed_io(report):
             previous(report)
 
-    hook.drops_closed_loop = True
+    hook.drops_noise_of_failed_io = True
     sys.unraisablehook = hook
 
 
