@@ -28,9 +28,9 @@ from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, RunConfig, load_config
 from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.reward.preference_learner import PreferenceLearner
-from small_runs import SMALL_LEARNERS, SMALL_RUN
 from rlhf_jax.trainer import (SaveSchedule, Training, check_finite, load_run_config, make_training, restore_latest,
                               train)
+from small_runs import SMALL_LEARNERS, SMALL_RUN
 
 
 # DQN on CartPole with the true reward, tiny: 8 chunks of 200 env steps, each checkpointed.
