@@ -3,7 +3,7 @@
     python -m benchmarks.mujoco_throughput [--quick] [--tasks hopper,ant|all] [--rounds N] [--num-envs N] [--name NAME]
 
 For each task, with the settings of ``configs/paper/mujoco/`` on the CPU back end (``env.id``
-``envpool/<Task>-v5``, 64 copies), six sides take turns in every round, so that load from
+``envpool/<Task>-v5``, 64 copies), seven sides take turns in every round, so that load from
 other work falls on all of them alike (compiling excluded: each side runs once first):
 
 * ``trpo``: TRPO on the true reward (``<task>_trpo.yaml``), one chunk as ``rlhf-jax train`` runs
@@ -21,7 +21,10 @@ other work falls on all of them alike (compiling excluded: each side runs once f
 * ``env``: our environment stepped inside a jitted ``lax.scan`` (uniform random actions), through
   EnvPool's XLA interface, on a pool of its own: what the agents' rollouts pay for the
   environment alone, against ``raw_random``;
-* ``rlhf``: the RLHF loop (``<task>.yaml``: 700 labels, hidden ends, no torque cost), one chunk.
+* ``rlhf``: the RLHF loop (``<task>.yaml``: 700 labels, hidden ends, no torque cost), one chunk;
+* ``rlhf_default_fit``: the same loop with the reward model fitted at the library's default rate,
+  0.1 pairs per env step (the paper's Atari rate; it gives none for MuJoCo), instead of the
+  figure's 1.0: what the loop costs apart from the tenfold fitting the figure's cells ran with.
 
 Each figure is the median over rounds, with [min, max]; each ratio is the median of the
 ratios measured within a round, and, as ``*_all_rounds``, the ratio of the two sides' total
@@ -29,7 +32,7 @@ times (with ``--rounds 66`` TRPO's chunks make a whole 1M-step run, its policy c
 learns, and so does what its trajectories cost to simulate). The machine's load average is
 recorded beside every measurement. Targets: ``trpo_over_raw`` >= 0.8 at 64 copies,
 ``rlhf_over_trpo`` >= 0.5 (``trpo_over_raw_random`` beside the first, for comparison with
-earlier runs).
+earlier runs; ``rlhf_default_fit_over_trpo`` beside the second, with no target of its own).
 Beside them, what the time goes to: a TRPO iteration's time (from its median rate) against
 the same env steps of raw EnvPool, TRPO's own time per iteration on a stand-in environment that
 costs nothing (:class:`CostlessEnv`), split into its rollout and its update, and XLA's count of the
@@ -52,12 +55,15 @@ from benchmarks.rlhf_overhead import flops_per_env_step
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.envs.core import Environment, EnvSpec, TimeStep, clip_action
 from rlhf_jax.envs.envpool_envs import x64
+from rlhf_jax.reward.config import PreferenceConfig
 from rlhf_jax.trainer import compile_chunk, make_training, true_reward_env_config
 
 
 # How far a replay's observations may be from TRPO's and still be the same trajectories: float32
 # rounding of float64 observations gives about 1e-6; a replay that lost step ends up O(1) apart.
 REPLAY_TOLERANCE = 1e-3
+# The reward model's fitting rate of the loop's second side: the library's default (PreferenceConfig).
+DEFAULT_FIT_RATE = PreferenceConfig.fit_pairs_per_env_step
 
 
 def load() -> float:
@@ -266,7 +272,9 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
     # trpo first in every round, so that raw replays the actions of the round's own chunk
     sides = {"trpo": trpo, "raw": Replay(trpo), "raw_random": Raw(trpo_config.env.name, num_envs, steps),
              "raw_xla": ReplayXla(trpo),
-             "env": OurEnv(make_training(trpo_config), steps), "rlhf": Chunk(rlhf_config)}
+             "env": OurEnv(make_training(trpo_config), steps), "rlhf": Chunk(rlhf_config),
+             "rlhf_default_fit": Chunk(load_config(ExperimentConfig, info.rlhf, [
+                 *cpu_overrides(info.rlhf), *size, f"preferences.fit_pairs_per_env_step={DEFAULT_FIT_RATE}"]))}
     rates = {name: [] for name in sides}
     seconds = {name: 0.0 for name in sides}
     loads = []
@@ -288,6 +296,7 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
         "trpo_over_raw": [t / r for t, r in zip(rates["trpo"], rates["raw"])],
         "trpo_over_raw_random": [t / r for t, r in zip(rates["trpo"], rates["raw_random"])],
         "rlhf_over_trpo": [h / t for h, t in zip(rates["rlhf"], rates["trpo"])],
+        "rlhf_default_fit_over_trpo": [h / t for h, t in zip(rates["rlhf_default_fit"], rates["trpo"])],
     }
     flops = flops_per_env_step(sides["rlhf"].training, sides["trpo"].training)
     drift = max(sides["raw"].max_obs_diff(), sides["raw_xla"].max_obs_diff())
@@ -363,6 +372,11 @@ def headline(result: dict) -> list[Headline]:
         rows.append(Headline(f"{task}: RLHF loop (700 labels) env steps/s vs TRPO on the true reward, {n} copies",
                              r["rlhf_steps_per_s"], r["trpo_steps_per_s"], r["rlhf_over_trpo"],
                              Target.on(r, "rlhf_over_trpo", ">=", 0.5)))
+        if "rlhf_default_fit_over_trpo" in r:  # measured since 2026-12-01
+            rows.append(Headline(f"{task}: RLHF loop (700 labels) fitting {DEFAULT_FIT_RATE} pairs per env step "
+                                 f"instead of the figure's 1.0, env steps/s vs TRPO on the true reward, {n} copies",
+                                 r["rlhf_default_fit_steps_per_s"], r["trpo_steps_per_s"],
+                                 r["rlhf_default_fit_over_trpo"]))
     return rows
 
 
