@@ -18,7 +18,7 @@ from rlhf_jax.cli import main
 from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.feedback.labeler import ANNOTATE_MIN_SECONDS, PeopleLabeler
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
-from rlhf_jax.feedback.webapp import (MAX_BODY, SECRET_FILE, SECRET_HEADER, SECURITY_HEADERS, TOKEN_COOKIE,
+from rlhf_jax.feedback.webapp import (MAX_BODY, SECRET_FILE, SECRET_HEADER, TOKEN_COOKIE,
                                       create_app, listen)
 from rlhf_jax.reward.people import Query
 
