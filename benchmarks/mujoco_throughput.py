@@ -266,15 +266,17 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
     info = MUJOCO_TASKS[task]
     size = [f"env.num_envs={num_envs}", f"run.chunk_env_steps={chunk_env_steps}"]
     trpo_config = load_config(ExperimentConfig, info.baselines[0].config, [*cpu_overrides(info.baselines[0].config), *size])
-    rlhf_config = load_config(ExperimentConfig, info.rlhf, [*cpu_overrides(info.rlhf), *size])
+    rlhf_overrides = [*cpu_overrides(info.rlhf), *size]
+    rlhf_config = load_config(ExperimentConfig, info.rlhf, rlhf_overrides)
+    default_fit_config = load_config(ExperimentConfig, info.rlhf, [
+        *rlhf_overrides, f"preferences.fit_pairs_per_env_step={DEFAULT_FIT_RATE}"])
     trpo = TrpoChunk(trpo_config)
     steps = trpo.env_steps // num_envs
     # trpo first in every round, so that raw replays the actions of the round's own chunk
     sides = {"trpo": trpo, "raw": Replay(trpo), "raw_random": Raw(trpo_config.env.name, num_envs, steps),
              "raw_xla": ReplayXla(trpo),
              "env": OurEnv(make_training(trpo_config), steps), "rlhf": Chunk(rlhf_config),
-             "rlhf_default_fit": Chunk(load_config(ExperimentConfig, info.rlhf, [
-                 *cpu_overrides(info.rlhf), *size, f"preferences.fit_pairs_per_env_step={DEFAULT_FIT_RATE}"]))}
+             "rlhf_default_fit": Chunk(default_fit_config)}
     rates = {name: [] for name in sides}
     seconds = {name: 0.0 for name in sides}
     loads = []

@@ -40,7 +40,13 @@ def small_training():
     """Each learner's SMALL_RUN training, made once per module: a training's compiled chunks
     are its own, so the tests that share one trace and load them once."""
     made = {}
-    return lambda learner: made.setdefault(learner, make_training(experiment([*SMALL_RUN, *SMALL_LEARNERS[learner]])))
+
+    def training(learner):
+        if learner not in made:  # not setdefault, whose default would build a training every call
+            made[learner] = make_training(experiment([*SMALL_RUN, *SMALL_LEARNERS[learner]]))
+        return made[learner]
+
+    return training
 
 
 @pytest.fixture(scope="module")
