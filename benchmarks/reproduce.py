@@ -53,7 +53,7 @@ run again (:func:`current_records`). ``--baselines trpo,oracle`` adds TRPO on th
 line of the paper either; :data:`OUR_ABLATIONS`), after every other cell; ``"reward dropout 0.5"``
 the 700-label cell with dropout in r̂'s hidden layers, as the reference implementation fits it;
 ``"fitting 0.1 pairs per step"`` the 700-label cell fitting r̂ at the library's default rate
-instead of the configs' tenfold one.
+instead of the configs' tenfold one, ``"fitting 0.3 pairs per step"`` at three times it.
 ``--steps N`` (other than 1M) is another figure beside this one, ``reproduce_fig2_cpu_2m.*``
 for 2M (:func:`result_name`), with its own ledger and runs: the 1M figure stands meanwhile.
 
@@ -132,7 +132,8 @@ def read_ablations(path: str | Path = ABLATIONS_FILE) -> dict[str, list[str]]:
 # time (benchmarks/mujoco_throughput.py), so the default rate is a line of its own.
 OUR_ABLATIONS = {"no entropy bonus": ["trpo.entropy_coef=0.0"],
                  "reward dropout 0.5": ["reward_model.mlp_dropout=0.5"],
-                 "fitting 0.1 pairs per step": ["preferences.fit_pairs_per_env_step=0.1"]}
+                 "fitting 0.1 pairs per step": ["preferences.fit_pairs_per_env_step=0.1"],
+                 "fitting 0.3 pairs per step": ["preferences.fit_pairs_per_env_step=0.3"]}
 
 
 def known_ablations() -> dict[str, list[str]]:
@@ -947,9 +948,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"{', '.join(ATARI_TASKS)}; MuJoCo: {', '.join(MUJOCO_TASKS)}")
     parser.add_argument("--budgets", help="label budgets, comma-separated (figures 5 and 6: the first is the ablations')")
     parser.add_argument("--ablations", help="figures 5 and 6 (and 2 with --backend cpu): comma-separated names from "
-                        "configs/paper/ablations.yaml or ours ('no entropy bonus', 'reward dropout 0.5', "
-                        "'fitting 0.1 pairs per step'), 'all' (the paper's) or "
-                        "'none'")
+                        f"configs/paper/ablations.yaml or ours ({', '.join(map(repr, OUR_ABLATIONS))}), "
+                        "'all' (the paper's) or 'none'")
     parser.add_argument("--baselines", help="agents on the true reward: a2c, dqn (Atari), trpo (MuJoCo), or 'none'")
     parser.add_argument("--seeds", type=int, help="runs per line (default: the paper's, 5 MuJoCo, 3 Atari; --quick 1)")
     parser.add_argument("--steps", type=int, default=0, help="env steps per run (default: each config's)")
