@@ -632,6 +632,7 @@ def summary(ledger: dict, task_order: list[str], max_points: int = 200) -> dict:
             finals = [final_return(r["episode_return"]) for r in records]
             known = [f for f in finals if f is not None]
             result[task][line] = {
+                "kind": records[0]["kind"],
                 "seeds": len(records),
                 "final_return": float(np.mean(known)) if known else None,
                 "final_return_per_seed": finals,
@@ -836,11 +837,14 @@ def rl_cell(cells: dict) -> dict | None:
 
 def with_ratios(result: dict) -> dict:
     """Each line's final return beside RL's (the task's baseline) at the same steps: the plain
-    ratio where RL's return is positive, and the ratio of the gains over the untrained policy
-    (the mean first point of the task's curves), which also reads right for negative returns."""
+    ratio where RL's return is positive, and the ratio of the gains over the untrained policy,
+    which also reads right for negative returns. The untrained policy's return is the mean first
+    point of the paper's lines of the panel (RL and the label budgets), so that a line of ours
+    added to a panel moves no other line's ratio."""
     for task, lines in result.items():
         rl = rl_cell(lines)
-        starts = [cell["mean_return"][0] for cell in lines.values() if cell["mean_return"][0] is not None]
+        papers = [cell for cell in lines.values() if cell is rl or cell["kind"] == Kind.LABELS]
+        starts = [cell["mean_return"][0] for cell in papers if cell["mean_return"][0] is not None]
         start = float(np.mean(starts)) if starts else None
         for line, cell in lines.items():
             final, base = cell["final_return"], rl and rl["final_return"]

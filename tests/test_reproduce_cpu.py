@@ -178,6 +178,11 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     assert reproduce.gain_ratios(result, "700 labels") == {"hopper": cell["gain_ratio_to_rl"]}
     assert reproduce.gain_ratios(result, "no entropy bonus") == {}  # a line that has not run counts nowhere
     assert reproduce.tasks_at({"a": 0.8, "b": 0.79, "c": None, "d": 1.5}) == 2
+    # A line of ours (an ablation, TRPO on the oracle) starting elsewhere moves no ratio: the
+    # untrained return is the mean first point of RL's and the label budgets' lines alone.
+    for kind, line in ((reproduce.Kind.ABLATION, "no entropy bonus"), (reproduce.Kind.BASELINE, reproduce.ORACLE_LINE)):
+        result["hopper"][line] = {**cell, "kind": kind, "mean_return": [-500.0, 0.0]}
+    assert reproduce.with_ratios(result)["hopper"]["700 labels"]["gain_ratio_to_rl"] == pytest.approx(35 / 55, abs=1e-4)
 
     # A config file changes after the cells ran: the 700-label cell's records are of the old
     # config, so the figure leaves them out and names the cell, until it runs again.
