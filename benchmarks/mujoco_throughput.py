@@ -1,9 +1,10 @@
 """TRPO and the RLHF loop on EnvPool's C MuJoCo, against raw EnvPool stepping at the same copies.
 
-    python -m benchmarks.mujoco_throughput [--quick] [--tasks hopper,ant|all] [--rounds N] [--num-envs N] [--name NAME]
+    python -m benchmarks.mujoco_throughput [--quick] [--tasks hopper,ant|all] [--rounds N] [--num-envs N]
+        [--fit-rates 0.1,0.3] [--name NAME]
 
 For each task, with the settings of ``configs/paper/mujoco/`` on the CPU back end (``env.id``
-``envpool/<Task>-v5``, 64 copies), seven sides take turns in every round, so that load from
+``envpool/<Task>-v5``, 64 copies), these sides take turns in every round, so that load from
 other work falls on all of them alike (compiling excluded: each side runs once first):
 
 * ``trpo``: TRPO on the true reward (``<task>_trpo.yaml``), one chunk as ``rlhf-jax train`` runs
@@ -22,9 +23,10 @@ other work falls on all of them alike (compiling excluded: each side runs once f
   EnvPool's XLA interface, on a pool of its own: what the agents' rollouts pay for the
   environment alone, against ``raw_random``;
 * ``rlhf``: the RLHF loop (``<task>.yaml``: 700 labels, hidden ends, no torque cost), one chunk;
-* ``rlhf_default_fit``: the same loop with the reward model fitted at the library's default rate,
-  0.1 pairs per env step (the paper's Atari rate; it gives none for MuJoCo), instead of the
-  figure's 1.0: what the loop costs apart from the tenfold fitting the figure's cells ran with.
+* ``rlhf_fit_<rate>``, one for each of ``--fit-rates`` (default: the library's, 0.1 pairs per env
+  step, the paper's Atari rate; it gives none for MuJoCo): the same loop with the reward model
+  fitted at that rate instead of the figure's 1.0, so what the loop costs at a lower fitting rate
+  (until 2026-12-01 the one side ``rlhf_default_fit``, at 0.1).
 
 Each figure is the median over rounds, with [min, max]; each ratio is the median of the
 ratios measured within a round, and, as ``*_all_rounds``, the ratio of the two sides' total
@@ -32,7 +34,7 @@ times (with ``--rounds 66`` TRPO's chunks make a whole 1M-step run, its policy c
 learns, and so does what its trajectories cost to simulate). The machine's load average is
 recorded beside every measurement. Targets: ``trpo_over_raw`` >= 0.8 at 64 copies,
 ``rlhf_over_trpo`` >= 0.5 (``trpo_over_raw_random`` beside the first, for comparison with
-earlier runs; ``rlhf_default_fit_over_trpo`` beside the second, with no target of its own).
+earlier runs; ``rlhf_fit_<rate>_over_trpo`` beside the second, with no target of its own).
 Beside them, what the time goes to: a TRPO iteration's time (from its median rate) against
 the same env steps of raw EnvPool, TRPO's own time per iteration on a stand-in environment that
 costs nothing (:class:`CostlessEnv`), split into its rollout and its update, and XLA's count of the
@@ -62,8 +64,14 @@ from rlhf_jax.trainer import compile_chunk, make_training, true_reward_env_confi
 # How far a replay's observations may be from TRPO's and still be the same trajectories: float32
 # rounding of float64 observations gives about 1e-6; a replay that lost step ends up O(1) apart.
 REPLAY_TOLERANCE = 1e-3
-# The reward model's fitting rate of the loop's second side: the library's default (PreferenceConfig).
+# The reward model's fitting rate of the loop's other side, unless --fit-rates names others: the
+# library's default (PreferenceConfig).
 DEFAULT_FIT_RATE = PreferenceConfig.fit_pairs_per_env_step
+
+
+def fit_side(rate: float) -> str:
+    """The name of the loop's side fitting r̂ at ``rate`` pairs per env step."""
+    return f"rlhf_fit_{rate:g}"
 
 
 def load() -> float:
@@ -262,21 +270,21 @@ def agent_ms(training, repeats: int = 15) -> dict:
     return {"agent_iteration_ms": whole, "agent_rollout_ms": policy, "agent_update_ms": whole - policy}
 
 
-def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict:
+def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int,
+            fit_rates: tuple[float, ...] = (DEFAULT_FIT_RATE,)) -> dict:
     info = MUJOCO_TASKS[task]
     size = [f"env.num_envs={num_envs}", f"run.chunk_env_steps={chunk_env_steps}"]
     trpo_config = load_config(ExperimentConfig, info.baselines[0].config, [*cpu_overrides(info.baselines[0].config), *size])
     rlhf_overrides = [*cpu_overrides(info.rlhf), *size]
     rlhf_config = load_config(ExperimentConfig, info.rlhf, rlhf_overrides)
-    default_fit_config = load_config(ExperimentConfig, info.rlhf, [
-        *rlhf_overrides, f"preferences.fit_pairs_per_env_step={DEFAULT_FIT_RATE}"])
+    slower_fits = {fit_side(rate): Chunk(load_config(ExperimentConfig, info.rlhf, [
+        *rlhf_overrides, f"preferences.fit_pairs_per_env_step={rate}"])) for rate in fit_rates}
     trpo = TrpoChunk(trpo_config)
     steps = trpo.env_steps // num_envs
     # trpo first in every round, so that raw replays the actions of the round's own chunk
     sides = {"trpo": trpo, "raw": Replay(trpo), "raw_random": Raw(trpo_config.env.name, num_envs, steps),
              "raw_xla": ReplayXla(trpo),
-             "env": OurEnv(make_training(trpo_config), steps), "rlhf": Chunk(rlhf_config),
-             "rlhf_default_fit": Chunk(default_fit_config)}
+             "env": OurEnv(make_training(trpo_config), steps), "rlhf": Chunk(rlhf_config), **slower_fits}
     rates = {name: [] for name in sides}
     seconds = {name: 0.0 for name in sides}
     loads = []
@@ -298,7 +306,7 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
         "trpo_over_raw": [t / r for t, r in zip(rates["trpo"], rates["raw"])],
         "trpo_over_raw_random": [t / r for t, r in zip(rates["trpo"], rates["raw_random"])],
         "rlhf_over_trpo": [h / t for h, t in zip(rates["rlhf"], rates["trpo"])],
-        "rlhf_default_fit_over_trpo": [h / t for h, t in zip(rates["rlhf_default_fit"], rates["trpo"])],
+        **{f"{name}_over_trpo": [h / t for h, t in zip(rates[name], rates["trpo"])] for name in slower_fits},
     }
     flops = flops_per_env_step(sides["rlhf"].training, sides["trpo"].training)
     drift = max(sides["raw"].max_obs_diff(), sides["raw_xla"].max_obs_diff())
@@ -306,7 +314,7 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int) -> dict
         print(f"{task}: the replays left TRPO's trajectories (observations {drift:.2g} apart): raw is not the same "
               f"work, and trpo_over_raw compares unlike steps", flush=True)
     result = {
-        "num_envs": num_envs, "rounds": rounds, "env_steps_per_measurement": {n: s.env_steps for n, s in sides.items()},
+        "num_envs": num_envs, "rounds": rounds, "fit_rates": list(fit_rates), "env_steps_per_measurement": {n: s.env_steps for n, s in sides.items()},
         "replay_max_obs_diff": drift,
         "replay_same_trajectories": drift < REPLAY_TOLERANCE,
         "load_during": {"median": float(np.median(loads)), "min": min(loads), "max": max(loads)},
@@ -336,16 +344,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--num-envs", type=int, default=64)
     parser.add_argument("--chunk-env-steps", type=int, default=20_000, help="env steps per measurement (about)")
+    parser.add_argument("--fit-rates", default=str(DEFAULT_FIT_RATE),
+                        help="comma-separated fitting rates (pairs per env step) of the loop's other sides")
     parser.add_argument("--name", help="the result's name (default: mujoco_throughput, or mujoco_throughput_quick), "
                                        "so that a run of another shape does not replace the figures of record")
     args = parser.parse_args()
     tasks = ["hopper"] if args.quick else list(MUJOCO_TASKS) if args.tasks == "all" else args.tasks.split(",")
     if unknown := [task for task in tasks if task not in MUJOCO_TASKS]:
         parser.error(f"--tasks: no MuJoCo task {', '.join(unknown)} (known: {', '.join(MUJOCO_TASKS)}, or all)")
+    try:
+        fit_rates = tuple(float(rate) for rate in args.fit_rates.split(","))
+    except ValueError:
+        parser.error(f"--fit-rates: not a comma-separated list of numbers: {args.fit_rates!r}")
+    if bad := [rate for rate in fit_rates if rate <= 0]:
+        parser.error(f"--fit-rates: a fitting rate is a positive number of pairs per env step, not {bad[0]:g}")
     enable_compilation_cache()
     rounds = 3 if args.quick else args.rounds
     load_before = load()
-    results = {task: measure(task, args.num_envs, rounds, args.chunk_env_steps) for task in tasks}
+    results = {task: measure(task, args.num_envs, rounds, args.chunk_env_steps, fit_rates) for task in tasks}
     write_result(args.name or ("mujoco_throughput_quick" if args.quick else "mujoco_throughput"), {
         "quick": args.quick, "load_before": load_before, "load_after": load(), "tasks": results,
     }, headline=headline)
@@ -374,11 +390,11 @@ def headline(result: dict) -> list[Headline]:
         rows.append(Headline(f"{task}: RLHF loop (700 labels) env steps/s vs TRPO on the true reward, {n} copies",
                              r["rlhf_steps_per_s"], r["trpo_steps_per_s"], r["rlhf_over_trpo"],
                              Target.on(r, "rlhf_over_trpo", ">=", 0.5)))
-        if "rlhf_default_fit_over_trpo" in r:  # measured since 2026-12-01
-            rows.append(Headline(f"{task}: RLHF loop (700 labels) fitting {DEFAULT_FIT_RATE} pairs per env step "
+        for rate in r.get("fit_rates", []):  # measured since 2026-12-01
+            side = fit_side(rate)
+            rows.append(Headline(f"{task}: RLHF loop (700 labels) fitting {rate:g} pairs per env step "
                                  f"instead of the figure's 1.0, env steps/s vs TRPO on the true reward, {n} copies",
-                                 r["rlhf_default_fit_steps_per_s"], r["trpo_steps_per_s"],
-                                 r["rlhf_default_fit_over_trpo"]))
+                                 r[f"{side}_steps_per_s"], r["trpo_steps_per_s"], r[f"{side}_over_trpo"]))
     return rows
 
 

@@ -330,3 +330,30 @@ def test_the_mujoco_throughput_benchmark_names_a_task_it_does_not_know_before_me
     with pytest.raises(SystemExit):
         mujoco_throughput.main()
     assert "--tasks: no MuJoCo task hoper (known: reacher, halfcheetah, hopper" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rates, error", [("0.3,x", "--fit-rates: not a comma-separated list of numbers: '0.3,x'"),
+                                          ("0.3,0", "--fit-rates: a fitting rate is a positive number of pairs per env step, not 0")])
+def test_the_mujoco_throughput_benchmark_refuses_a_bad_fitting_rate_before_measuring(monkeypatch, capsys, rates, error):
+    import sys
+
+    from benchmarks import mujoco_throughput
+
+    monkeypatch.setattr(mujoco_throughput, "measure", lambda *a: pytest.fail("measured with a bad fitting rate"))
+    monkeypatch.setattr(sys, "argv", ["mujoco_throughput", "--fit-rates", rates])
+    with pytest.raises(SystemExit):
+        mujoco_throughput.main()
+    assert error in capsys.readouterr().err
+
+
+def test_the_mujoco_throughput_headline_has_a_row_for_each_fitting_rate_measured():
+    from benchmarks.mujoco_throughput import headline
+
+    task = {"num_envs": 64, "trpo_steps_per_s": 100.0, "raw_steps_per_s": 120.0, "trpo_over_raw": 0.83,
+            "rlhf_steps_per_s": 40.0, "rlhf_over_trpo": 0.4, "fit_rates": [0.1, 0.3],
+            "rlhf_fit_0.1_steps_per_s": 85.0, "rlhf_fit_0.1_over_trpo": 0.85,
+            "rlhf_fit_0.3_steps_per_s": 62.0, "rlhf_fit_0.3_over_trpo": 0.62}
+    rows = headline({"tasks": {"hopper": task}})
+    fits = [row for row in rows if "fitting" in row.what]
+    assert [(row.ours, row.ratio) for row in fits] == [(85.0, 0.85), (62.0, 0.62)]
+    assert "fitting 0.3 pairs per env step" in fits[1].what
