@@ -129,7 +129,8 @@ def read_ablations(path: str | Path = ABLATIONS_FILE) -> dict[str, list[str]]:
 # reward MLP for these tasks drops half of each hidden layer while it fits. The figure's configs
 # fit r-hat on 1 pair per env step, ten times the library's default (the paper's Atari rate; it
 # gives none for MuJoCo), chosen on Hopper and Walker2d; the fitting is then most of a loop's
-# time (benchmarks/mujoco_throughput.py), so the default rate is a line of its own.
+# time (benchmarks/mujoco_throughput.py), so the default rate is a line of its own, and three
+# times it a line between.
 OUR_ABLATIONS = {"no entropy bonus": ["trpo.entropy_coef=0.0"],
                  "reward dropout 0.5": ["reward_model.mlp_dropout=0.5"],
                  "fitting 0.1 pairs per step": ["preferences.fit_pairs_per_env_step=0.1"],
