@@ -9,6 +9,7 @@ says what is intact and how to go on."""
 import errno
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -531,8 +532,11 @@ def test_a_run_whose_every_checkpoint_is_damaged_says_so(dqn_whole, tmp_path, ca
         damage(run_dir / "checkpoints" / str(chunk), "byte")
     assert main(["eval", str(run_dir)]) == 2
     err = capsys.readouterr().err
-    assert f"no checkpoint in {run_dir.resolve() / 'checkpoints'} is intact: 7 is damaged: its arrays differ" in err
-    assert "; 6 is damaged: " in err and "Traceback" not in err
+    # Either reason a flipped byte can give (DAMAGE_REASONS): where it lands follows the saved values.
+    reasons = "|".join(map(re.escape, DAMAGE_REASONS["byte"]))
+    intact = re.escape(f"no checkpoint in {run_dir.resolve() / 'checkpoints'} is intact: ")
+    assert re.search(f"{intact}7 is damaged: ({reasons}).*; 6 is damaged: ({reasons})", err), err
+    assert "Traceback" not in err
 
 
 # ----------------------------------------------------------------- an edited config
