@@ -270,8 +270,7 @@ def agent_ms(training, repeats: int = 15) -> dict:
     return {"agent_iteration_ms": whole, "agent_rollout_ms": policy, "agent_update_ms": whole - policy}
 
 
-def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int,
-            fit_rates: tuple[float, ...] = (DEFAULT_FIT_RATE,)) -> dict:
+def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int, fit_rates: tuple[float, ...]) -> dict:
     info = MUJOCO_TASKS[task]
     size = [f"env.num_envs={num_envs}", f"run.chunk_env_steps={chunk_env_steps}"]
     trpo_config = load_config(ExperimentConfig, info.baselines[0].config, [*cpu_overrides(info.baselines[0].config), *size])

@@ -9,7 +9,6 @@ says what is intact and how to go on."""
 import errno
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -533,9 +532,9 @@ def test_a_run_whose_every_checkpoint_is_damaged_says_so(dqn_whole, tmp_path, ca
     assert main(["eval", str(run_dir)]) == 2
     err = capsys.readouterr().err
     # Either reason a flipped byte can give (DAMAGE_REASONS): where it lands follows the saved values.
-    reasons = "|".join(map(re.escape, DAMAGE_REASONS["byte"]))
-    intact = re.escape(f"no checkpoint in {run_dir.resolve() / 'checkpoints'} is intact: ")
-    assert re.search(f"{intact}7 is damaged: ({reasons}).*; 6 is damaged: ({reasons})", err), err
+    intact = f"no checkpoint in {run_dir.resolve() / 'checkpoints'} is intact: "
+    assert any(f"{intact}7 is damaged: {why}" in err for why in DAMAGE_REASONS["byte"]), err
+    assert any(f"; 6 is damaged: {why}" in err for why in DAMAGE_REASONS["byte"]), err
     assert "Traceback" not in err
 
 
