@@ -52,8 +52,11 @@ run again (:func:`current_records`). ``--baselines trpo,oracle`` adds TRPO on th
 ``--ablations "no entropy bonus"`` adds the 700-label cell without TRPO's entropy bonus (not a
 line of the paper either; :data:`OUR_ABLATIONS`), after every other cell; ``"reward dropout 0.5"``
 the 700-label cell with dropout in r̂'s hidden layers, as the reference implementation fits it;
-``"fitting 0.1 pairs per step"`` the 700-label cell fitting r̂ at the library's default rate
-instead of the configs' tenfold one, ``"fitting 0.3 pairs per step"`` at three times it.
+``"fitting 0.1 pairs per step"`` the 700-label cell fitting r̂ at the library's default rate,
+``"fitting 0.3 pairs per step"`` at three times it (the configs' rate but InvertedPendulum's),
+``"fitting 1.0 pairs per step"`` at ten times it (InvertedPendulum's; every config's until
+2026-12-01). A cell whose config is one a line has already run with (the same fingerprint)
+takes that line's runs instead of running again (:func:`with_identical_runs`).
 ``--steps N`` (other than 1M) is another figure beside this one, ``reproduce_fig2_cpu_2m.*``
 for 2M (:func:`result_name`), with its own ledger and runs: the 1M figure stands meanwhile.
 
@@ -127,14 +130,15 @@ def read_ablations(path: str | Path = ABLATIONS_FILE) -> dict[str, list[str]]:
 # without saying how it was weighed; the public reference implementation's TRPO has none. Section
 # 2.2.3 applies dropout "in some domains" without naming them; the reference implementation's
 # reward MLP for these tasks drops half of each hidden layer while it fits. The figure's configs
-# fit r-hat on 1 pair per env step, ten times the library's default (the paper's Atari rate; it
-# gives none for MuJoCo), chosen on Hopper and Walker2d; the fitting is then most of a loop's
-# time (benchmarks/mujoco_throughput.py), so the default rate is a line of its own, and three
-# times it a line between.
+# fit r-hat on 0.3 pairs per env step (1 on InvertedPendulum), more than the library's default
+# (the paper's Atari rate; it gives none for MuJoCo); the fitting is most of a loop's time
+# (benchmarks/mujoco_throughput.py), so each rate tried is a line of its own: the default, 0.3
+# and 1.0 (every config's until 2026-12-01, chosen on Hopper and Walker2d).
 OUR_ABLATIONS = {"no entropy bonus": ["trpo.entropy_coef=0.0"],
                  "reward dropout 0.5": ["reward_model.mlp_dropout=0.5"],
                  "fitting 0.1 pairs per step": ["preferences.fit_pairs_per_env_step=0.1"],
-                 "fitting 0.3 pairs per step": ["preferences.fit_pairs_per_env_step=0.3"]}
+                 "fitting 0.3 pairs per step": ["preferences.fit_pairs_per_env_step=0.3"],
+                 "fitting 1.0 pairs per step": ["preferences.fit_pairs_per_env_step=1.0"]}
 
 
 def known_ablations() -> dict[str, list[str]]:
@@ -751,7 +755,10 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
             Sweep.create(directory, base, {}, seeds).run()
 
     run_sweep = run_sweep or sweep
-    ledger = load_ledger(ledger_path)
+    ledger, shared = with_identical_runs(load_ledger(ledger_path), cells, seeds)
+    if shared:
+        print(f"already run under another line, with the same config: {', '.join(shared)}", flush=True)
+        save_json(ledger_path, ledger)
     todo = cells_to_run(cells, ledger, seeds)
     print(f"{len(cells)} cells planned ({seeds} seeds each, one program per cell): "
           f"{len(cells) - len(todo)} finished before (skipped), {len(todo)} to run", flush=True)
@@ -770,6 +777,31 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
         if after_cell is not None:
             after_cell(ledger)
     return ledger
+
+
+def with_identical_runs(ledger: dict, cells: list[tuple[Cell, ExperimentConfig]],
+                        seeds: int) -> tuple[dict, list[str]]:
+    """The ledger with each seed a cell lacks taken from a run of the same task, seed and
+    fingerprint recorded under another line, and the keys of the cells so filled. The
+    fingerprint covers the whole resolved config but not the line's name, so such a run is the
+    cell's own: when a config comes to say what an ablation of it said (the 700-label cell fitting
+    at 0.3 is the run "fitting 0.3 pairs per step" made), the run is not made twice. Each copy
+    keeps the command and commit that made it and names the line it was first recorded under.
+    The runs are looked up in the ledger as it came, so that a record about to be replaced (the
+    700-label cell of the config before) still gives its run to the line that has its config now
+    ("fitting 1.0 pairs per step")."""
+    finished = {(r["task"], r.get("fingerprint"), r["seed"]): r for r in ledger["runs"].values()}
+    runs, filled = dict(ledger["runs"]), set()
+    for cell, config in cells:
+        fingerprint = fingerprint_of(config)
+        for seed in range(seeds):
+            key, same = f"{cell.key}/seed{seed}", finished.get((cell.task, fingerprint, seed))
+            if same is None or ledger["runs"].get(key, {}).get("fingerprint") == fingerprint:
+                continue
+            runs[key] = {**same, "line": cell.line, "kind": cell.kind, "overrides": list(cell.overrides),
+                         "first_recorded_as": same.get("first_recorded_as", same["line"])}
+            filled.add(cell.key)
+    return {**ledger, "runs": runs}, sorted(filled)
 
 
 def cells_to_run(cells: list[tuple[Cell, ExperimentConfig]], ledger: dict,
@@ -1011,7 +1043,7 @@ def main(argv: list[str] | None = None) -> None:
     ledger_path = RESULTS / f"{name}_runs.json"
     if args.dry_run:
         if cpu:  # what the same command would run now: the cells, or their seeds, the ledger lacks
-            to_run = cells_to_run(cells, load_ledger(ledger_path), seeds)
+            to_run = cells_to_run(cells, with_identical_runs(load_ledger(ledger_path), cells, seeds)[0], seeds)
             for cell, config, first in to_run:
                 print(sweep_command(cell, config, seeds - first))
             if not to_run:  # a comment, so that the output stays a script

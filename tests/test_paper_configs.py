@@ -121,8 +121,10 @@ def test_mujoco_preferences_are_appendix_a1(task):
     model = config.reward_model
     assert model.reward_std(MUJOCO_SPEC) == 1.0
     assert (model.hidden, model.leaky_relu_slope, model.ensemble_size) == ((64, 64), 0.01, 3)
-    # Not the paper's (it gives a rate for Atari only): ten times its Atari fitting, at Adam's 1e-3
-    assert (config.preferences.fit_pairs_per_env_step, model.learning_rate) == (1.0, 1e-3)
+    # Not the paper's (it gives a rate for Atari only): three times its Atari fitting (ten on
+    # InvertedPendulum, which learns less at three), at Adam's 1e-3
+    rate = 1.0 if task == "invertedpendulum" else 0.3
+    assert (config.preferences.fit_pairs_per_env_step, model.learning_rate) == (rate, 1e-3)
 
     rl = load(PAPER / f"mujoco/{task}_trpo.yaml")
     assert (rl.agent, rl.reward, rl.env.id, rl.env.num_envs) == ("trpo", "env", config.env.id, config.env.num_envs)

@@ -217,6 +217,36 @@ def test_a_cell_finished_at_fewer_seeds_runs_only_the_seeds_it_lacks(tmp_path):
     assert calls == []  # all five finished: nothing runs again
 
 
+def test_a_cell_whose_config_a_line_has_run_takes_its_runs_instead_of_running_again(tmp_path):
+    """A config comes to say what a line of ours said (the 700-label cell fitting at 0.3, the
+    "fitting 0.3 pairs per step" line's runs): the cell takes that line's runs, each saying the
+    line it was first recorded under, and runs nothing; the run the cell had before (at 1.0)
+    goes to the line that has its config now ("fitting 1.0 pairs per step"), not lost."""
+    ledger_path, runs_dir = tmp_path / "ledger.json", tmp_path / "runs"
+    plan = lambda labels_at, ablations: [  # noqa: E731
+        (cell, reproduce.cell_config(dataclasses.replace(cell, overrides=(*cell.overrides, *labels_at))
+                                     if cell.kind == reproduce.Kind.LABELS else cell, 10_000, 2, runs_dir))
+        for cell in reproduce.cpu_cells(reproduce.FIGURES[2], ["hopper"], [700], [], ablations)]
+    before = plan(["preferences.fit_pairs_per_env_step=1.0"], ["fitting 0.3 pairs per step"])
+    calls = []
+    reproduce.execute_cells(before, ledger_path, 2, run_sweep=fake_sweep(calls))
+    assert len(calls) == 2
+    ran = json.loads(ledger_path.read_text())["runs"]
+    after = plan(["preferences.fit_pairs_per_env_step=0.3"], ["fitting 0.3 pairs per step", "fitting 1.0 pairs per step"])
+    calls = []
+    ledger = reproduce.execute_cells(after, ledger_path, 2, run_sweep=fake_sweep(calls))
+    assert calls == []
+    for seed in range(2):
+        labels, at_03, at_10 = (ledger["runs"][f"hopper/{line}/seed{seed}"] for line in
+                                ("700 labels", "fitting 0.3 pairs per step", "fitting 1.0 pairs per step"))
+        assert labels["fingerprint"] == at_03["fingerprint"] == reproduce.fingerprint_of(after[0][1])
+        assert labels["run_dir"] == ran[f"hopper/fitting 0.3 pairs per step/seed{seed}"]["run_dir"]
+        assert (labels["line"], labels["kind"], labels["first_recorded_as"]) == ("700 labels", "labels", "fitting 0.3 pairs per step")
+        assert at_10["run_dir"] == ran[f"hopper/700 labels/seed{seed}"]["run_dir"]
+        assert (at_10["kind"], at_10["first_recorded_as"]) == ("ablation", "700 labels")
+    assert json.loads(ledger_path.read_text()) == ledger  # saved before anything else could run
+
+
 def test_the_dry_run_prints_only_what_the_ledger_lacks(tmp_path, monkeypatch, capsys):
     """``--dry-run`` on the CPU back end reads the ledger: a cell finished at three seeds is
     printed as the sweep of seeds 3 and 4 beside them (base seed 3, pool seed 15, two seeds),
