@@ -347,13 +347,17 @@ def test_the_mujoco_throughput_benchmark_refuses_a_bad_fitting_rate_before_measu
 
 
 def test_the_mujoco_throughput_headline_has_a_row_for_each_fitting_rate_measured():
+    """The loop's row names the rate its config fits at (1.0 in results from before it was
+    recorded), and each other rate measured has a row of its own."""
     from benchmarks.mujoco_throughput import headline
 
     task = {"num_envs": 64, "trpo_steps_per_s": 100.0, "raw_steps_per_s": 120.0, "trpo_over_raw": 0.83,
-            "rlhf_steps_per_s": 40.0, "rlhf_over_trpo": 0.4, "fit_rates": [0.1, 0.3],
+            "rlhf_steps_per_s": 60.0, "rlhf_over_trpo": 0.6, "rlhf_fit_rate": 0.3, "fit_rates": [0.1, 1.0],
             "rlhf_fit_0.1_steps_per_s": 85.0, "rlhf_fit_0.1_over_trpo": 0.85,
-            "rlhf_fit_0.3_steps_per_s": 62.0, "rlhf_fit_0.3_over_trpo": 0.62}
-    rows = headline({"tasks": {"hopper": task}})
-    fits = [row for row in rows if "fitting" in row.what]
-    assert [(row.ours, row.ratio) for row in fits] == [(85.0, 0.85), (62.0, 0.62)]
-    assert "fitting 0.3 pairs per env step" in fits[1].what
+            "rlhf_fit_1_steps_per_s": 32.0, "rlhf_fit_1_over_trpo": 0.32}
+    rows = [row for row in headline({"tasks": {"hopper": task}}) if "RLHF loop" in row.what]
+    assert [(row.ours, row.ratio) for row in rows] == [(60.0, 0.6), (85.0, 0.85), (32.0, 0.32)]
+    assert "fitting 0.3 pairs per env step as its config does" in rows[0].what and rows[0].target is not None
+    assert "fitting 1 pairs per env step instead of its config's 0.3" in rows[2].what
+    before = {key: value for key, value in task.items() if key != "rlhf_fit_rate"}
+    assert "fitting 1 pairs per env step as its config does" in headline({"tasks": {"hopper": before}})[1].what
