@@ -391,14 +391,14 @@ def headline(result: dict) -> list[Headline]:
                                  r["trpo_steps_per_s"], r["raw_xla_steps_per_s"], r["trpo_over_raw_xla"]))
         # the config's fitting rate, recorded since it stopped being 1.0 on every task
         config_rate = r.get("rlhf_fit_rate", 1.0)
-        rows.append(Headline(f"{task}: RLHF loop (700 labels, fitting {config_rate:g} pairs per env step as its config "
+        rows.append(Headline(f"{task}: RLHF loop (700 labels, fitting {float(config_rate)} pairs per env step as its config "
                              f"does) env steps/s vs TRPO on the true reward, {n} copies",
                              r["rlhf_steps_per_s"], r["trpo_steps_per_s"], r["rlhf_over_trpo"],
                              Target.on(r, "rlhf_over_trpo", ">=", 0.5)))
         for rate in r.get("fit_rates", []):  # measured since 2026-12-01
             side = fit_side(rate)
-            rows.append(Headline(f"{task}: RLHF loop (700 labels) fitting {rate:g} pairs per env step "
-                                 f"instead of its config's {config_rate:g}, env steps/s vs TRPO on the true reward, "
+            rows.append(Headline(f"{task}: RLHF loop (700 labels) fitting {float(rate)} pairs per env step "
+                                 f"instead of its config's {float(config_rate)}, env steps/s vs TRPO on the true reward, "
                                  f"{n} copies",
                                  r[f"{side}_steps_per_s"], r["trpo_steps_per_s"], r[f"{side}_over_trpo"]))
     return rows

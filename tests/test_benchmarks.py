@@ -358,6 +358,6 @@ def test_the_mujoco_throughput_headline_has_a_row_for_each_fitting_rate_measured
     rows = [row for row in headline({"tasks": {"hopper": task}}) if "RLHF loop" in row.what]
     assert [(row.ours, row.ratio) for row in rows] == [(60.0, 0.6), (85.0, 0.85), (32.0, 0.32)]
     assert "fitting 0.3 pairs per env step as its config does" in rows[0].what and rows[0].target is not None
-    assert "fitting 1 pairs per env step instead of its config's 0.3" in rows[2].what
+    assert "fitting 1.0 pairs per env step instead of its config's 0.3" in rows[2].what
     before = {key: value for key, value in task.items() if key != "rlhf_fit_rate"}
-    assert "fitting 1 pairs per env step as its config does" in headline({"tasks": {"hopper": before}})[1].what
+    assert "fitting 1.0 pairs per env step as its config does" in headline({"tasks": {"hopper": before}})[1].what
