@@ -574,8 +574,23 @@ def legend_label(line: str, record: dict, figure: Figure) -> str:
     return f"{line} ({budget_line(int(budgets[-1]))})"  # the last override wins, as the config reads them
 
 
+def distinct_lines(lines: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """A panel's lines less each whose runs (fingerprint and seed) are those of a line before it:
+    a cell that took another line's runs (:func:`with_identical_runs`), drawn over it, would hide
+    it. Records without a fingerprint (ledgers older than fingerprints) are never taken for another's."""
+    seen, kept = set(), {}
+    for line, records in lines.items():
+        runs = frozenset((record.get("fingerprint"), record["seed"]) for record in records)
+        if runs in seen and all(record.get("fingerprint") for record in records):
+            continue
+        seen.add(runs)
+        kept[line] = records
+    return kept
+
+
 def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick: bool) -> None:
-    """One panel per task: each line's mean true return over seeds against env steps, the band their range."""
+    """One panel per task: each line's mean true return over seeds against env steps, the band their
+    range; a line that is the same runs as one before it is drawn once (:func:`distinct_lines`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -588,18 +603,25 @@ def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick:
     rows = math.ceil(len(grouped) / columns)
     width = max(6.0, 4.2 * columns)
     fig, axes = plt.subplots(rows, columns, figsize=(width, 3.3 * rows + 1.0), squeeze=False)
-    handles = {}
-    kinds = {line: seeds[0]["kind"] for lines in grouped.values() for line, seeds in lines.items()}
-    colors = _colors(list(dict.fromkeys(line for lines in grouped.values() for line in lines)), kinds)
-    for ax, (task, lines) in zip(axes.flat, grouped.items()):
+    first_records = {}
+    for lines in grouped.values():
         for line, records in lines.items():
+            first_records.setdefault(line, records[0])
+    # every panel's lines in one order (budgets, ablations, baselines): the colours' and the legend's
+    ablation_names = list(known_ablations())
+    order = sorted(first_records, key=lambda line: _line_order(first_records[line], ablation_names))
+    kinds = {line: record["kind"] for line, record in first_records.items()}
+    colors = _colors(order, kinds)
+    handles = {}  # legend label -> (the line's place in the order, its handle)
+    for ax, (task, lines) in zip(axes.flat, grouped.items()):
+        for line, records in distinct_lines(lines).items():
             steps, mean, low, high = mean_curve(records)
             finite = np.isfinite(mean)
             style = "--" if kinds[line] == Kind.BASELINE else "-"
             (handle,) = ax.plot(steps[finite], mean[finite], style, color=colors[line], lw=1.6)
             if len(records) > 1:
                 ax.fill_between(steps[finite], low[finite], high[finite], color=colors[line], alpha=0.15, lw=0)
-            handles.setdefault(legend_label(line, records[0], figure), handle)
+            handles.setdefault(legend_label(line, records[0], figure), (order.index(line), handle))
         seeds = sorted({len(r) for r in lines.values()})
         title = (QUICK_TASKS.get(task) or figure.tasks.get(task) or Task(task, Path(), ())).title
         ax.set_title(f"{title} ({'/'.join(map(str, seeds))} seed{'s' if seeds != [1] else ''})", fontsize=10)
@@ -614,8 +636,11 @@ def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick:
     if quick:
         name = f"Figure {figure.number} (--quick: CartPole, a short run)"
     fig.suptitle(name)
-    legend_columns = max(1, min(len(handles), int(width / 1.5)))
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=legend_columns, fontsize=9,
+    # as many columns as the longest label leaves room for (about 0.07 inch a character at size 9)
+    entry_width = 0.6 + 0.07 * max(map(len, handles))
+    legend_columns = max(1, min(len(handles), int(width / entry_width)))
+    labels = sorted(handles, key=lambda label: handles[label][0])
+    fig.legend([handles[label][1] for label in labels], labels, loc="lower center", ncol=legend_columns, fontsize=9,
                frameon=False)
     height = fig.get_size_inches()[1]
     legend_rows = math.ceil(len(handles) / legend_columns)

@@ -245,6 +245,9 @@ def test_a_cell_whose_config_a_line_has_run_takes_its_runs_instead_of_running_ag
         assert at_10["run_dir"] == ran[f"hopper/700 labels/seed{seed}"]["run_dir"]
         assert (at_10["kind"], at_10["first_recorded_as"]) == ("ablation", "700 labels")
     assert json.loads(ledger_path.read_text()) == ledger  # saved before anything else could run
+    # the figure draws the 700-label line once, not again as "fitting 0.3" over it
+    drawn = reproduce.distinct_lines(reproduce.lines_by_task(ledger, ["hopper"])["hopper"])
+    assert list(drawn) == ["700 labels", "fitting 1.0 pairs per step"]
 
 
 def test_the_dry_run_prints_only_what_the_ledger_lacks(tmp_path, monkeypatch, capsys):
