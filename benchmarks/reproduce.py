@@ -612,7 +612,7 @@ def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick:
     order = sorted(first_records, key=lambda line: _line_order(first_records[line], ablation_names))
     kinds = {line: record["kind"] for line, record in first_records.items()}
     colors = _colors(order, kinds)
-    handles = {}  # legend label -> (the line's place in the order, its handle)
+    handles = {}  # line -> the handle of its first drawing
     for ax, (task, lines) in zip(axes.flat, grouped.items()):
         for line, records in distinct_lines(lines).items():
             steps, mean, low, high = mean_curve(records)
@@ -621,7 +621,7 @@ def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick:
             (handle,) = ax.plot(steps[finite], mean[finite], style, color=colors[line], lw=1.6)
             if len(records) > 1:
                 ax.fill_between(steps[finite], low[finite], high[finite], color=colors[line], alpha=0.15, lw=0)
-            handles.setdefault(legend_label(line, records[0], figure), (order.index(line), handle))
+            handles.setdefault(line, handle)
         seeds = sorted({len(r) for r in lines.values()})
         title = (QUICK_TASKS.get(task) or figure.tasks.get(task) or Task(task, Path(), ())).title
         ax.set_title(f"{title} ({'/'.join(map(str, seeds))} seed{'s' if seeds != [1] else ''})", fontsize=10)
@@ -636,14 +636,15 @@ def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick:
     if quick:
         name = f"Figure {figure.number} (--quick: CartPole, a short run)"
     fig.suptitle(name)
+    drawn = [line for line in order if line in handles]
+    labels = [legend_label(line, first_records[line], figure) for line in drawn]
     # as many columns as the longest label leaves room for (about 0.07 inch a character at size 9)
-    entry_width = 0.6 + 0.07 * max(map(len, handles))
-    legend_columns = max(1, min(len(handles), int(width / entry_width)))
-    labels = sorted(handles, key=lambda label: handles[label][0])
-    fig.legend([handles[label][1] for label in labels], labels, loc="lower center", ncol=legend_columns, fontsize=9,
+    entry_width = 0.6 + 0.07 * max(map(len, labels))
+    legend_columns = max(1, min(len(labels), int(width / entry_width)))
+    fig.legend([handles[line] for line in drawn], labels, loc="lower center", ncol=legend_columns, fontsize=9,
                frameon=False)
     height = fig.get_size_inches()[1]
-    legend_rows = math.ceil(len(handles) / legend_columns)
+    legend_rows = math.ceil(len(labels) / legend_columns)
     fig.tight_layout(rect=(0, (0.3 * legend_rows + 0.15) / height, 1, 1 - 0.1 / height))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
