@@ -429,13 +429,17 @@ def save_json(path: Path, data: dict) -> None:
     partial.replace(path)
 
 
+def shown(path: Path) -> str:
+    """A config's path as the ledger and the printed commands name it: from the repository root."""
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+
+
 def run_command(run: Run, config: ExperimentConfig) -> str:
     """The ``rlhf-jax train`` command line that makes this run."""
     base = flat_keys(to_dict(load_config(ExperimentConfig, run.config_path, [])))
     changed = [f"{key}={str(value).lower() if isinstance(value, bool) else value}"
                for key, value in flat_keys(to_dict(config)).items() if base[key] != value]
-    config_path = run.config_path.relative_to(ROOT) if run.config_path.is_relative_to(ROOT) else run.config_path
-    return " ".join(["rlhf-jax train", str(config_path), *(f"'{c}'" if " " in c else c for c in changed)])
+    return " ".join(["rlhf-jax train", shown(run.config_path), *(f"'{c}'" if " " in c else c for c in changed)])
 
 
 def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, points: int = 0,
@@ -468,8 +472,7 @@ def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, 
         else:
             spent.append(run_timed(run_dir, lambda: train_fn(config, progress=progress)))
         record = {"task": run.task, "line": run.line, "kind": run.kind, "seed": run.seed,
-                  "config": str(run.config_path.relative_to(ROOT) if run.config_path.is_relative_to(ROOT)
-                                else run.config_path),
+                  "config": shown(run.config_path),
                   "overrides": list(run.overrides), "fingerprint": fingerprint_of(config),
                   "run_dir": str(run_dir), "seconds": round(spent[-1], 1), **read_curve(run_dir),
                   **(provenance or {})}
@@ -757,7 +760,7 @@ def sweep_records(cell: Cell, config: ExperimentConfig, directory: Path, seconds
     for seed in sorted({int(r["seed"]) for r in rows}):
         curve = curve_of(sorted((r for r in rows if int(r["seed"]) == seed), key=lambda r: r["chunk"]))
         records.append({"task": cell.task, "line": cell.line, "kind": cell.kind, "seed": seed, "backend": "cpu",
-                        "config": str(cell.config_path.relative_to(ROOT)), "overrides": list(cell.overrides),
+                        "config": shown(cell.config_path), "overrides": list(cell.overrides),
                         "fingerprint": fingerprint_of(config), "run_dir": str(directory),
                         "seconds": round(seconds, 1), **curve})
     return records
