@@ -178,6 +178,15 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     assert reproduce.gain_ratios(result, "700 labels") == {"hopper": cell["gain_ratio_to_rl"]}
     assert reproduce.gain_ratios(result, "no entropy bonus") == {}  # a line that has not run counts nowhere
     assert reproduce.tasks_at({"a": 0.8, "b": 0.79, "c": None, "d": 1.5}) == 2
+    # The counts the JSON carries: per label budget and per line of ours, a task counting once it
+    # reaches 0.8 of RL's gain; a task whose RL cell has not run counts nowhere.
+    panels = {"hopper": {"RL (trpo)": {}, "700 labels": {"gain_ratio_to_rl": 0.9},
+                         "350 labels": {"gain_ratio_to_rl": 0.5}, "no entropy bonus": {"gain_ratio_to_rl": 0.8}},
+              "ant": {"RL (trpo)": {}, "700 labels": {"gain_ratio_to_rl": 1.2}, "350 labels": {"gain_ratio_to_rl": 0.8}},
+              "swimmer": {"700 labels": {"gain_ratio_to_rl": None}}}
+    assert reproduce.claim_counts(panels, [350, 700, 1400], ["no entropy bonus"]) == {
+        "tasks_at_0.8_from_700_labels": 2, "tasks_at_0.8_by_budget": {"350 labels": 1, "700 labels": 2, "1400 labels": 0},
+        "tasks_at_0.8_by_ablation": {"no entropy bonus": 1}}
     # A line of ours (an ablation, TRPO on the oracle) starting elsewhere moves no ratio: the
     # untrained return is the mean first point of RL's and the label budgets' lines alone.
     for kind, line in ((reproduce.Kind.ABLATION, "no entropy bonus"), (reproduce.Kind.BASELINE, reproduce.ORACLE_LINE)):
