@@ -38,6 +38,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The vector extensions that decide which code XLA:CPU emits (and so the rounding of a run).
+VECTOR_EXTENSIONS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                     "amx_tile")
+
+
+def cpu_host() -> dict:
+    """What makes a run's digits this host's: the processor, its vector extensions and the XLA
+    flags. The same code and seed give the same digits on one such host; on another, results
+    agree only statistically."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu_model(), "vector_extensions": [f for f in VECTOR_EXTENSIONS if f in flags],
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
 def machine() -> dict:
     device = jax.devices()[0]
     return {

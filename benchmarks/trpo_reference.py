@@ -1,0 +1,249 @@
+"""Our TRPO against a reference TRPO (sb3-contrib's), side by side on this machine.
+
+    python -m benchmarks.trpo_reference [--side ours|reference] [--tasks hopper,walker2d,halfcheetah,ant]
+                                        [--seeds 3] [--steps 1000000] [--ours-overrides KEY=VALUE ...]
+    python -m benchmarks.trpo_reference --report
+
+Figure 2's "RL" line is only a yardstick if it is as strong as the usual TRPO. This benchmark
+runs both on the standard Gymnasium v5 tasks (control cost kept, each task's own episode ends),
+for the same env steps and seeds:
+
+* **ours**: the figure's RL agent, ``configs/paper/mujoco/<task>_trpo.yaml`` on EnvPool's C
+  MuJoCo with ``env.control_cost=true`` and ``--ours-overrides`` (none by default), each task's
+  seeds one ``rlhf-jax sweep`` (resumable chunk by chunk);
+* **reference**: sb3-contrib's ``TRPO`` with the RL Zoo's settings for the task
+  (``rl_zoo3/hyperparams/trpo.yml``, the ``-v4`` entry: observations and rewards normalised by
+  ``VecNormalize``, 2 copies of 1,024 steps, gamma 0.99, lambda 0.95, 25 CG steps, 20 critic
+  epochs), on Gymnasium's ``<Task>-v5``, torch on one thread. Needs the ``peers`` extra and
+  ``sb3-contrib`` and ``rl_zoo3``.
+
+Both are scored alike: the true return of the training episodes (the policy's own samples),
+averaged per stretch of ``steps / 25`` env steps, and the run's final return is the mean of
+the last tenth of those stretches (:func:`benchmarks.reproduce.final_return`). The ratio per
+task is ours over the reference, by the seeds' means; the target is 0.9 on every task.
+
+Each (side, task) writes its records to ``results/trpo_reference_<side>_runs.json`` as it
+finishes (the two sides can run at once, one process each); ``--report`` writes
+``results/trpo_reference.json`` with the table, and every record names the host
+(:func:`benchmarks.common.cpu_host`) and the commit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import RESULTS, cpu_host
+from benchmarks.reproduce import PAPER, final_return, git_commit, load_ledger, save_json
+
+POINTS = 25
+TARGET = 0.9
+TASKS = {"hopper": "Hopper", "walker2d": "Walker2d", "halfcheetah": "HalfCheetah", "ant": "Ant",
+         "swimmer": "Swimmer", "reacher": "Reacher", "invertedpendulum": "InvertedPendulum",
+         "inverteddoublependulum": "InvertedDoublePendulum"}
+RUNS = Path(__file__).resolve().parent.parent / "runs" / "trpo_reference"
+# Published final returns of TRPO at 1M env steps, for the docs' table: sb3-contrib's TRPO with
+# the RL Zoo's settings (the zoo's released agents, deterministic evaluation, v3 tasks).
+PUBLISHED_RL_ZOO = {"hopper": 3673, "walker2d": 4944, "halfcheetah": 4674}
+
+
+def ledger_path(side: str) -> Path:
+    return RESULTS / f"trpo_reference_{side}_runs.json"
+
+
+def binned_returns(ends: list[tuple[int, float]], steps: int, points: int = POINTS) -> list[float | None]:
+    """The mean return of the episodes that ended in each of ``points`` equal stretches of
+    ``steps`` env steps, from ``(env step at the end, return)`` pairs; None where none ended."""
+    width = steps / points
+    sums, counts = np.zeros(points), np.zeros(points)
+    for step, value in ends:
+        index = min(points - 1, int((step - 1) // width))
+        sums[index] += value
+        counts[index] += 1
+    return [float(s / c) if c else None for s, c in zip(sums, counts)]
+
+
+# ---------------------------------------------------------------- ours
+def variant_name(overrides: list[str]) -> str:
+    """How a run of ours differs from the figure's RL config: its ``--ours-overrides``."""
+    return " ".join(overrides) or "as configured"
+
+
+def our_config(task: str, steps: int, seeds: int, overrides: list[str]):
+    from rlhf_jax.config import ExperimentConfig, load_config
+
+    chunk = steps // POINTS
+    keys = [f"env.id=envpool/{TASKS[task]}-v5", "env.num_envs=5", "env.control_cost=true", "seed=0", "env.seed=0",
+            f"trpo.total_env_steps={steps}", f"run.chunk_env_steps={chunk}", "run.checkpoint_every_updates=1",
+            "run.tensorboard=false", *overrides]
+    return load_config(ExperimentConfig, PAPER / "mujoco" / f"{task}_trpo.yaml", keys), keys
+
+
+def run_ours(task: str, steps: int, seeds: int, overrides: list[str]) -> list[dict]:
+    import hashlib
+
+    from rlhf_jax.config import to_dict
+    from rlhf_jax.sweep import SWEEP_FILE, Sweep
+
+    config, keys = our_config(task, steps, seeds, overrides)
+    base = to_dict(config)
+    tag = hashlib.sha1(json.dumps(base, sort_keys=True).encode()).hexdigest()[:10]
+    directory = RUNS / "ours" / f"{task}-{tag}"
+    start = time.perf_counter()
+    if (directory / SWEEP_FILE).exists():
+        Sweep.load(directory).run()
+    else:
+        Sweep.create(directory, base, {}, seeds).run()
+    seconds = time.perf_counter() - start
+    rows = Sweep.load(directory).rows()
+    records = []
+    for seed in sorted({int(r["seed"]) for r in rows}):
+        mine = sorted((r for r in rows if int(r["seed"]) == seed), key=lambda r: r["chunk"])
+        curve = [None if math.isnan(r["episode_return"]) else r["episode_return"] for r in mine]
+        records.append({"side": "ours", "task": task, "seed": seed, "variant": variant_name(overrides),
+                        "episode_return": curve,
+                        "final_return": final_return(curve), "config": f"configs/paper/mujoco/{task}_trpo.yaml",
+                        "overrides": keys, "fingerprint": tag, "seconds_all_seeds": round(seconds, 1)})
+    return records
+
+
+# ---------------------------------------------------------------- the reference
+def zoo_settings(task: str) -> dict:
+    """The RL Zoo's TRPO settings for the task (its ``-v4`` entry), as the zoo's YAML has them."""
+    import rl_zoo3
+    import yaml
+
+    class ZooLoader(yaml.SafeLoader):  # the zoo's YAML merges anchors; plain safe loading does
+        pass
+
+    table = yaml.load((Path(rl_zoo3.__file__).parent / "hyperparams" / "trpo.yml").read_text(), ZooLoader)
+    return dict(table[f"{TASKS[task]}-v4"])
+
+
+def run_reference(task: str, steps: int, seed: int) -> dict:
+    import torch
+    from sb3_contrib import TRPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    torch.set_num_threads(1)
+    settings = zoo_settings(task)
+    normalize = settings.pop("normalize", False)
+    n_envs = settings.pop("n_envs", 1)
+    settings.pop("n_timesteps", None)
+    policy = settings.pop("policy")
+    env = make_vec_env(f"{TASKS[task]}-v5", n_envs=n_envs, seed=seed)
+    if normalize:
+        env = VecNormalize(env, gamma=settings.get("gamma", 0.99))
+    ends: list[tuple[int, float]] = []
+
+    class EpisodeEnds(BaseCallback):
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:  # Monitor's record: the raw return, before VecNormalize
+                    ends.append((self.num_timesteps, float(info["episode"]["r"])))
+            return True
+
+    start = time.perf_counter()
+    model = TRPO(policy, env, seed=seed, device="cpu", verbose=0, **settings)
+    model.learn(total_timesteps=steps, callback=EpisodeEnds())
+    curve = binned_returns(ends, steps)
+    import sb3_contrib
+    return {"side": "reference", "task": task, "seed": seed, "episode_return": curve,
+            "final_return": final_return(curve), "settings": {"normalize": normalize, "n_envs": n_envs,
+                                                             "policy": policy, **settings},
+            "sb3_contrib": sb3_contrib.__version__, "torch": torch.__version__,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+# ---------------------------------------------------------------- the report
+def bootstrap_ratio(ours: list[float], reference: list[float], draws: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """A 95% percentile interval of mean(ours) / mean(reference), each side's seeds resampled."""
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(ours), np.asarray(reference)
+    ratios = (rng.choice(a, (draws, len(a))).mean(1) / rng.choice(b, (draws, len(b))).mean(1))
+    return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
+def comparison(ours: list[dict], reference: list[dict]) -> dict:
+    """Per task: each side's final returns, and ours over the reference with its interval."""
+    rows = {}
+    for task in TASKS:
+        mine = [r["final_return"] for r in ours if r["task"] == task and r["final_return"] is not None]
+        theirs = [r["final_return"] for r in reference if r["task"] == task and r["final_return"] is not None]
+        if not mine or not theirs:
+            continue
+        ratio = float(np.mean(mine) / np.mean(theirs))
+        rows[task] = {"ours": float(np.mean(mine)), "ours_per_seed": mine, "reference": float(np.mean(theirs)),
+                      "reference_per_seed": theirs, "ratio": ratio, "ratio_95": bootstrap_ratio(mine, theirs),
+                      "at_target": ratio >= TARGET, "published_rl_zoo": PUBLISHED_RL_ZOO.get(task)}
+    return {"tasks": rows, "tasks_at_target": sum(r["at_target"] for r in rows.values()), "tasks_compared": len(rows)}
+
+
+def report() -> dict:
+    """Every variant of ours against the reference: the figure's table, one per variant."""
+    ours = list(load_ledger(ledger_path("ours"))["runs"].values())
+    reference = list(load_ledger(ledger_path("reference"))["runs"].values())
+    variants = sorted({r["variant"] for r in ours})
+    result = {"target": TARGET, "reference_host": sorted({r["cpu"] for r in reference}),
+              "variants": {v: comparison([r for r in ours if r["variant"] == v], reference) for v in variants}}
+    save_json(RESULTS / "trpo_reference.json", result)
+    for variant, table in result["variants"].items():
+        print(f"\nours: {variant}\n| task | ours | reference | ratio (95% interval) |\n| --- | ---: | ---: | ---: |")
+        for task, r in table["tasks"].items():
+            print(f"| {task} | {r['ours']:.0f} | {r['reference']:.0f} | {r['ratio']:.2f} "
+                  f"({r['ratio_95'][0]:.2f}-{r['ratio_95'][1]:.2f}) |")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--side", choices=("ours", "reference"))
+    parser.add_argument("--tasks", default="hopper,walker2d,halfcheetah,ant")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--ours-overrides", nargs="*", default=[])
+    parser.add_argument("--report", action="store_true", help="write the table from both sides' records")
+    args = parser.parse_args(argv)
+    if args.report:
+        report()
+        return
+    if args.side is None:
+        parser.error("give --side ours or --side reference (or --report)")
+    tasks = args.tasks.split(",")
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        parser.error(f"unknown task {unknown[0]!r}; the tasks are {', '.join(TASKS)}")
+    path = ledger_path(args.side)
+    provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
+                  "command": "python -m benchmarks.trpo_reference " + " ".join(argv or os.sys.argv[1:])}
+    if args.side == "reference":
+        # seed by seed across the tasks, so that every task has a first comparison early
+        for seed in range(args.seeds):
+            for task in tasks:
+                ledger, key = load_ledger(path), f"{task}/seed{seed}"
+                if key in ledger["runs"] and ledger["runs"][key].get("steps") == args.steps:
+                    continue
+                record = {**run_reference(task, args.steps, seed), **provenance}
+                ledger["runs"][key] = record
+                save_json(path, ledger)
+                print(f"reference {task} seed {seed}: final return {record['final_return']:.0f} "
+                      f"in {record['seconds'] / 60:.0f} min", flush=True)
+        return
+    for task in tasks:  # ours: a task's seeds are one program
+        records = run_ours(task, args.steps, args.seeds, args.ours_overrides)
+        ledger = load_ledger(path)
+        for record in records:
+            ledger["runs"][f"{task}/{record['fingerprint']}/seed{record['seed']}"] = {**record, **provenance}
+        save_json(path, ledger)
+        print(f"ours {task}: final returns {[round(r['final_return'] or float('nan')) for r in records]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

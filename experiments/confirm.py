@@ -1,0 +1,312 @@
+"""Figure 2, confirmatory: register its cells, run them, and report them by the registered rule.
+
+    python -m experiments.confirm register figure2_1m      # writes experiments/registrations/figure2_1m.yaml
+    python -m experiments.confirm run experiments/registrations/figure2_1m.yaml [--cells hopper/700 labels,...]
+    python -m experiments.confirm report experiments/registrations/figure2_1m.yaml
+
+``register`` writes a new registration (:mod:`experiments.protocol`) from today's configs: it
+is committed before ``run`` runs its first cell. ``run`` runs the cells in the file's order,
+each as one ``rlhf-jax sweep`` of its seeds on EnvPool's C MuJoCo (every seed one member of one
+compiled program, checkpointed after every chunk, so the same command goes on from the last
+chunk after a stop), and records each finished cell in ``experiments/results/<name>_runs.json``
+with the command, the commit and the host (:func:`benchmarks.common.cpu_host`). A cell whose
+config's fingerprint is not the registered one is refused before it runs and again before it
+is recorded. ``report`` (also written after every cell) is ``experiments/results/<name>.json``
+and ``.png``: per task the seeds' final returns, each label budget's gain ratio with its
+intervals, and the counts the decision rule reads.
+
+The designs (:data:`DESIGNS`), fixed here and copied into each registration:
+
+* ``figure2_1m``: 1M env steps per seed; RL and 700 labels at 10 seeds (100-109), 1,400 and
+  350 labels at 5 (100-104), on all eight tasks;
+* ``figure2_5m``: 5M env steps per seed, the paper's scale; RL and 700 labels at 5 seeds
+  (200-204), on all eight tasks.
+
+Seeds from 100 up are fresh: every probe and every exploratory cell ran seeds 0-15.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from benchmarks.common import cpu_host, enable_compilation_cache
+from benchmarks.reproduce import (FIGURES, MUJOCO_TASKS, ROOT, Kind, budget_line, cpu_overrides, curve_of,
+                                  final_return, git_commit, load_ledger, pinned_segment_length, plot, save_json,
+                                  shown, slug, summary)
+from experiments.protocol import (Registration, RegisteredCell, RegistrationError, cell_config, check_fingerprint,
+                                  decide, fingerprint, gain_ratio_estimate, load, save, seed_keys)
+from rlhf_jax.config import ExperimentConfig, build, to_dict
+from rlhf_jax.errors import ConfigError, Interrupted
+
+HERE = Path(__file__).resolve().parent
+REGISTRATIONS = HERE / "registrations"
+RESULTS = HERE / "results"
+RUNS = ROOT / "runs" / "confirm"
+NUM_ENVS = 5  # copies per seed: TRPO's batch of 5,000 env steps is 1,000 steps of each
+CHUNK_ENV_STEPS = 40_000  # one point of a curve, at every budget
+RL_LINE = "RL (trpo)"
+
+
+class Line(NamedTuple):
+    budget: int | None  # None: RL on the true reward
+    seeds: int
+    first_seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+    steps: int
+    lines: tuple[Line, ...]  # in the order they run: the claim's two lines first, task by task
+
+
+DESIGNS = {
+    "figure2_1m": Design(1_000_000, (Line(None, 10, 100), Line(700, 10, 100), Line(1400, 5, 100), Line(350, 5, 100))),
+    "figure2_5m": Design(5_000_000, (Line(None, 5, 200), Line(700, 5, 200))),
+}
+THRESHOLD = 0.8
+CLAIM_BUDGET = 700
+CLAIM_TASKS = 6
+DECISION_RULE = (
+    "A task counts when its 700-label cell's gain ratio (the mean final true return's gain over the untrained "
+    "policy, divided by RL's; the final return of a seed is the mean of the last tenth of its curve; the untrained "
+    "policy's return is the mean first point of the task's RL and label cells) is at least 0.8 by the mean over "
+    "seeds. The same count by the lower bound of its 95% stratified bootstrap interval is reported beside it. The "
+    "claim holds at this budget of env steps when at least 6 of the 8 tasks count by the mean; the paper's is all 8.")
+# The only settings that differ between tasks, each with the reason the paper or the task gives.
+PER_TASK_SETTINGS = (
+    {"task": "swimmer", "key": "trpo.entropy_coef", "value": 0.001,
+     "reason": "appendix A.1: an entropy bonus of 0.01 on all tasks except Swimmer, 0.001"},
+    {"task": "all", "key": "preferences.segment_length", "value": "1.5 s of the task's time",
+     "reason": "the paper's clip length in seconds; in steps it follows each task's time step"},
+    {"task": "hopper, walker2d, ant, invertedpendulum, inverteddoublependulum", "key": "env.max_episode_steps",
+     "value": 200, "reason": "these tasks end early when unhealthy; with the ends hidden (appendix A) an episode "
+     "needs a fixed length, one value for the five; the other three keep their own (1,000; Reacher 50)"},
+    {"task": "hopper, walker2d, ant, invertedpendulum, inverteddoublependulum", "key": "env.termination_penalty",
+     "value": 10.0, "reason": "the penalty that replaces the end (appendix A), one value for the five tasks that "
+     "have an end to replace"},
+)
+
+
+def design_cells(design: Design, tasks: list[str]) -> list[RegisteredCell]:
+    """Every cell of a design, in the order it runs: its first two lines task by task, then each
+    other line across the tasks."""
+    order = [(line, task) for task in tasks for line in design.lines[:2]]
+    order += [(line, task) for line in design.lines[2:] for task in tasks]
+    cells = []
+    for line, task in order:
+        panel = MUJOCO_TASKS[task]
+        path = panel.baselines[0].config if line.budget is None else panel.rlhf
+        overrides = [*cpu_overrides(path), f"env.num_envs={NUM_ENVS}"]
+        if line.budget is not None:
+            overrides.append(f"preferences.labels={line.budget}")
+        overrides += [*seed_keys(line.first_seed, NUM_ENVS), f"trpo.total_env_steps={design.steps}",
+                      f"run.chunk_env_steps={CHUNK_ENV_STEPS}", "run.checkpoint_every_updates=1",
+                      "run.tensorboard=false"]
+        draft = RegisteredCell(task, RL_LINE if line.budget is None else budget_line(line.budget),
+                               Kind.BASELINE.value if line.budget is None else Kind.LABELS.value, shown(path),
+                               tuple(overrides), tuple(range(line.first_seed, line.first_seed + line.seeds)), "")
+        overrides += pinned_segment_length(cell_config(draft))
+        cell = dataclasses.replace(draft, overrides=tuple(overrides))
+        cells.append(dataclasses.replace(cell, fingerprint=fingerprint(cell_config(cell))))
+    return cells
+
+
+def register(name: str, tasks: list[str] | None = None, directory: Path = REGISTRATIONS) -> Path:
+    design = DESIGNS[name]
+    cells = design_cells(design, tasks or list(MUJOCO_TASKS))
+    registration = Registration(name, design.steps, design.steps // CHUNK_ENV_STEPS, THRESHOLD, CLAIM_BUDGET,
+                                CLAIM_TASKS, DECISION_RULE, PER_TASK_SETTINGS, tuple(cells))
+    commit = git_commit()
+    header = (f"# Figure 2, confirmatory ({name}): registered before any of its cells ran, from the configs at\n"
+              f"# commit {commit['commit']}{' (with uncommitted changes)' if commit['uncommitted_changes'] else ''}.\n"
+              f"# Run it: python -m experiments.confirm run {shown(directory / f'{name}.yaml')}\n"
+              f"# Never edited: a changed cell is a new registration with fresh seeds.\n")
+    path = directory / f"{name}.yaml"
+    save(registration, path, header)
+    return path
+
+
+# ---------------------------------------------------------------- running
+def run_directory(registration: Registration, cell: RegisteredCell) -> Path:
+    return RUNS / registration.name / cell.task / f"{slug(cell.line)}-{cell.fingerprint}"
+
+
+def default_sweep(directory: Path, base: dict, seeds: int) -> None:
+    from rlhf_jax.sweep import SWEEP_FILE, Sweep
+
+    if (directory / SWEEP_FILE).exists():
+        Sweep.load(directory).run()
+    else:
+        Sweep.create(directory, base, {}, seeds).run()
+
+
+def finished_sweep(directory: Path) -> tuple[ExperimentConfig, list[dict]]:
+    """A finished sweep's own config (what it ran on, from its ``sweep.yaml``) and its rows."""
+    from rlhf_jax.sweep import Sweep
+
+    sweep = Sweep.load(directory)
+    return build(ExperimentConfig, sweep.base), sweep.rows()
+
+
+def cell_records(cell: RegisteredCell, rows: list[dict], directory: Path, seconds: float) -> dict[str, dict]:
+    """The finished cell's seeds as ledger records, keyed ``<task>/<line>/seed<k>``."""
+    records = {}
+    for seed in cell.seeds:
+        mine = sorted((r for r in rows if int(r["seed"]) == seed), key=lambda r: r["chunk"])
+        records[f"{cell.key}/seed{seed}"] = {
+            "task": cell.task, "line": cell.line, "kind": cell.kind, "seed": seed, "config": cell.config,
+            "overrides": list(cell.overrides), "fingerprint": cell.fingerprint, "run_dir": shown(directory),
+            "seconds": round(seconds, 1), **curve_of(mine)}
+    return records
+
+
+def record_cell(ledger: dict, cell: RegisteredCell, directory: Path, seconds: float, provenance: dict) -> dict:
+    """The ledger with the finished cell in it, after checking the sweep ran the registered config."""
+    config, rows = finished_sweep(directory)
+    check_fingerprint(cell, config, f"the finished sweep in {shown(directory)}")
+    missing = [s for s in cell.seeds if not any(int(r["seed"]) == s for r in rows)]
+    if missing:
+        raise RegistrationError(f"{cell.key}: the sweep in {shown(directory)} has no rows for seeds {missing}")
+    records = cell_records(cell, rows, directory, seconds)
+    return {**ledger, "runs": {**ledger["runs"], **{k: {**r, **provenance} for k, r in records.items()}}}
+
+
+def is_recorded(ledger: dict, cell: RegisteredCell) -> bool:
+    return all(ledger["runs"].get(f"{cell.key}/seed{s}", {}).get("fingerprint") == cell.fingerprint
+               for s in cell.seeds)
+
+
+def run(registration: Registration, ledger_path: Path, cells: list[str] | None = None,
+        run_sweep: Callable = default_sweep, after_cell: Callable | None = None, provenance: dict | None = None) -> dict:
+    """Run every registered cell (or those ``cells`` names) the ledger lacks, and record each."""
+    from benchmarks.reproduce import run_timed
+
+    chosen = [c for c in registration.cells if cells is None or c.key in cells]
+    unknown = sorted(set(cells or ()) - {c.key for c in registration.cells})
+    if unknown:
+        raise ConfigError(f"{unknown[0]!r} is not a cell of {registration.name}; cells are '<task>/<line>', "
+                          f"e.g. {registration.cells[0].key!r}")
+    ledger = load_ledger(ledger_path)
+    todo = [c for c in chosen if not is_recorded(ledger, c)]
+    print(f"{registration.name}: {len(chosen)} cells, {len(chosen) - len(todo)} recorded before, {len(todo)} to run",
+          flush=True)
+    for index, cell in enumerate(todo):
+        config = cell_config(cell)
+        check_fingerprint(cell, config, "today's config")
+        directory = run_directory(registration, cell)
+        print(f"[{index + 1}/{len(todo)}] {cell.key}, seeds {cell.seeds[0]}-{cell.seeds[-1]}", flush=True)
+        base = to_dict(dataclasses.replace(config, run=dataclasses.replace(config.run, dir=str(directory))))
+        seconds = run_timed(directory, lambda: run_sweep(directory, base, len(cell.seeds)))
+        ledger = record_cell(ledger, cell, directory, seconds, {**(provenance or {}), **cpu_host()})
+        save_json(ledger_path, ledger)
+        finals = [final_return(ledger["runs"][f"{cell.key}/seed{s}"]["episode_return"]) for s in cell.seeds]
+        print(f"    finished in {seconds / 60:.1f} min: final true returns "
+              f"{', '.join('-' if f is None else f'{f:.0f}' for f in finals)}", flush=True)
+        if after_cell is not None:
+            after_cell(ledger)
+    return ledger
+
+
+# ---------------------------------------------------------------- the report
+def report(registration: Registration, ledger: dict) -> dict:
+    """Per task the cells' final returns and each budget's gain ratio; the decision rule's counts."""
+    registered = {c.key: c for c in registration.cells}
+    ours = {**ledger, "runs": {k: r for k, r in ledger["runs"].items()
+                               if f"{r['task']}/{r['line']}" in registered
+                               and r["fingerprint"] == registered[f"{r['task']}/{r['line']}"].fingerprint}}
+    tasks = list(dict.fromkeys(c.task for c in registration.cells))
+    result = summary(ours, tasks)
+    budgets = sorted({c.line for c in registration.cells if c.kind == Kind.LABELS.value}, key=lambda l: int(l.split()[0]))
+    ratios: dict[str, dict] = {line: {} for line in budgets}
+    for task, lines in result.items():
+        rl = lines.get(RL_LINE)
+        starts = [cell["mean_return"][0] for cell in lines.values() if cell["mean_return"][0] is not None]
+        for line in budgets:
+            cell = lines.get(line)
+            if rl is None or cell is None or not starts:
+                continue
+            finals = [f for f in cell["final_return_per_seed"] if f is not None]
+            rl_finals = [f for f in rl["final_return_per_seed"] if f is not None]
+            estimate = gain_ratio_estimate(finals, rl_finals, float(np.mean(starts)))
+            cell["gain_ratio"] = None if estimate is None else dataclasses.asdict(estimate)
+            ratios[line][task] = estimate
+    counts = {line: decide(ratios[line], registration.threshold) for line in budgets}
+    claim = counts.get(budget_line(registration.claim_budget))
+    finished = sum(1 for c in registration.cells if is_recorded(ledger, c))
+    return {"registration": registration.name, "steps": registration.steps, "decision_rule": registration.decision_rule,
+            "cells_registered": len(registration.cells), "cells_finished": finished,
+            "claim_holds": None if finished < len(registration.cells) or claim is None
+            else len(claim["at_threshold_by_mean"]) >= registration.claim_tasks,
+            "counts": counts, "tasks": result}
+
+
+def table(result: dict) -> str:
+    """Markdown: per task RL's final return and each budget's gain ratio with its interval."""
+    budgets = list(result["counts"])
+    lines = ["| task | RL (seeds) | " + " | ".join(f"{b}: gain ratio [95% interval] (seeds)" for b in budgets) + " |",
+             "| --- | ---: |" + " ---: |" * len(budgets)]
+    for task, cells in result["tasks"].items():
+        rl = cells.get(RL_LINE)
+        shown_rl = "-" if rl is None else f"{rl['final_return']:.1f} ({rl['seeds']})"
+        row = [f"| {task} | {shown_rl} |"]
+        for line in budgets:
+            ratio = (cells.get(line) or {}).get("gain_ratio")
+            row.append(" - |" if ratio is None else
+                       f" {ratio['mean']:.2f} [{ratio['mean_low']:.2f}, {ratio['mean_high']:.2f}] ({ratio['seeds']}) |")
+        lines.append("".join(row))
+    return "\n".join(lines)
+
+
+def publish(registration: Registration, ledger: dict) -> dict:
+    result = report(registration, ledger)
+    result["table"] = table(result)
+    png = RESULTS / f"{registration.name}.png"
+    plot(ledger, dataclasses.replace(FIGURES[2], title=f"{FIGURES[2].title}, confirmatory "
+                                   f"({registration.steps:,} env steps)"), list(MUJOCO_TASKS), png, quick=False)
+    save_json(RESULTS / f"{registration.name}.json", result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    new = commands.add_parser("register", help="write a new registration from today's configs")
+    new.add_argument("design", choices=sorted(DESIGNS))
+    go = commands.add_parser("run", help="run a registration's cells the ledger lacks")
+    go.add_argument("registration", type=Path)
+    go.add_argument("--cells", help="comma-separated '<task>/<line>' keys (default: every cell)")
+    show = commands.add_parser("report", help="write the figure and the JSON from the ledger")
+    show.add_argument("registration", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "register":
+            print(f"registered: {shown(register(args.design))}")
+            return
+        registration = load(args.registration)
+        ledger_path = RESULTS / f"{registration.name}_runs.json"
+        if args.command == "report":
+            print(table(publish(registration, load_ledger(ledger_path))))
+            return
+        enable_compilation_cache()
+        provenance = {"command": "python -m experiments.confirm " + " ".join(sys.argv[1:] if argv is None else argv),
+                      **git_commit()}
+        cells = [c.strip() for c in args.cells.split(",")] if args.cells else None
+        ledger = run(registration, ledger_path, cells, after_cell=lambda ledger: publish(registration, ledger),
+                     provenance=provenance)
+        print(table(publish(registration, ledger)))
+    except (KeyboardInterrupt, Interrupted) as stop:
+        print("\ninterrupted: finished cells are in the ledger; the same command goes on from the last chunk",
+              file=sys.stderr)
+        sys.exit(stop.exit_code if isinstance(stop, Interrupted) else 130)
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    main()

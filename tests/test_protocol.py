@@ -1,0 +1,147 @@
+"""The confirmatory protocol: registered cells, the refusal of any other config, and the decision rule."""
+import csv
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from experiments import confirm, protocol
+from experiments.protocol import RegisteredCell, RegistrationError
+from rlhf_jax.sweep import SWEEP_FILE
+
+
+def small_cell(task="hopper", line="RL (trpo)", first_seed=100, seeds=2) -> RegisteredCell:
+    """A registered cell of a short run, its fingerprint computed from today's files."""
+    overrides = ("env.id=envpool/Hopper-v5", "env.num_envs=2", *protocol.seed_keys(first_seed, 2),
+                 "trpo.total_env_steps=4000", "run.chunk_env_steps=2000", "run.tensorboard=false")
+    cell = RegisteredCell(task, line, "baseline", "configs/paper/mujoco/hopper_trpo.yaml", overrides,
+                          tuple(range(first_seed, first_seed + seeds)), "")
+    return dataclasses.replace(cell, fingerprint=protocol.fingerprint(protocol.cell_config(cell)))
+
+
+def registration(*cells) -> protocol.Registration:
+    return protocol.Registration("test", 4000, 2, 0.8, 700, 6, "rule", (), tuple(cells))
+
+
+def stand_in_sweep(calls, change=None):
+    """Writes what a finished sweep leaves (sweep.yaml, members.csv); ``change(base)`` alters the
+    config it records, as a sweep run on another config would have."""
+    def run_sweep(directory, base, seeds):
+        calls.append(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        recorded = change(base) if change else base
+        (directory / SWEEP_FILE).write_text(yaml.safe_dump({"base": recorded, "swept": {}, "seeds": seeds}))
+        with (directory / "members.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, ["group", "chunk", "member", "seed", "label", "env_steps", "episode_return"])
+            writer.writeheader()
+            for member, seed in enumerate(range(base["seed"], base["seed"] + seeds)):
+                for chunk in range(2):
+                    writer.writerow({"group": 0, "chunk": chunk, "member": member, "seed": seed, "label": "base",
+                                     "env_steps": 2000 * (chunk + 1), "episode_return": 10.0 * (chunk + 1) + seed})
+    return run_sweep
+
+
+def test_a_registered_cell_runs_once_and_is_recorded_with_its_seeds_and_host(tmp_path, monkeypatch):
+    monkeypatch.setattr(confirm, "RUNS", tmp_path / "runs")
+    cell, calls, ledger_path = small_cell(), [], tmp_path / "ledger.json"
+    ledger = confirm.run(registration(cell), ledger_path, run_sweep=stand_in_sweep(calls))
+    assert len(calls) == 1
+    assert sorted(ledger["runs"]) == ["hopper/RL (trpo)/seed100", "hopper/RL (trpo)/seed101"]
+    record = ledger["runs"]["hopper/RL (trpo)/seed101"]
+    assert record["fingerprint"] == cell.fingerprint and record["episode_return"] == [111.0, 121.0]
+    assert record["cpu"] and "vector_extensions" in record and "xla_flags" in record
+    confirm.run(registration(cell), ledger_path, run_sweep=stand_in_sweep(calls))
+    assert len(calls) == 1  # recorded: never run again
+
+
+def test_a_cell_whose_config_changed_since_it_was_registered_is_refused_before_it_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(confirm, "RUNS", tmp_path / "runs")
+    cell = dataclasses.replace(small_cell(), fingerprint="0123456789ab")  # registered on another config
+    calls = []
+    with pytest.raises(RegistrationError, match="hopper/RL \\(trpo\\): today's config has fingerprint .* the "
+                                                "registration 0123456789ab"):
+        confirm.run(registration(cell), tmp_path / "ledger.json", run_sweep=stand_in_sweep(calls))
+    assert calls == [] and not (tmp_path / "ledger.json").exists()
+
+
+def test_a_sweep_that_ran_another_config_is_not_recorded(tmp_path, monkeypatch):
+    """The check before recording: a sweep directory whose config is not the registered one (edited,
+    or run by hand with another setting) never enters the ledger."""
+    monkeypatch.setattr(confirm, "RUNS", tmp_path / "runs")
+    cell, ledger_path = small_cell(), tmp_path / "ledger.json"
+
+    def another_entropy(base):
+        return {**base, "trpo": {**base["trpo"], "entropy_coef": 0.05}}
+
+    with pytest.raises(RegistrationError, match="the finished sweep in .* has fingerprint"):
+        confirm.run(registration(cell), ledger_path, run_sweep=stand_in_sweep([], another_entropy))
+    assert not ledger_path.exists()
+
+
+def test_a_registration_is_never_rewritten(tmp_path):
+    path = tmp_path / "r.yaml"
+    protocol.save(registration(small_cell()), path, "# header\n")
+    loaded = protocol.load(path)
+    assert loaded == registration(small_cell())
+    with pytest.raises(RegistrationError, match="never rewritten"):
+        protocol.save(registration(small_cell(first_seed=200)), path, "")
+
+
+def test_the_designs_use_fresh_seeds_and_one_value_per_setting_but_the_papers_per_task_ones():
+    cells = confirm.design_cells(confirm.DESIGNS["figure2_1m"], ["hopper", "swimmer"])
+    assert all(min(c.seeds) >= 100 for c in cells)
+    assert [c.key for c in cells[:4]] == ["hopper/RL (trpo)", "hopper/700 labels", "swimmer/RL (trpo)",
+                                          "swimmer/700 labels"]
+    assert {len(c.seeds) for c in cells if c.line in ("RL (trpo)", "700 labels")} == {10}
+    assert {len(c.seeds) for c in cells if c.line in ("1400 labels", "350 labels")} == {5}
+    configs = {c.key: protocol.cell_config(c) for c in cells}
+    assert configs["hopper/700 labels"].trpo.entropy_coef == 0.01
+    assert configs["swimmer/700 labels"].trpo.entropy_coef == 0.001  # appendix A.1's one exception
+    assert configs["hopper/RL (trpo)"].trpo.total_env_steps == 1_000_000
+    # every cell's fingerprint is what today's files give it
+    assert all(protocol.fingerprint(configs[c.key]) == c.fingerprint for c in cells)
+
+
+def test_the_gain_ratio_and_its_interval_by_hand():
+    estimate = protocol.gain_ratio_estimate([3.0, 5.0, 7.0], [9.0, 11.0], start=1.0)
+    # RL's mean gain is 10 - 1 = 9; the seeds' gains 2, 4, 6
+    assert estimate.per_seed == pytest.approx((2 / 9, 4 / 9, 6 / 9))
+    assert estimate.mean == pytest.approx(4 / 9) and estimate.iqm == pytest.approx(4 / 9)
+    assert estimate.mean_low < estimate.mean < estimate.mean_high
+    # the most a draw can give: every label seed 7 over RL's smallest gain, 8
+    assert estimate.mean_high <= 6 / 8 + 1e-12 and estimate.mean_low >= 2 / 10 - 1e-12
+    assert protocol.gain_ratio_estimate([3.0, 5.0, 7.0], [9.0, 11.0], start=1.0) == estimate  # seeded
+    assert protocol.gain_ratio_estimate([3.0], [1.0, 0.5], start=2.0) is None  # RL gained nothing
+
+
+def test_the_iqm_is_the_mean_of_the_middle_half():
+    values = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 100.0])
+    assert protocol.iqm(values) == pytest.approx(np.mean([2.0, 3.0, 4.0, 5.0]))
+
+
+def test_the_decision_rule_counts_by_the_mean_and_by_the_lower_bound():
+    def ratio(mean, low):
+        return protocol.GainRatio(mean, low, mean + 0.1, mean, low, mean + 0.1, (mean,), 1, 1)
+
+    counts = protocol.decide({"a": ratio(0.9, 0.85), "b": ratio(0.85, 0.4), "c": ratio(0.5, 0.2), "d": None}, 0.8)
+    assert counts == {"tasks": 4, "at_threshold_by_mean": ["a", "b"], "at_threshold_by_lower_bound": ["a"]}
+
+
+def test_the_report_reads_the_registered_cells_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(confirm, "RUNS", tmp_path / "runs")
+    rl, labels = small_cell(), dataclasses.replace(small_cell(line="700 labels"), kind="labels")
+    ledger = confirm.run(registration(rl), tmp_path / "ledger.json", run_sweep=stand_in_sweep([]))
+    # the label cell's records, as a finished run of it would leave them
+    for seed in labels.seeds:
+        ledger["runs"][f"{labels.key}/seed{seed}"] = {**ledger["runs"][f"{rl.key}/seed{seed}"], "line": labels.line,
+                                                      "kind": "labels", "fingerprint": labels.fingerprint}
+    ledger["runs"]["hopper/700 labels/seed999"] = {**ledger["runs"][f"{rl.key}/seed100"], "line": "700 labels",
+                                                   "kind": "labels", "seed": 999, "fingerprint": "stale"}
+    result = confirm.report(registration(rl, labels), ledger)
+    cell = result["tasks"]["hopper"]["700 labels"]
+    assert cell["seeds"] == 2  # the stale record is left out
+    assert cell["gain_ratio"]["mean"] == pytest.approx(1.0)
+    assert result["counts"]["700 labels"]["at_threshold_by_mean"] == ["hopper"]
+    assert json.dumps(result)  # the JSON the report writes
