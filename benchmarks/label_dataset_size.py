@@ -31,7 +31,7 @@ from benchmarks.common import Headline, enable_compilation_cache, ratio, write_r
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, build, to_dict
 from rlhf_jax.config_base import dump_yaml
 from rlhf_jax.envs import EnvConfig, make
-from rlhf_jax.feedback import label_dataset
+from rlhf_jax import label_datasets
 from rlhf_jax.replay import frame_stack
 from rlhf_jax.reward.data import frames_on_host
 
@@ -64,7 +64,7 @@ def play(env_config: EnvConfig, steps: int, seed: int = 0):
     return env.spec, jax.device_get(jax.jit(run)(jax.random.PRNGKey(seed)))
 
 
-def labels_of(env_config: EnvConfig, length: int, copies: int, seed: int = 0) -> label_dataset.LabelDataset:
+def labels_of(env_config: EnvConfig, length: int, copies: int, seed: int = 0) -> label_datasets.LabelDataset:
     """500 labels of random pairs of ``length``-step segments cut from random play, as a run's
     labels would be exported (the oracle's answers, every member's held-out flags)."""
     segments = 2 * LABELS
@@ -77,18 +77,18 @@ def labels_of(env_config: EnvConfig, length: int, copies: int, seed: int = 0) ->
     mu = np.where(returns[:, 0] > returns[:, 1], 1.0, np.where(returns[:, 0] < returns[:, 1], 0.0, 0.5))
     stack = frame_stack(spec)
     frames, restart = frames_on_host(obs[pairs], stack)
-    rows = label_dataset.LabelRows(frames, restart, action[pairs], mu.astype(np.float32), returns,
+    rows = label_datasets.LabelRows(frames, restart, action[pairs], mu.astype(np.float32), returns,
                                    rng.random((LABELS, 3)) < 1 / math.e, None)
     config = build(ExperimentConfig, {**DEFAULT_EXPERIMENT, "env": to_dict(env_config)})
-    info = label_dataset.DatasetInfo(
+    info = label_datasets.DatasetInfo(
         kind="compare", env=env_config, rows=LABELS, segment_length=length, stack=stack,
         frame_shape=tuple(frames.shape[3:]), observation_dtype=str(obs.dtype), action_shape=(),
         action_dtype="int32", members=3, labeler="synthetic", source="random play (benchmarks.label_dataset_size)",
         run_config=dump_yaml(to_dict(config)))
-    return label_dataset.LabelDataset(info, rows, label_dataset.Provenance.unknown(LABELS, "oracle"))
+    return label_datasets.LabelDataset(info, rows, label_datasets.Provenance.unknown(LABELS, "oracle"))
 
 
-def with_noise(dataset: label_dataset.LabelDataset) -> label_dataset.LabelDataset:
+def with_noise(dataset: label_datasets.LabelDataset) -> label_datasets.LabelDataset:
     """The same labels with every frame's pixels uniformly random: the worst case of compression."""
     rng = np.random.default_rng(1)
     frames = rng.integers(0, 256, dataset.rows.frames.shape, np.uint8)
@@ -108,22 +108,22 @@ def measure(name: str, work: Path, noise: bool = False) -> dict:
         dataset, name = with_noise(dataset), f"{name}_noise"
     out = work / name
     start = time.perf_counter()
-    label_dataset.write(dataset, out)
+    label_datasets.write(dataset, out)
     written = time.perf_counter() - start
     start = time.perf_counter()
-    back = label_dataset.read(out)
+    back = label_datasets.read(out)
     read = time.perf_counter() - start
     np.testing.assert_array_equal(back.rows.frames, dataset.rows.frames)  # what was measured is what was written
-    npz = label_dataset.write_labels_npz(dataset, work / f"{name}.npz")
+    npz = label_datasets.write_labels_npz(dataset, work / f"{name}.npz")
     rows_bytes = sum(a.nbytes for a in dataset.rows if a is not None)
-    total, parquet = directory_bytes(out), label_dataset.parquet_bytes(out)
+    total, parquet = directory_bytes(out), label_datasets.parquet_bytes(out)
     info = dataset.info
     result = {
         "env": info.env.id, "labels": LABELS, "segment_length": length,
         "observation": f"{info.observation_dtype}{list(info.observation_shape)}",
         "frames_per_segment": info.frames_per_segment,
         "dataset_bytes": total, "dataset_mib": round(total / MIB, 3),
-        "parquet_bytes": parquet, "card_bytes": (out / label_dataset.CARD_FILE).stat().st_size,
+        "parquet_bytes": parquet, "card_bytes": (out / label_datasets.CARD_FILE).stat().st_size,
         "bytes_per_label": round(total / LABELS),
         "rows_bytes_uncompressed": rows_bytes, "rows_mib_uncompressed": round(rows_bytes / MIB, 3),
         "compression_ratio": round(rows_bytes / parquet, 2),
@@ -146,7 +146,7 @@ def main() -> None:
     write_result("label_dataset_size", {
         "labels": LABELS,
         "policy": "uniformly random (real environment steps; pairs at random; the synthetic oracle's answers)",
-        "zstd_level": label_dataset.ZSTD_LEVEL,
+        "zstd_level": label_datasets.ZSTD_LEVEL,
         **{f"{name}_{key}": value for name, result in tasks.items() for key, value in result.items()},
     }, headline=headline)
 

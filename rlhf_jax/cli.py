@@ -89,17 +89,17 @@ def cmd_label(args) -> None:
 
 
 def cmd_labels_export(args) -> None:
-    from rlhf_jax.feedback import label_dataset
+    from rlhf_jax import label_datasets
 
-    dataset = label_dataset.from_run(args.run_dir)
-    out = label_dataset.write(dataset, args.out_dir, license=args.license)
-    print(f"done: {out}  ({dataset.info.rows} labels; card: {out / label_dataset.CARD_FILE})")
+    dataset = label_datasets.from_run(args.run_dir)
+    out = label_datasets.write(dataset, args.out_dir, license=args.license)
+    print(f"done: {out}  ({dataset.info.rows} labels; card: {out / label_datasets.CARD_FILE})")
 
 
 def cmd_labels_import(args) -> None:
-    from rlhf_jax.feedback import label_dataset
+    from rlhf_jax import label_datasets
 
-    path = label_dataset.import_labels(args.dataset_dir, args.target)
+    path = label_datasets.import_labels(args.dataset_dir, args.target)
     print(f"done: {path}")
 
 

@@ -33,7 +33,7 @@ from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_override
 from rlhf_jax.config_base import parse_yaml
 from rlhf_jax.envs import make
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.feedback import label_dataset
+from rlhf_jax import label_datasets
 from rlhf_jax.head_start import HeadStartFiles
 from rlhf_jax.reward import saved_model
 from rlhf_jax.replay import frame_stack
@@ -61,7 +61,7 @@ def default_out(dataset_dir: str | Path) -> Path:
 def fit_config(dataset_dir: str | Path, overrides: list[str]) -> ExperimentConfig:
     """The experiment a fit runs as: the dataset's source run (else the built-in default on the
     dataset's environment) with ``overrides``, its labels from the dataset, every one held."""
-    info = label_dataset.read_info(dataset_dir)
+    info = label_datasets.read_info(dataset_dir)
     feedback = feedback_of(info.kind)
     if not info.rows:
         raise ConfigError(f"{dataset_dir} holds no {feedback.answers}: nothing to fit")

@@ -1,7 +1,7 @@
 """What a run may start from besides an untrained reward model and no answers:
 
 * ``preferences.labels_from`` (``reward: preferences``) or ``ibt.marks_from`` (``reward: ibt``):
-  the answers of a label dataset of the run's kind (:mod:`rlhf_jax.feedback.label_dataset`;
+  the answers of a label dataset of the run's kind (:mod:`rlhf_jax.label_datasets`;
   or a finished run's directory, or a ``labels.npz``), put in the label database (IBT: the
   annotated clips D) before the first query. They count against the budget
   (``preferences.labels``, ``ibt.episodes``): the labeler, synthetic or people, is asked only
@@ -54,10 +54,10 @@ class HeadStartFiles:
         self._labels = None  # its LabelDataset, where reading the info read them too
         self._given: HeadStart | None = None
         if self.labels_path:
-            from rlhf_jax.feedback import label_dataset  # Parquet's pyarrow: only for a run that reads labels
+            from rlhf_jax import label_datasets  # Parquet's pyarrow: only for a run that reads labels
 
             try:
-                self._info, self._labels = label_dataset.labels_info(self.labels_path)
+                self._info, self._labels = label_datasets.labels_info(self.labels_path)
             except ConfigError as error:
                 raise ConfigError(f"{self.labels_key}: {error}") from None
             self._check_labels(self._info)
@@ -158,10 +158,10 @@ class HeadStartFiles:
     def _read(self) -> HeadStart:
         answers = model = None
         if self.labels_path:
-            from rlhf_jax.feedback import label_dataset
+            from rlhf_jax import label_datasets
 
             try:
-                dataset = self._labels or label_dataset.load_labels(self.labels_path)
+                dataset = self._labels or label_datasets.load_labels(self.labels_path)
             except ConfigError as error:
                 raise ConfigError(f"{self.labels_key}: {error}") from None
             rows, info = dataset.rows, self._info

@@ -1,4 +1,4 @@
-"""Label datasets (rlhf_jax.feedback.label_dataset): a run's labels exported as Parquet with a
+"""Label datasets (rlhf_jax.label_datasets): a run's labels exported as Parquet with a
 dataset card and imported back bit for bit, for a real CartPole run, a hand-made Atari label
 database (stacked frames, each stored once) and hand-made IBT marks; `datasets` loads them; a
 run started from a dataset asks its labeler only for the rest of its budget; a reward model
@@ -18,7 +18,7 @@ from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 from rlhf_jax.config_base import dump_yaml
 from rlhf_jax.envs.core import Discrete, EnvSpec
-from rlhf_jax.feedback import label_dataset
+from rlhf_jax import label_datasets
 from rlhf_jax.feedback.labeler import QUERIES_DIR
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
 from rlhf_jax.reward import saved_model
@@ -148,12 +148,12 @@ def test_stacked_frames_are_stored_once_and_stacks_rebuilt(atari_run, atari_labe
     """The Atari path: the dataset holds the label database's frames and restarts as they were,
     k + 3 frames a segment, not k stacks of 4; loaded, every stack comes back."""
     assert main(["labels", "export", str(atari_run), str(tmp_path / "pong")]) == 0
-    dataset = label_dataset.read(tmp_path / "pong")
+    dataset = label_datasets.read(tmp_path / "pong")
     assert dataset.info.stack == 4 and dataset.info.frame_shape == (84, 84)
     np.testing.assert_array_equal(dataset.rows.frames, np.asarray(atari_labels.frames))
     np.testing.assert_array_equal(dataset.rows.restart, np.asarray(atari_labels.restart))
     assert dataset.rows.frames[0, 0].shape == (5 + 3, 84, 84)
-    stacks = label_dataset.stacks_on_host(dataset.rows.frames, dataset.rows.restart, 4)
+    stacks = label_datasets.stacks_on_host(dataset.rows.frames, dataset.rows.restart, 4)
     np.testing.assert_array_equal(stacks, observations_on_host(atari_labels))
     assert dataset.provenance.who == ("oracle",) * 3 and np.isnan(dataset.provenance.seconds).all()
 
@@ -161,10 +161,10 @@ def test_stacked_frames_are_stored_once_and_stacks_rebuilt(atari_run, atari_labe
 def test_datasets_loads_the_parquet_with_the_documented_columns(cartpole_dataset, tmp_path):
     import datasets
 
-    info = label_dataset.read_info(cartpole_dataset)
+    info = label_datasets.read_info(cartpole_dataset)
     loaded = datasets.load_dataset("parquet", data_files=str(cartpole_dataset / "data" / "*.parquet"),
                                    split="train", cache_dir=str(tmp_path / "cache"))
-    assert loaded.column_names == [column.name for column in label_dataset.columns(info)]
+    assert loaded.column_names == [column.name for column in label_datasets.columns(info)]
     assert len(loaded) == info.rows == SOURCE_LABELS
     saved = np.load(cartpole_dataset.parent / "cartpole" / "labels.npz")
     rows = loaded.with_format("numpy")
@@ -173,7 +173,7 @@ def test_datasets_loads_the_parquet_with_the_documented_columns(cartpole_dataset
     assert set(loaded["choice"]) <= {"left", "right", "tie"} and set(loaded["who"]) == {"oracle"}
     assert loaded["env_id"][0] == "gymnax/CartPole-v1" and loaded["seconds"][0] is None
     # The second way the brief names: one file.
-    one = datasets.Dataset.from_parquet(str(label_dataset.shard_files(cartpole_dataset)[0]),
+    one = datasets.Dataset.from_parquet(str(label_datasets.shard_files(cartpole_dataset)[0]),
                                         cache_dir=str(tmp_path / "cache"))
     assert one.num_rows == SOURCE_LABELS
 
@@ -186,7 +186,7 @@ def test_the_card_names_the_rows_and_every_column(cartpole_dataset):
     assert front["size_categories"] == ["n<1K"]
     assert front["configs"][0]["data_files"][0]["path"] == "data/*.parquet"
     assert f"{SOURCE_LABELS} labels" in text
-    for column in label_dataset.columns(label_dataset.read_info(cartpole_dataset)):
+    for column in label_datasets.columns(label_datasets.read_info(cartpole_dataset)):
         assert f"| `{column.name}` |" in text, column.name
 
 
@@ -209,7 +209,7 @@ def test_who_answered_comes_from_the_label_store(tmp_path):
     np.savez(run_dir / "labels.npz", obs=obs[[2, 0]], action=action[[2, 0]], mu=np.float32([0.0, 1.0]),
              oracle_return=np.zeros((2, 2), np.float32), holdout=np.zeros((2, 3), bool))
     assert main(["labels", "export", str(run_dir), str(tmp_path / "dataset")]) == 0
-    provenance = label_dataset.read(tmp_path / "dataset").provenance
+    provenance = label_datasets.read(tmp_path / "dataset").provenance
     assert provenance.who == ("bob", "ann")
     np.testing.assert_array_equal(provenance.seconds, [4.0, 2.5])
     np.testing.assert_array_equal(provenance.query_id, [2, 0])
@@ -225,7 +225,7 @@ def test_a_run_from_a_dataset_asks_only_for_the_rest_of_its_budget(cartpole_data
     state = training.init_runner(jax.random.PRNGKey(0))
     held = jax.device_get(state.learner.labels)
     assert int(state.asked) == 0 and int(held.count) == SOURCE_LABELS
-    given = label_dataset.read(cartpole_dataset).rows
+    given = label_datasets.read(cartpole_dataset).rows
     np.testing.assert_array_equal(held.frames[:SOURCE_LABELS], given.frames)
     np.testing.assert_array_equal(held.mu[:SOURCE_LABELS], given.mu)
     for chunk in range(training.num_chunks):

@@ -742,7 +742,7 @@ def card(dataset: LabelDataset, license: str, nbytes: int) -> str:
               'labels = datasets.load_dataset("parquet", data_files="data/*.parquet", split="train")',
               'row = labels.with_format("numpy")[0]  # integers come back as int64: cast with .astype',
               "```", "", "With rlhf-jax, observations rebuilt and dtypes kept:", "", "```python",
-              "from rlhf_jax.feedback.label_dataset import read", "",
+              "from rlhf_jax.label_datasets import read", "",
               "dataset = read(\"PATH/TO/THIS/DIRECTORY\")  # .info, .rows (arrays), .provenance", "```", "",
               "```bash",
               "rlhf-jax labels import THIS_DIR labels.npz              # the run format",
