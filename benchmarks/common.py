@@ -231,15 +231,17 @@ def with_headline(result: dict, headline: Callable[[dict], list[Headline]]) -> d
 
 
 def write_result(name: str, result: dict, headline: Callable[[dict], list[Headline]] | None = None,
-                 merge: bool = False) -> Path:
-    """Write ``benchmarks/results/<name>.json`` and print the same JSON object as the last line.
+                 merge: bool = False, results: Path | None = None) -> Path:
+    """Write ``<results>/<name>.json`` (``benchmarks/results/`` unless given: the experiments
+    write theirs to ``experiments/results/``) and print the same JSON object as the last line.
 
     ``headline``: the benchmark's function from its result to its rows of the report's table
     (:class:`Headline`); a result without one is not in the report. ``merge``: a run of some
     of a benchmark's parts (each part short enough to time on a quiet machine) keeps the
     stored result's other keys and replaces those it measured."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    results = RESULTS if results is None else results
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{name}.json"
     earlier = json.loads(path.read_text()) if merge and path.exists() else {}
     earlier.pop("headline", None)
     if "parts" in earlier and "parts" in result:  # the parts measured so far, by any run
@@ -273,3 +275,11 @@ def compiled_chunk(agent, config, env, iterations: int):
         return jax.lax.scan(lambda runners, _: step_seeds(runners), runners, None, iterations)
 
     return jax.jit(chunk, donate_argnums=0)
+
+
+def cpu_overrides(config_path: Path) -> list[str]:
+    """A MuJoCo config's MJX task on EnvPool's C MuJoCo instead: the CPU back end (``--backend cpu``)."""
+    from rlhf_jax.config import ExperimentConfig, load_config  # here: see compiled_chunk
+
+    env_id = load_config(ExperimentConfig, config_path, []).env.id
+    return [f"env.id=envpool/{env_id.split('/', 1)[1]}"]

@@ -47,14 +47,14 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import envpool
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import Headline, Target, enable_compilation_cache, write_result
-from benchmarks.reproduce import MUJOCO_TASKS, cpu_overrides
+from benchmarks.common import Headline, Target, cpu_overrides, enable_compilation_cache, write_result
 from benchmarks.rlhf_overhead import flops_per_env_step
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.envs.core import Environment, EnvSpec, TimeStep, clip_action
@@ -63,6 +63,11 @@ from rlhf_jax.reward.config import PreferenceConfig
 from rlhf_jax.trainer import compile_chunk, make_training, true_reward_env_config
 
 
+PAPER_MUJOCO = Path(__file__).resolve().parent.parent / "configs" / "paper" / "mujoco"
+# Figure 2's eight tasks, in its order: ``<task>.yaml`` learns from labels, ``<task>_trpo.yaml``
+# is TRPO on the true reward.
+MUJOCO_TASKS = ("reacher", "halfcheetah", "hopper", "walker2d", "swimmer", "ant", "invertedpendulum",
+                "inverteddoublependulum")
 # How far a replay's observations may be from TRPO's and still be the same trajectories: float32
 # rounding of float64 observations gives about 1e-6; a replay that lost step ends up O(1) apart.
 REPLAY_TOLERANCE = 1e-3
@@ -273,12 +278,12 @@ def agent_ms(training, repeats: int = 15) -> dict:
 
 
 def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int, fit_rates: tuple[float, ...]) -> dict:
-    info = MUJOCO_TASKS[task]
+    rl, rlhf = PAPER_MUJOCO / f"{task}_trpo.yaml", PAPER_MUJOCO / f"{task}.yaml"
     size = [f"env.num_envs={num_envs}", f"run.chunk_env_steps={chunk_env_steps}"]
-    trpo_config = load_config(ExperimentConfig, info.baselines[0].config, [*cpu_overrides(info.baselines[0].config), *size])
-    rlhf_overrides = [*cpu_overrides(info.rlhf), *size]
-    rlhf_config = load_config(ExperimentConfig, info.rlhf, rlhf_overrides)
-    slower_fits = {fit_side(rate): Chunk(load_config(ExperimentConfig, info.rlhf, [
+    trpo_config = load_config(ExperimentConfig, rl, [*cpu_overrides(rl), *size])
+    rlhf_overrides = [*cpu_overrides(rlhf), *size]
+    rlhf_config = load_config(ExperimentConfig, rlhf, rlhf_overrides)
+    slower_fits = {fit_side(rate): Chunk(load_config(ExperimentConfig, rlhf, [
         *rlhf_overrides, f"preferences.fit_pairs_per_env_step={rate}"])) for rate in fit_rates}
     trpo = TrpoChunk(trpo_config)
     steps = trpo.env_steps // num_envs

@@ -17,7 +17,7 @@ The report has the machine and the library versions on top, then ONE table of th
 headline figures of every benchmark: our figure, the peer's or the raw back end's figure
 where there is one, their ratio, the target and whether it is met, and for each row the
 JSON file it came from and whether that run was ``--quick``. Then the scaling plots of
-``benchmarks/scaling.py`` and links to the other figures; what only an accelerator can show
+``benchmarks/scaling.py``; what only an accelerator can show
 (each benchmark's :class:`OnAccelerator`, with its command and the device its stored result
 came from); the JSON files used; and what happened to each benchmark this invocation ran.
 
@@ -28,8 +28,8 @@ stores in its JSON under ``"headline"``; this runner only renders them.
 on the stored results: nothing is measured again).
 
 Which JSON a benchmark's rows come from: the file this invocation wrote, if it ran the
-benchmark successfully; otherwise the full run's file if there is one (``ibt.json``),
-otherwise the quick run's (``ibt_quick.json``). Several scripts write the same file in
+benchmark successfully; otherwise the full run's file if there is one (``cpu_devices.json``),
+otherwise the quick run's (``cpu_devices_quick.json``). Several scripts write the same file in
 both modes; their ``quick`` field tells which.
 """
 from __future__ import annotations
@@ -104,8 +104,6 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("--quick",), (), "reward_fit", "reward_fit", 3, 16,
               OnAccelerator("the Atari reward CNN's fit as one scanned program (`cnn_scan_pairs_per_s`), left out "
                             "on a CPU, where convolution gradients inside loops run many times slower")),
-    Benchmark("ibt", "IBT", "IBT loss throughput and reward quality against AR and preferences", ("--quick",), (),
-              "ibt", "ibt_quick", 3, 10),
     Benchmark("mujoco_throughput", "MuJoCo on the CPU (EnvPool)",
               "TRPO and the RLHF loop on EnvPool's C MuJoCo, against raw EnvPool stepping", ("--quick",), (),
               "mujoco_throughput", "mujoco_throughput_quick", 2, 5,
@@ -128,15 +126,6 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("label_dataset_size", "Label datasets",
               "bytes on disk of 500 CartPole and 500 Pong labels exported as Parquet", (), (),
               "label_dataset_size", "label_dataset_size", 3, 3),
-    Benchmark("labels_vs_return", "Learning: labels vs return",
-              "true return from synthetic labels, beside the true reward", ("--quick",), (),
-              "labels_vs_return", "labels_vs_return_quick", 8, 120),
-    Benchmark("minatar_curves", "Learning: MinAtar", "DQN and A2C learning curves on MinAtar Breakout",
-              ("--quick",), (), "minatar_curves", "minatar_curves", 2, 90),
-    Benchmark("mujoco_curves", "Learning: MuJoCo", "TRPO and ACER learning curves on MJX Hopper and HalfCheetah",
-              ("--quick",), (), "mujoco_curves", "mujoco_curves_quick", 5, 600,
-              OnAccelerator("TRPO's and ACER's curves on MJX at their full budget (about ten hours on a CPU, "
-                            "estimated)")),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 STDERR_TAIL = 40  # lines of a failed benchmark's stderr kept for the report
@@ -442,8 +431,6 @@ def header() -> list[str]:
 
 FIGURES = (("scaling_seeds.png", "Env steps/s against seeds vmapped (A2C, DQN; CartPole)"),
            ("scaling_envs.png", "Env steps/s against environments, one seed (A2C, DQN; CartPole)"))
-OTHER_FIGURES = ("ibt.png", "ibt_quick.png", "labels_vs_return.png", "labels_vs_return_quick.png",
-                 "minatar_curves.png", "mujoco_curves.png", "mujoco_curves_quick.png")
 
 
 def accelerator_section(sources: dict[str, Source]) -> list[str]:
@@ -488,9 +475,6 @@ def write_report(outcomes: list[Outcome], written_now: set[str], invocation: str
             lines += [f"![{caption}](results/{name})", "", f"*{caption}.*", ""]
         else:
             lines += [f"`results/{name}` is missing: run `python -m benchmarks.scaling --quick`.", ""]
-    others = [f"[{n}](results/{n})" for n in OTHER_FIGURES if (RESULTS / n).exists()]
-    if others:
-        lines += ["Other figures: " + ", ".join(others) + ".", ""]
 
     lines += accelerator_section(sources)
     lines += ["## Sources", "", "| benchmark | JSON | mode | file written | machine recorded | this invocation |",

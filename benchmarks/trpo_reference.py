@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import RESULTS, cpu_host
-from benchmarks.reproduce import PAPER, final_return, git_commit, load_ledger, save_json
+from experiments.reproduce import PAPER, final_return, git_commit, load_ledger, save_json
 
 POINTS = 25
 TARGET = 0.9

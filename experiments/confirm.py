@@ -35,11 +35,11 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from benchmarks.common import cpu_host, enable_compilation_cache
-from benchmarks.reproduce import (FIGURES, MUJOCO_TASKS, ROOT, Kind, budget_line, cpu_overrides, curve_of,
-                                  final_return, git_commit, load_ledger, pinned_segment_length, plot, save_json,
-                                  shown, slug, summary)
 from experiments.protocol import (Registration, RegisteredCell, RegistrationError, cell_config, check_fingerprint,
                                   decide, fingerprint, gain_ratio_estimate, load, save, seed_keys)
+from experiments.reproduce import (FIGURES, MUJOCO_TASKS, ROOT, Kind, budget_line, cpu_overrides, curve_of,
+                                   final_return, git_commit, load_ledger, pinned_segment_length, plot, save_json,
+                                   shown, slug, summary)
 from rlhf_jax.config import ExperimentConfig, build, to_dict
 from rlhf_jax.errors import ConfigError, Interrupted
 
@@ -184,7 +184,7 @@ def is_recorded(ledger: dict, cell: RegisteredCell) -> bool:
 def run(registration: Registration, ledger_path: Path, cells: list[str] | None = None,
         run_sweep: Callable = default_sweep, after_cell: Callable | None = None, provenance: dict | None = None) -> dict:
     """Run every registered cell (or those ``cells`` names) the ledger lacks, and record each."""
-    from benchmarks.reproduce import run_timed
+    from experiments.reproduce import run_timed
 
     chosen = [c for c in registration.cells if cells is None or c.key in cells]
     unknown = sorted(set(cells or ()) - {c.key for c in registration.cells})

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from benchmarks.reproduce import ROOT, fingerprinted_fields
+from experiments.reproduce import ROOT, fingerprinted_fields
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
 
@@ -45,7 +45,7 @@ class RegisteredCell:
 
     task: str
     line: str  # "RL (trpo)" or "<budget> labels"
-    kind: str  # benchmarks.reproduce.Kind's value: "baseline" or "labels"
+    kind: str  # experiments.reproduce.Kind's value: "baseline" or "labels"
     config: str  # the config file, from the repository root
     overrides: tuple[str, ...]  # every key the cell sets beyond its file, the seed keys among them
     seeds: tuple[int, ...]  # consecutive: one sweep runs them
@@ -86,7 +86,7 @@ def cell_config(cell: RegisteredCell, root: Path = ROOT) -> ExperimentConfig:
 
 def fingerprint(config: ExperimentConfig) -> str:
     """The resolved config's fingerprint, less where the run is written (``run.dir``) and the
-    W&B settings (:func:`benchmarks.reproduce.fingerprinted_fields`)."""
+    W&B settings (:func:`experiments.reproduce.fingerprinted_fields`)."""
     fields = fingerprinted_fields(config)
     fields["run"] = {k: v for k, v in fields["run"].items() if k != "dir"}
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]

@@ -1,5 +1,5 @@
 """configs/paper/: every file builds and says what Christiano et al. 2017 (appendix A), Mnih et al.
-2015 and Mnih et al. 2016 say; benchmarks/reproduce.py keeps its ledger and skips finished runs.
+2015 and Mnih et al. 2016 say; experiments/reproduce.py keeps its ledger and skips finished runs.
 
 No training here: configs are only loaded (and domain defaults resolved against a stand-in
 spec), and reproduce.py's bookkeeping runs with a stand-in for ``train``.
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import reproduce
+from experiments import reproduce
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.envs.core import Box, Discrete, EnvSpec
 from rlhf_jax.reward.config import resolve
@@ -60,7 +60,7 @@ def test_ablations_are_the_six_of_section_3_3_and_apply_to_every_preference_conf
         for path in [*(PAPER / f"atari/{g}.yaml" for g in GAMES), *(PAPER / f"mujoco/{t}.yaml" for t in MUJOCO)]:
             load(path, overrides)
     # labels_vs_return reads the same file (one list of ablations, not two)
-    from benchmarks.labels_vs_return import ABLATIONS
+    from experiments.labels_vs_return import ABLATIONS
 
     assert ABLATIONS == ablations
 
@@ -167,7 +167,7 @@ def test_reproduce_records_each_run_and_skips_finished_ones(tmp_path):
     figure = reproduce.FIGURES[5]
     runs = reproduce.plan(figure, ["cartpole"], [20], ["target"], ["a2c"], 2, reproduce.QUICK_TASKS)
     ledger_path, runs_dir = tmp_path / "ledger.json", tmp_path / "runs"
-    made_by = {"command": "python -m benchmarks.reproduce --figure 5 --quick", "commit": "abc", "uncommitted_changes": True}
+    made_by = {"command": "python -m experiments.reproduce --figure 5 --quick", "commit": "abc", "uncommitted_changes": True}
     execute = lambda calls, **kw: reproduce.execute(runs, ledger_path, runs_dir, steps=300, points=3,  # noqa: E731
                                                     train_fn=fake_training(calls, **kw), progress=False,
                                                     provenance=made_by)

@@ -1,4 +1,4 @@
-"""``benchmarks/reproduce.py --figure 2 --backend cpu``: the plan of cells, and their bookkeeping
+"""``experiments/reproduce.py --figure 2 --backend cpu``: the plan of cells, and their bookkeeping
 (each cell one sweep of its seeds, recorded when it finishes, never run again), with a stand-in
 for the sweep."""
 import csv
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks import reproduce
+from experiments import reproduce
 from rlhf_jax.errors import Interrupted
 from rlhf_jax.sweep import SWEEP_FILE
 
@@ -144,7 +144,7 @@ def fake_sweep(calls, interrupt_at=None):
 def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     cells = reproduce.cpu_cells(reproduce.FIGURES[2], ["hopper"], [700], ["trpo"])
     ledger_path, runs_dir = tmp_path / "ledger.json", tmp_path / "runs"
-    made_by = {"command": "python -m benchmarks.reproduce --figure 2 --backend cpu", "commit": "abc", "uncommitted_changes": False}
+    made_by = {"command": "python -m experiments.reproduce --figure 2 --backend cpu", "commit": "abc", "uncommitted_changes": False}
     planned = [(cell, reproduce.cell_config(cell, 10_000, 2, runs_dir)) for cell in cells]
     execute = lambda calls, **kw: reproduce.execute_cells(  # noqa: E731
         planned, ledger_path, 2, run_sweep=fake_sweep(calls, **kw), provenance=made_by)

@@ -1,6 +1,6 @@
 """Learning curves on MuJoCo (MJX back end, true reward): TRPO and ACER on Hopper and HalfCheetah.
 
-    python -m benchmarks.mujoco_curves [--quick] [--steps N] [--agents trpo acer]
+    python -m experiments.mujoco_curves [--quick] [--steps N] [--agents trpo acer]
                                        [--tasks hopper halfcheetah] [--num-envs N] [--points N]
 
 For each agent and task, 3 seeds train vmapped in one program: ``jax.vmap`` over the
@@ -20,7 +20,7 @@ the first time training without compiling. Per agent/task it records
 * ``diagnostics``: the agent's other metrics (KL, entropy, losses, ...) per chunk, mean
   over seeds and iterations.
 
-Results go to ``benchmarks/results/mujoco_curves.json`` and ``mujoco_curves.png``
+Results go to ``experiments/results/mujoco_curves.json`` and ``mujoco_curves.png``
 (``mujoco_curves_quick.*`` with ``--quick``), rewritten after every chunk (the JSON,
 ``"complete": false`` until the end) and every agent/task (the PNG), so an interrupted
 run keeps what it measured.
@@ -72,8 +72,8 @@ import time
 import jax
 import numpy as np
 
-from benchmarks.common import (RESULTS, Headline, enable_compilation_cache, machine, stacked_runners, with_headline,
-                               write_result)
+from benchmarks.common import Headline, enable_compilation_cache, machine, stacked_runners, with_headline
+from experiments.common import RESULTS, write_result
 from rlhf_jax.agents import acer, trpo
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.envs import EnvConfig, make

@@ -1,8 +1,8 @@
 """Learning curves on MinAtar Breakout: each agent, 3 seeds vmapped in one program, true return vs env steps.
 
-    python benchmarks/minatar_curves.py [--quick] [--env-steps N]
+    python -m experiments.minatar_curves [--quick] [--env-steps N]
 
-Writes ``benchmarks/results/minatar_curves.json`` and ``minatar_curves.png``. The full
+Writes ``experiments/results/minatar_curves.json`` and ``minatar_curves.png``. The full
 run (default 5M env steps per seed) belongs here, not in the tests.
 """
 from __future__ import annotations
@@ -15,7 +15,8 @@ import jax
 import numpy as np
 
 from benchmarks.agent_throughput import agent_setups
-from benchmarks.common import RESULTS, Headline, enable_compilation_cache, write_result
+from benchmarks.common import Headline, enable_compilation_cache
+from experiments.common import RESULTS, write_result
 from rlhf_jax.envs import EnvConfig, make
 
 ENV_ID = "gymnax/Breakout-MinAtar"

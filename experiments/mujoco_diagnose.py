@@ -1,17 +1,17 @@
 """Where a finished figure-2 cell's policies go: their returns split into the task's parts.
 
-    python -m benchmarks.mujoco_diagnose runs/reproduce/fig2_cpu/reacher/700-labels-<fp> [...] [--episodes N]
-    python -m benchmarks.mujoco_diagnose runs/<a train run's directory> [...]
-    python -m benchmarks.mujoco_diagnose runs/reproduce/fig2_cpu/hopper/700-labels-<fp> --against <another cell>
+    python -m experiments.mujoco_diagnose runs/reproduce/fig2_cpu/reacher/700-labels-<fp> [...] [--episodes N]
+    python -m experiments.mujoco_diagnose runs/<a train run's directory> [...]
+    python -m experiments.mujoco_diagnose runs/reproduce/fig2_cpu/hopper/700-labels-<fp> --against <another cell>
 
-For each cell (a sweep directory of ``benchmarks/reproduce.py --backend cpu``, or the
+For each cell (a sweep directory of ``experiments/reproduce.py --backend cpu``, or the
 directory of one ``rlhf-jax train`` run on an ``envpool/`` MuJoCo task) the newest
 checkpoint is restored and each seed's policy plays ``--episodes`` whole episodes of the
 unmodified task on EnvPool (sampling, as in training). Per seed: the true (Gymnasium v5)
 return, the torque cost inside it, the return without it, and the episode length; beside
 them the reward model's last accuracy on fresh pairs and its correlation with the oracle's
 reward (from ``members.csv``). Printed as a table and written to
-``benchmarks/results/mujoco_diagnose.json`` (cells from earlier calls kept).
+``experiments/results/mujoco_diagnose.json`` (cells from earlier calls kept).
 
 With ``--against OTHER`` (another cell's sweep directory: RL, TRPO on the oracle, or labels),
 every policy of both cells also plays the cell's own training task (its fixed-length
@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import RESULTS
+from experiments.common import RESULTS
 from rlhf_jax import evaluation
 from rlhf_jax.agents.base import env_step, rollout_rewards
 from rlhf_jax.envs.core import clip_action

@@ -1,9 +1,9 @@
 """IBT (inter-temporal Bradley-Terry) against the AR baseline and pairwise preferences:
 loss-and-gradient throughput, and reward quality at equal annotation budgets.
 
-    python -m benchmarks.ibt [--quick] [--skip-throughput] [--skip-quality]
+    python -m experiments.ibt [--quick] [--skip-throughput] [--skip-quality]
 
-Writes ``benchmarks/results/ibt.json`` and ``ibt.png`` (``--quick``: ``ibt_quick.*``).
+Writes ``experiments/results/ibt.json`` and ``ibt.png`` (``--quick``: ``ibt_quick.*``).
 
 **Part 1, throughput** (JSON ``throughput``). One jitted ``jax.value_and_grad`` of a loss
 through its network, for a batch of 96 episodes of T = 100, 300 and 1000 frames of
@@ -103,7 +103,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from benchmarks.common import RESULTS, Headline, enable_compilation_cache, ratio, write_result
+from benchmarks.common import Headline, enable_compilation_cache, ratio
+from experiments.common import RESULTS, write_result
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.reward import ensemble, ibt
 from rlhf_jax.reward.annotators import AnnotatorConfig, progress_increments

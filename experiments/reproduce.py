@@ -1,6 +1,6 @@
 """The experiments of Christiano et al. 2017 as figures: true return against env steps.
 
-    python -m benchmarks.reproduce --figure {2,3,5,6} [--tasks hopper,ant] [--budgets 350,1400]
+    python -m experiments.reproduce --figure {2,3,5,6} [--tasks hopper,ant] [--budgets 350,1400]
         [--ablations "target,no ensemble"] [--baselines a2c,dqn] [--seeds N] [--steps N]
         [--points N] [--quick] [--dry-run] [--runs-dir runs/reproduce] [--backend {mjx,cpu}]
 
@@ -23,7 +23,7 @@ Every run is one :func:`rlhf_jax.trainer.train` of its config with ``key=value``
 directory of its own under ``--runs-dir`` named by a fingerprint of the resolved config.
 When a run finishes, its curve (``metrics.csv``: the mean true return of the episodes that
 ended in each chunk, labels, reward accuracy) goes into the ledger
-``benchmarks/results/reproduce_fig<N>_runs.json`` and the figure is redrawn. Run again, the
+``experiments/results/reproduce_fig<N>_runs.json`` and the figure is redrawn. Run again, the
 same command skips every run the ledger holds with the same fingerprint, continues an
 interrupted one from its newest checkpoint (Ctrl-C saves one), and starts the rest; change
 a setting and the runs it changes start afresh; so does a code change that alters results
@@ -60,7 +60,7 @@ takes that line's runs instead of running again (:func:`with_identical_runs`).
 ``--steps N`` (other than 1M) is another figure beside this one, ``reproduce_fig2_cpu_2m.*``
 for 2M (:func:`result_name`), with its own ledger and runs: the 1M figure stands meanwhile.
 
-Outputs: ``benchmarks/results/reproduce_fig<N>.png`` (the figure: mean over seeds, the band
+Outputs: ``experiments/results/reproduce_fig<N>.png`` (the figure: mean over seeds, the band
 their range), ``reproduce_fig<N>.json`` (``write_result``: per task and line the mean curve
 and the final return, the mean of the last tenth of each seed's curve) and the ledger.
 ``--quick`` writes ``reproduce_fig<N>_quick.*`` instead.
@@ -102,7 +102,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from benchmarks.common import RESULTS, cpu_model, enable_compilation_cache, write_result
+from benchmarks.common import cpu_model, cpu_overrides, enable_compilation_cache
+from experiments.common import RESULTS, write_result
 from rlhf_jax.config import ExperimentConfig, flat_keys, load_config, to_dict
 from rlhf_jax.config_base import read_yaml
 from rlhf_jax.envs import make
@@ -228,12 +229,6 @@ MUJOCO_TASKS = {slug: _mujoco(slug, title, unhealthy) for slug, title, unhealthy
     ("reacher", "Reacher", False), ("halfcheetah", "HalfCheetah", False), ("hopper", "Hopper", True),
     ("walker2d", "Walker2d", True), ("swimmer", "Swimmer", False), ("ant", "Ant", True),
     ("invertedpendulum", "InvertedPendulum", True), ("inverteddoublependulum", "InvertedDoublePendulum", True)]}
-
-
-def cpu_overrides(config_path: Path) -> list[str]:
-    """A MuJoCo config's MJX task on EnvPool's C MuJoCo instead: the CPU back end (``--backend cpu``)."""
-    env_id = load_config(ExperimentConfig, config_path, []).env.id
-    return [f"env.id=envpool/{env_id.split('/', 1)[1]}"]
 
 
 QUICK_TASKS = {"cartpole": Task("CartPole (gymnax)", CONFIGS / "rlhf_cartpole.yaml",
@@ -1000,7 +995,7 @@ def provenance_of(argv: list[str]) -> dict:
     """What made a cell: the command, the commit whose code this process imported (taken at
     its start, before any cell runs: commits made while it runs do not change its code), and
     the processor, whose XLA code can turn a chaotic run another way."""
-    return {"command": "python -m benchmarks.reproduce " + " ".join(argv), **git_commit(), "cpu": cpu_model()}
+    return {"command": "python -m experiments.reproduce " + " ".join(argv), **git_commit(), "cpu": cpu_model()}
 
 
 def git_commit() -> dict:
@@ -1010,7 +1005,7 @@ def git_commit() -> dict:
         return subprocess.run(["git", *words], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
     return {"commit": git("rev-parse", "HEAD"),
-            "uncommitted_changes": bool(git("status", "--porcelain", "--", "rlhf_jax", "benchmarks/reproduce.py",
+            "uncommitted_changes": bool(git("status", "--porcelain", "--", "rlhf_jax", "experiments/reproduce.py",
                                             "configs/paper"))}
 
 

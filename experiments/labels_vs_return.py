@@ -1,6 +1,6 @@
 """True return reached from 125, 250, 500 and 1000 synthetic labels, beside RL on the true reward.
 
-    python -m benchmarks.labels_vs_return [--quick] [--tasks cartpole,acrobot] [--labels 125,500]
+    python -m experiments.labels_vs_return [--quick] [--tasks cartpole,acrobot] [--labels 125,500]
 
 Every cell is 3 seeds of the RLHF loop run as one compiled program (``jax.vmap`` over
 ``Loop.make_train().from_state``), scored by the mean true return of 32 whole, unmodified
@@ -14,7 +14,7 @@ Beside each cell's mean, the statistics Agarwal et al. (2021) recommend for few 
 over seeds with its 95% stratified bootstrap interval; per budget, across tasks, the IQM of
 normalised returns (0: a uniformly random policy, 1: RL on the true reward, each a mean over
 its seeds) with its interval, and the performance profile of those normalised returns.
-Results are written after every cell (``benchmarks/results/labels_vs_return.json``, and a
+Results are written after every cell (``experiments/results/labels_vs_return.json``, and a
 PNG beside it), so an interrupted run keeps what it finished; cells from earlier runs that
 this run does not repeat are kept, so tasks can be run one at a time.
 """
@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import (RESULTS, Headline, enable_compilation_cache, stacked_runners, with_headline,
-                               write_result)
-from benchmarks.reproduce import read_ablations
+from benchmarks.common import Headline, enable_compilation_cache, stacked_runners, with_headline
+from experiments.common import RESULTS, write_result
+from experiments.reproduce import read_ablations
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
 from rlhf_jax.envs import Discrete, make

@@ -1,0 +1,144 @@
+"""Helpers of the experiments (the papers' figures and their diagnostics), checked on values worked
+out by hand."""
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.labels_vs_return import (PROFILE_THRESHOLDS, chunk_curves, hides_episode_ends, label_statistics,
+                                          merge_cells, plot, random_policy_cell, statistics_json, statistics_table,
+                                          table, uniform_random_policy)
+from rlhf_jax.envs import Box, Discrete
+from rlhf_jax.statistics import interval_estimate
+
+
+def test_chunk_curves_average_the_episodes_that_ended_in_each_chunk():
+    # 5 iterations of 10 env steps in chunks of 2: the last chunk is one iteration long.
+    training = SimpleNamespace(chunk_iterations=2, total_iterations=5, steps_per_iteration=10)
+    metrics = {"episodes": np.array([[1, 0, 0, 0, 2]]), "episode_return_sum": np.array([[5.0, 0, 0, 0, 8.0]])}
+    learned = {"labels": np.array([[1, 2, 3]]), "reward_accuracy": np.array([[0.5, np.nan, 0.7]]),
+               "reward_correlation": np.array([[0.1, 0.2, 0.3]])}
+    curves = chunk_curves(training, metrics, learned)
+    assert curves["env_steps"] == [20, 40, 50]
+    assert curves["true_return"] == [[5.0, None, 4.0]]  # no episode ended in the second chunk
+    assert curves["reward_accuracy"] == [[0.5, None, 0.7]]  # NaN written as JSON's null
+    assert curves["labels"] == [[1, 2, 3]]
+
+
+def test_merge_keeps_cells_another_run_wrote_meanwhile():
+    # Another process wrote Breakout's 250 cell after this (CartPole) run started.
+    latest = {"benchmark": "labels_vs_return", "machine": {"written": "old"}, "headline": [], "seeds": 3,
+              "tasks": {"breakout": {"true_reward": {"mean": 6.6}, "labels": {"125": 4.9, "250": 4.0}},
+                        "cartpole": {"true_reward": {"mean": 500}, "labels": {"125": 100, "500": 400}}},
+              "ablations": {"target": 58, "no ensemble": 499}}
+    mine = {"seeds": 3, "eval_episodes": 32, "ablations": {"target": 60},
+            "tasks": {"cartpole": {"true_reward": {"mean": 499}, "labels": {"125": 200}}}}
+    merged = merge_cells(latest, mine)
+    assert merged["tasks"]["breakout"] == latest["tasks"]["breakout"]
+    assert merged["tasks"]["cartpole"] == {"true_reward": {"mean": 499}, "labels": {"125": 200, "500": 400}}
+    assert merged["ablations"] == {"target": 60, "no ensemble": 499}
+    assert "machine" not in merged and "benchmark" not in merged  # write_result adds fresh ones
+    assert "headline" not in merged  # ... and the rows made from the merged result
+
+
+def test_table_puts_both_references_beside_the_budgets():
+    result = {"ablations": {}, "tasks": {
+        "breakout": {"labels": {"125": {"mean": 4.625}}, "oracle_reward": {"mean": 5.46}, "true_reward": {"mean": 6.6}},
+        "pendulum": {"labels": {"125": {"mean": -348.1}}, "true_reward": {"mean": -173.3}}}}
+    lines = table(result).splitlines()
+    assert lines[0] == "| task | 125 labels | oracle's reward, ends hidden | true reward |"
+    assert lines[2] == "| breakout | 4.6 | 5.5 | 6.6 |"
+    assert lines[3] == "| pendulum | -348.1 |  | -173.3 |"  # its episode ends are not hidden
+    assert not hides_episode_ends("pendulum") and hides_episode_ends("breakout")
+
+
+# Two tasks of 3 seeds with both references (a random policy's return: 0 of 1 normalised),
+# and one without the random policy's, which the aggregate leaves out.
+def seeds(*returns: float) -> dict:
+    return {"returns": list(returns), "mean": float(np.mean(returns))}
+
+
+STATISTICS_RESULT = {"ablations": {}, "tasks": {
+    "cartpole": {"random_policy": {"mean": 20.0}, "true_reward": {"mean": 500.0},
+                 "labels": {"125": seeds(20.0, 260.0, 500.0), "500": seeds(500.0, 500.0, 500.0)}},
+    "acrobot": {"random_policy": {"mean": -500.0}, "true_reward": {"mean": -100.0},
+                "labels": {"125": seeds(-500.0, -300.0, -100.0)}},
+    "pendulum": {"true_reward": {"mean": -170.0}, "labels": {"125": seeds(-600.0, -200.0, -180.0)}}}}
+REPLICATIONS = 200  # bootstrap replications: enough to check, quick to draw
+
+
+@pytest.fixture(scope="module")
+def stats():
+    return label_statistics(STATISTICS_RESULT, replications=REPLICATIONS)
+
+
+def test_statistics_pool_each_tasks_normalised_returns_and_keep_each_task_apart(stats):
+    assert stats.normalized_tasks == ("cartpole", "acrobot")  # pendulum has no random policy's return
+    assert list(stats.normalized) == [125]  # 500 labels: cartpole only, so no aggregate
+    # Normalised: cartpole 0, 0.5, 1 and acrobot 0, 0.5, 1; the middle half of the 6 pooled scores.
+    normalized = np.array([[0.0, 0.0], [0.5, 0.5], [1.0, 1.0]])
+    expected = interval_estimate(normalized, REPLICATIONS)
+    assert stats.normalized[125] == expected and expected.iqm == 0.5 and (expected.runs, expected.tasks) == (3, 2)
+    assert stats.profiles[125].fraction[np.searchsorted(PROFILE_THRESHOLDS, 0.25)] == 4 / 6
+    # Per task, over its seeds (3 seeds: scipy's quarter-trim cuts none, so the IQM is the mean).
+    assert stats.per_task["pendulum"][125] == interval_estimate(np.array([[-600.0], [-200.0], [-180.0]]), REPLICATIONS)
+    assert stats.per_task["cartpole"][500].iqm_low == stats.per_task["cartpole"][500].iqm_high == 500.0
+    saved = statistics_json(stats)
+    assert saved["normalized"]["budgets"]["125"]["iqm"] == 0.5 and saved["normalized"]["zero"] == "random_policy"
+    lines = statistics_table(stats).splitlines()
+    assert lines[0] == "| IQM [95% interval] | 125 labels | 500 labels |"
+    assert lines[-1].startswith("| all tasks, normalised (cartpole, acrobot) | 0.50 [") and lines[-1].endswith(" |  |")
+
+
+def test_the_plot_draws_the_intervals_and_profiles(stats, tmp_path):
+    plot(STATISTICS_RESULT, stats, tmp_path / "plot.png")
+    plot(STATISTICS_RESULT, None, tmp_path / "means.png")  # without rliable: means only
+    assert (tmp_path / "plot.png").stat().st_size > (tmp_path / "means.png").stat().st_size > 10_000
+
+
+def test_the_random_policy_draws_every_action_and_scores_as_random_play_does():
+    box = SimpleNamespace(action_space=Box(-2.0, 2.0, (3,)))
+    actions = uniform_random_policy(box)(None, jnp.zeros((1000, 5)), jax.random.PRNGKey(0))
+    assert actions.shape == (1000, 3) and -2.0 <= float(actions.min()) < -1.9 and 1.9 < float(actions.max()) <= 2.0
+    discrete = uniform_random_policy(SimpleNamespace(action_space=Discrete(3)))(None, jnp.zeros((300, 4)),
+                                                                                 jax.random.PRNGKey(0))
+    assert set(np.asarray(discrete).tolist()) == {0, 1, 2}
+    cell = random_policy_cell([])  # CartPole: random play lasts about 22 steps
+    assert len(cell["returns"]) == 3 and 15 < cell["mean"] < 30
+
+
+def test_clips_are_summed_per_copy_and_a_partial_clip_is_dropped():
+    from experiments.mujoco_diagnose import clip_sums
+
+    x = np.arange(14.0).reshape(7, 2)  # [T=7, copies=2]: copy 0 holds 0, 2, ..., 12; copy 1 holds 1, 3, ..., 13
+    # Clips of 3 steps: steps 0-2 and 3-5 of each copy, step 6 left out.
+    np.testing.assert_array_equal(clip_sums(x, 3), [0 + 2 + 4, 1 + 3 + 5, 6 + 8 + 10, 7 + 9 + 11])
+
+
+def test_ranking_against_another_cell_refuses_a_cell_without_a_learned_reward_or_not_a_sweep(tmp_path, monkeypatch, capsys):
+    from experiments import mujoco_diagnose
+    from rlhf_jax.sweep import Sweep
+
+    cell = tmp_path / "rl-trpo"
+    Sweep.create(cell, {"agent": "trpo", "env": {"id": "envpool/Hopper-v5"}}, {}, seeds=1)
+    (cell / "group0").mkdir()
+    monkeypatch.setattr("sys.argv", ["mujoco_diagnose", str(cell), "--against", str(tmp_path / "other")])
+    with pytest.raises(SystemExit):
+        mujoco_diagnose.main()
+    assert f"--against: {cell} learns from the true reward" in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["mujoco_diagnose", str(tmp_path), "--against", str(cell)])  # not a sweep
+    with pytest.raises(SystemExit):
+        mujoco_diagnose.main()
+    assert f"--against: {tmp_path} is not a cell's sweep directory" in capsys.readouterr().err
+
+
+def test_the_mujoco_throughput_benchmark_times_the_tasks_of_figure_2_in_its_order():
+    from benchmarks import mujoco_throughput
+    from experiments import reproduce
+
+    assert mujoco_throughput.MUJOCO_TASKS == tuple(reproduce.MUJOCO_TASKS)
+    for task, panel in reproduce.MUJOCO_TASKS.items():
+        assert panel.rlhf == mujoco_throughput.PAPER_MUJOCO / f"{task}.yaml"
+        assert panel.baselines[0].config == mujoco_throughput.PAPER_MUJOCO / f"{task}_trpo.yaml"
