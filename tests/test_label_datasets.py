@@ -23,7 +23,7 @@ from rlhf_jax.feedback.labeler import QUERIES_DIR
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
 from rlhf_jax.reward import saved_model
 from rlhf_jax.reward.config import PreferenceConfig
-from rlhf_jax.reward.data import Labels, observations_on_host
+from rlhf_jax.reward.data import Labels, observations_on_host, stacks_on_host
 from rlhf_jax.reward.ensemble import RewardModelConfig
 from rlhf_jax.reward.ibt import IBTConfig
 from rlhf_jax.reward.ibt_learner import Annotated, IBTLearner, IBTLearnerState
@@ -153,7 +153,7 @@ def test_stacked_frames_are_stored_once_and_stacks_rebuilt(atari_run, atari_labe
     np.testing.assert_array_equal(dataset.rows.frames, np.asarray(atari_labels.frames))
     np.testing.assert_array_equal(dataset.rows.restart, np.asarray(atari_labels.restart))
     assert dataset.rows.frames[0, 0].shape == (5 + 3, 84, 84)
-    stacks = label_datasets.stacks_on_host(dataset.rows.frames, dataset.rows.restart, 4)
+    stacks = stacks_on_host(dataset.rows.frames, dataset.rows.restart, 4)
     np.testing.assert_array_equal(stacks, observations_on_host(atari_labels))
     assert dataset.provenance.who == ("oracle",) * 3 and np.isnan(dataset.provenance.seconds).all()
 

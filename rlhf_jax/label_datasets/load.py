@@ -1,0 +1,174 @@
+"""Labels from wherever they are kept: a dataset directory, a finished run (its ``labels.npz``,
+with who gave each label), or a ``labels.npz`` that ``labels import`` wrote."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from rlhf_jax.config_base import CONFIG_FILE, build, read_run_config
+from rlhf_jax.envs.options import EnvConfig
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.feedback.labeler import QUERIES_DIR
+from rlhf_jax.feedback.store import CHOICE_MU, STORE_FILE, read_answered
+from rlhf_jax.label_datasets.npz import array_names, from_npz, label_rows, read_arrays
+from rlhf_jax.label_datasets.parquet import read, read_info
+from rlhf_jax.label_datasets.schema import (DATA_DIR, KINDS, LABELS_FILE, DatasetInfo, LabelDataset, LabelRows,
+                                            Provenance)
+from rlhf_jax.reward.annotators import AnnotatorConfig
+from rlhf_jax.reward.data import frames_on_host
+from rlhf_jax.reward.labelers import TeacherConfig
+from rlhf_jax.reward.learner import feedback_of
+
+
+def load_labels(path: str | Path) -> LabelDataset:
+    """The labels at ``path``: a dataset directory, a finished run's directory, or a ``labels.npz``
+    (``labels import``'s, or a run's with its ``config.yaml`` beside it)."""
+    path = Path(path)
+    if path.is_dir() and (path / DATA_DIR).is_dir():
+        return read(path)
+    if path.is_dir() and (path / CONFIG_FILE).is_file():
+        return from_run(path)
+    if path.is_file() and path.suffix == ".npz":
+        beside = path.parent / CONFIG_FILE
+        if beside.is_file() and path.name == LABELS_FILE and "dataset_info" not in array_names(path):
+            return from_run(path.parent)
+        return from_npz(path)
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist")
+    raise ConfigError(f"{path} is not a label dataset, a run directory or a {LABELS_FILE}")
+
+
+def labels_info(path: str | Path) -> tuple[DatasetInfo, LabelDataset | None]:
+    """What :func:`load_labels` would read at ``path``, without reading a dataset directory's
+    rows: ``(info, the labels if they had to be read for it, else None)``."""
+    path = Path(path)
+    if path.is_dir() and (path / DATA_DIR).is_dir():
+        return read_info(path), None
+    dataset = load_labels(path)
+    return dataset.info, dataset
+
+
+def from_run(run_dir: str | Path) -> LabelDataset:
+    """The labels of the finished run in ``run_dir``: its ``labels.npz``, with who gave each."""
+    run_dir = Path(run_dir)
+    config = read_run_config(run_dir)  # a one-line error for a missing or foreign directory
+    path = run_dir / LABELS_FILE
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} has no {LABELS_FILE}: a run writes it when it finishes "
+                          f"(rlhf-jax train --resume {run_dir} finishes it)")
+    reward = config.get("reward", "env")
+    if reward not in KINDS:
+        raise ConfigError(f"{run_dir} learned from the environment's reward (reward: {reward}): it has no labels")
+    kind = KINDS[reward]
+    labels = label_rows(read_arrays(path), kind, path)
+    k = labels.restart.shape[2]
+    info = DatasetInfo(
+        kind=kind, env=build(EnvConfig, config.get("env", {}), "env"), rows=labels.frames.shape[0],
+        segment_length=k, stack=labels.frames.shape[2] - k + 1, frame_shape=tuple(labels.frames.shape[3:]),
+        observation_dtype=str(labels.frames.dtype),
+        action_shape=tuple(labels.action.shape[3:]) if kind == "compare" else (),
+        action_dtype=str(labels.action.dtype) if kind == "compare" else "",
+        members=0 if labels.holdout is None else int(labels.holdout.shape[1]),
+        labeler=config.get("labeler", "synthetic"), source=str(run_dir),
+        run_config=(run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+    return LabelDataset(info, labels, _run_provenance(run_dir, config, info, labels))
+
+
+def synthetic_labeler(config: dict, kind: str) -> str:
+    """The name a synthetic labeler gives its labels: ``oracle`` (the paper's perfect one), or
+    ``teacher(...)`` / ``annotator(...)`` with the settings that differ from the defaults."""
+    if kind == "compare":
+        name, section = "oracle", build(TeacherConfig, config.get("preferences", {}).get("teacher", {}),
+                                        "preferences.teacher")
+    else:
+        name, section = "annotator", build(AnnotatorConfig, config.get("ibt", {}).get("annotator", {}),
+                                           "ibt.annotator")
+    changed = [f"{f.name}={getattr(section, f.name)}" for f in dataclasses.fields(section)
+               if getattr(section, f.name) != f.default]
+    if not changed:
+        return name
+    return f"{'teacher' if kind == 'compare' else name}({', '.join(changed)})"
+
+
+def _digest(*arrays: np.ndarray) -> bytes:
+    """A label's fingerprint: its segments' frames and actions (and answer), byte for byte."""
+    hasher = hashlib.blake2b(digest_size=20)
+    for array in arrays:
+        hasher.update(np.ascontiguousarray(array).tobytes())
+    return hasher.digest()
+
+
+def _row_digest(labels: LabelRows, i: int) -> bytes:
+    if labels.mu is not None:
+        return _digest(labels.frames[i], labels.action[i], labels.mu[i:i + 1])
+    return _digest(labels.frames[i], labels.marks[i])
+
+
+def _run_provenance(run_dir: Path, config: dict, info: DatasetInfo, labels: LabelRows) -> Provenance:
+    """Who gave each of a run's labels: a dataset it started from (``preferences.labels_from``,
+    ``ibt.marks_from``) for those it gave, people (``labels.sqlite``) or the synthetic labeler
+    for the rest."""
+    rows = info.rows
+    who: list[str | None] = [None] * rows
+    seconds, query_id = np.full(rows, np.nan), np.full(rows, -1, np.int64)
+    found = np.zeros(rows, bool)
+    given_key = feedback_of(info.kind).answers_from
+    section, key = given_key.split(".")
+    given = config.get(section, {}).get(key, "")
+    sources = []
+    if given:
+        try:
+            sources.append(load_labels(given))
+        except ConfigError as error:
+            raise ConfigError(f"{run_dir} started from {given_key} {given}, which cannot be read "
+                              f"now ({error}), so which labels it gave cannot be told") from None
+    if info.labeler == "people" and (run_dir / STORE_FILE).is_file():
+        sources.append(_people_labels(run_dir, info))
+    for source in sources:
+        index: dict[bytes, list[int]] = {}
+        for j in range(source.info.rows):
+            index.setdefault(_row_digest(source.rows, j), []).append(j)
+        for i in np.flatnonzero(~found):
+            matches = index.get(_row_digest(labels, i))
+            if matches:
+                j = matches.pop(0)
+                who[i], seconds[i], query_id[i] = (source.provenance.who[j], source.provenance.seconds[j],
+                                                   source.provenance.query_id[j])
+                found[i] = True
+    if info.labeler == "synthetic":
+        name = synthetic_labeler(config, info.kind)
+        who = [name if not found[i] else who[i] for i in range(rows)]
+    return Provenance(tuple(who), seconds, query_id)
+
+
+def _people_labels(run_dir: Path, info: DatasetInfo) -> LabelDataset:
+    """The answers in a run's label store with their queries' segments, as label rows (those
+    "can't tell", never stored as labels, left out)."""
+    answered = [(query, answer) for query, answer in read_answered(run_dir / STORE_FILE, info.kind)
+                if answer.choice != "cant_tell" and (run_dir / QUERIES_DIR / query.segments).is_file()]
+    obs, action, mu, marks = [], [], [], []
+    for query, answer in answered:
+        with np.load(run_dir / QUERIES_DIR / query.segments, allow_pickle=False) as arrays:
+            obs.append(arrays["obs"].astype(info.observation_dtype))
+            action.append(arrays["action"])
+        if info.kind == "compare":
+            mu.append(CHOICE_MU[answer.choice])
+        else:
+            row = np.zeros(query.frames, np.int32)
+            for step, sign in answer.marks:
+                row[step] = sign
+            marks.append(row)
+    empty = (0, info.segments, info.segment_length, *info.observation_shape)
+    frames, restart = frames_on_host(np.stack(obs) if obs else np.zeros(empty, info.observation_dtype), info.stack)
+    if info.kind == "compare":
+        labels = LabelRows(frames, restart, np.stack(action).astype(info.action_dtype) if action else None,
+                           np.asarray(mu, np.float32), None, None, None)
+    else:
+        labels = LabelRows(frames, restart, None, None, None, None, np.stack(marks) if marks else None)
+    provenance = Provenance(tuple(answer.who for _, answer in answered),
+                            np.array([np.nan if a.seconds is None else a.seconds for _, a in answered], np.float64),
+                            np.array([query.id for query, _ in answered], np.int64))
+    return LabelDataset(dataclasses.replace(info, rows=len(answered)), labels, provenance)

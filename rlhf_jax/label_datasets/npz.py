@@ -1,0 +1,121 @@
+"""The run format, ``labels.npz``: the label database's arrays with whole observations. A run
+writes one when it finishes; ``labels import`` writes one from a dataset, with the dataset's
+:class:`DatasetInfo` and who gave each label beside the arrays, so that nothing is lost."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from rlhf_jax.config_base import build, read_run_config
+from rlhf_jax.envs.options import EnvConfig, task_mismatch
+from rlhf_jax.errors import ConfigError
+from rlhf_jax.label_datasets.parquet import read
+from rlhf_jax.label_datasets.schema import KINDS, LABELS_FILE, DatasetInfo, LabelDataset, LabelRows, Provenance
+from rlhf_jax.networks import is_atari_frames
+from rlhf_jax.reward.data import frames_on_host, stacks_on_host
+
+
+@contextmanager
+def _archive(path: Path):
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            yield archive
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path} is not a NumPy archive of labels ({error})") from None
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    with _archive(path) as archive:
+        return {key: archive[key] for key in archive.files}
+
+
+def array_names(path: Path) -> list[str]:
+    with _archive(path) as archive:
+        return list(archive.files)
+
+
+def label_rows(arrays: dict[str, np.ndarray], kind: str, path: Path) -> LabelRows:
+    """The rows of a ``labels.npz``'s ``arrays`` holding labels of ``kind``, stacked frames
+    stored once (:func:`~rlhf_jax.reward.data.frames_on_host`)."""
+    needed = ("obs", "action", "mu", "oracle_return") if kind == "compare" else ("obs", "marks")
+    missing = [key for key in needed if key not in arrays]
+    if missing:
+        raise ConfigError(f"{path} holds no {', '.join(missing)}: it is not the labels of a "
+                          f"{'preferences' if kind == 'compare' else 'ibt'} run")
+    obs = arrays["obs"] if kind == "compare" else arrays["obs"][:, None]
+    stack = int(obs.shape[-1]) if is_atari_frames(obs.shape[3:]) else 1
+    frames, restart = frames_on_host(obs, stack)
+    holdout = arrays.get("holdout")
+    if kind == "compare":
+        return LabelRows(frames, restart, arrays["action"], arrays["mu"], arrays["oracle_return"], holdout, None)
+    return LabelRows(frames, restart, None, None, None, holdout, arrays["marks"])
+
+
+def from_npz(path: Path) -> LabelDataset:
+    """A ``labels.npz`` that ``labels import`` wrote: its :class:`DatasetInfo` is inside."""
+    arrays = read_arrays(path)
+    if "dataset_info" not in arrays:
+        raise ConfigError(f"{path} says nothing of its environment: give the run directory it belongs to, or "
+                          f"a {LABELS_FILE} written by rlhf-jax labels import")
+    info = DatasetInfo.from_json(str(arrays["dataset_info"]), path)
+    info = dataclasses.replace(info, source=str(path))
+    labels = label_rows(arrays, info.kind, path)
+    if "who" not in arrays:
+        return LabelDataset(info, labels, Provenance.unknown(info.rows))
+    who = tuple(str(name) or None for name in arrays["who"])
+    provenance = Provenance(who, arrays["seconds"].astype(np.float64), arrays["query_id"].astype(np.int64))
+    return LabelDataset(info, labels, provenance)
+
+
+def write_labels_npz(dataset: LabelDataset, path: str | Path) -> Path:
+    """``dataset`` as a run's ``labels.npz`` (the same arrays, observations as whole stacks), with
+    its :class:`DatasetInfo` and who gave each label beside them, so that nothing is lost."""
+    info, labels, provenance = dataset
+    obs = stacks_on_host(labels.frames, labels.restart, info.stack)
+    if info.kind == "compare":
+        arrays = dict(obs=obs, action=labels.action, mu=labels.mu, oracle_return=labels.oracle_return)
+        if labels.holdout is not None:
+            arrays["holdout"] = labels.holdout
+    else:
+        arrays = dict(obs=obs[:, 0], marks=labels.marks)
+    arrays.update(dataset_info=np.array(info.to_json()), who=np.array([w or "" for w in provenance.who], str),
+                  seconds=provenance.seconds, query_id=provenance.query_id)
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "wb") as file:
+            np.savez_compressed(file, **arrays)
+        os.replace(partial, path)
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write {path}: {error}") from None
+    return path
+
+
+def import_labels(dataset_dir: str | Path, target: str | Path) -> Path:
+    """``labels import``: the dataset at ``dataset_dir`` as a ``labels.npz``: ``target`` itself
+    if it names a ``.npz``, else ``target/labels.npz`` of a run directory whose environment and
+    reward agree with the dataset's. Never over an existing file."""
+    dataset = read(dataset_dir)
+    target = Path(target)
+    if target.suffix == ".npz":
+        if not target.parent.is_dir():
+            raise ConfigError(f"{target.parent} does not exist: the directory for {target.name} must")
+        path = target
+    else:
+        config = read_run_config(target)
+        reward = config.get("reward", "env")
+        if KINDS.get(reward) != dataset.info.kind:
+            raise ConfigError(f"{target} learns from reward: {reward}, but {dataset_dir} holds "
+                              f"{'preferences' if dataset.info.kind == 'compare' else 'IBT marks'}")
+        mismatch = task_mismatch(dataset.info.env, build(EnvConfig, config.get("env", {}), "env"))
+        if mismatch:
+            raise ConfigError(f"{dataset_dir} was labelled on another environment than {target}'s: {mismatch}")
+        path = target / LABELS_FILE
+    if path.exists():
+        raise ConfigError(f"{path} already exists: give a new .npz path")
+    return write_labels_npz(dataset, path)
