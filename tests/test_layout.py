@@ -78,3 +78,24 @@ def test_the_loop_knows_no_driver_and_the_label_app_no_training():
 
     assert not reachable("rlhf_jax.loop") & {"rlhf_jax.trainer", "rlhf_jax.sweep", "rlhf_jax.cli"}
     assert not any(m.startswith("rlhf_jax.agents") for m in reachable("rlhf_jax.feedback.webapp"))
+
+
+def outside_imports(path: Path, outside: set[str]) -> set[str]:
+    """The packages of ``outside`` that ``path`` imports, at the top or inside functions alike."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        found |= {name.split(".")[0] for name in names} & outside
+    return found
+
+
+def test_no_module_of_rlhf_jax_imports_the_benchmarks_or_the_experiments():
+    """The library stands alone: benchmarks/ and experiments/ import rlhf_jax, never the reverse."""
+    outside = {"benchmarks", "experiments"}
+    found = {module_name(p): hits for p in PACKAGE.rglob("*.py") if (hits := outside_imports(p, outside))}
+    assert not found, found
