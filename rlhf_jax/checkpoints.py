@@ -7,7 +7,9 @@ never restored, and is removed when chunk ``N`` is saved again. Each checkpoint 
 the config it was written with, so that a resume that no longer fits can say what changed,
 and a checksum of every array, so that a restore can tell a damaged checkpoint (a byte
 changed on disk) from a good one: it passes over the damaged ones to the newest that
-verifies, and rotation never deletes the checkpoint a restore verified.
+verifies, and rotation never deletes the checkpoint a restore verified. A checkpoint whose
+checksums are gone (its metadata file deleted or cut short) counts as damaged: nothing in it
+can be verified.
 """
 from __future__ import annotations
 
@@ -91,7 +93,8 @@ class Checkpoints:
         # Rotation is ours (see _rotate): orbax's max_to_keep would delete the verified checkpoint.
         options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True)
         try:
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
+            with _metadata_warnings_dropped():  # the manager reads each checkpoint's metadata
+                self._manager = ocp.CheckpointManager(self.directory, options=options)
         except OSError as error:  # it makes the folder: a read-only run directory, say
             raise RunError(f"cannot write checkpoints in {self.directory}: {error}") from None
 
@@ -187,8 +190,11 @@ class Checkpoints:
         return self._custom_metadata(chunk).get("notes", {})
 
     def _custom_metadata(self, chunk: int) -> dict:
+        """What checkpoint ``chunk`` was saved with: its checksums, config and notes (``{}``: its
+        metadata file is gone or cut short)."""
         try:
-            return self._manager.metadata(chunk).custom_metadata or {}
+            with _metadata_warnings_dropped():
+                return self._manager.metadata(chunk).custom_metadata or {}
         except Exception:  # a damaged checkpoint's metadata may not parse
             return {}
 
@@ -204,6 +210,10 @@ class Checkpoints:
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like)
         damaged = []  # (chunk, what is wrong with it), newest first
         for chunk in chunks:
+            saved = self._custom_metadata(chunk).get("checksums")
+            if saved is None:  # nothing to tell a changed byte by: never trusted
+                damaged.append((chunk, "its checksums are missing (its _CHECKPOINT_METADATA is gone or cut short)"))
+                continue
             try:
                 with _read_failure_noise_held():
                     state = self._read(chunk, abstract)
@@ -217,10 +227,11 @@ class Checkpoints:
                     ) from None
                 damaged.append((chunk, f"it cannot be read ({reason})"))
                 continue
-            wrong = self._differing_arrays(chunk, state)
+            wrong = differing_arrays(saved, state)
             if wrong:
                 damaged.append((chunk, f"its arrays differ from the checksums written with them ({wrong})"))
                 continue
+            self.verified = chunk
             if damaged:
                 self._damaged = [c for c, _ in damaged]
                 self.say(f"checkpoint {damaged[0][0]} ({self.directory / str(damaged[0][0])}) is damaged: "
@@ -245,20 +256,6 @@ class Checkpoints:
             if got.shape != wanted.shape:
                 raise ValueError(f"{jax.tree_util.keystr(path)} has shape {got.shape}, not {wanted.shape}")
         return state
-
-    def _differing_arrays(self, chunk: int, state) -> str:
-        """The arrays of ``state`` (restored from ``chunk``) that differ from their checksums,
-        as a short list ("" when all match). A checkpoint written before checksums were
-        recorded has none to differ from: it counts as intact, but not as verified."""
-        saved = self._custom_metadata(chunk).get("checksums")
-        if saved is None:
-            return ""
-        restored = checksums(state)
-        wrong = [path for path in restored if saved.get(path) != restored[path]]
-        wrong += [path for path in saved if path not in restored]
-        if not wrong:
-            self.verified = chunk
-        return ", ".join(wrong[:3]) + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "")
 
     def _changed_shapes(self, chunk: int) -> bool:
         """Whether the config changed since ``chunk`` was written in a key that may change
@@ -287,6 +284,32 @@ class Checkpoints:
             self._manager.close()
         except Exception:  # a failed save has already been reported; don't hide that report
             pass
+
+
+def differing_arrays(saved: dict[str, str], state) -> str:
+    """The arrays of ``state`` that differ from the checksums ``saved`` with it, as a short list
+    ("" when all match)."""
+    restored = checksums(state)
+    wrong = [path for path in restored if saved.get(path) != restored[path]]
+    wrong += [path for path in saved if path not in restored]
+    return ", ".join(wrong[:3]) + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+
+
+@contextmanager
+def _metadata_warnings_dropped():
+    """Orbax logs a warning for each checkpoint whose metadata file is gone or cut short, as the
+    manager lists the checkpoints and as one's metadata is read: :meth:`Checkpoints.restore`
+    reports such a checkpoint as damaged, in one line, so those warnings are dropped."""
+    absl = logging.getLogger("absl")
+    absl.addFilter(_drop_everything)
+    try:
+        yield
+    finally:
+        absl.removeFilter(_drop_everything)
+
+
+def _drop_everything(record: logging.LogRecord) -> bool:
+    return False
 
 
 def config_diff(saved: dict, current: dict) -> dict[str, tuple]:

@@ -524,6 +524,32 @@ def test_checkpoints_of_another_state_structure_point_at_another_version(tmp_pat
         Checkpoints(tmp_path / "run").restore(like)
 
 
+@pytest.mark.parametrize("how", ["deleted", "cut"])
+def test_a_checkpoint_without_its_checksums_is_damaged_and_never_restored(how, tmp_path, caplog):
+    """Its _CHECKPOINT_METADATA (which holds the checksums) deleted or cut short, and a data byte
+    changed: it was restored, a value off by 6.4e17, with only absl's warnings. Now it is passed
+    over in one line, like any damaged checkpoint, and the one before it restored."""
+    checkpoints = Checkpoints(tmp_path / "run")
+    for chunk in (0, 1):
+        checkpoints.save(chunk, {"w": np.full(1000, chunk + 1.0, np.float32)})
+    checkpoints.close()
+    metadata = checkpoints.directory / "1" / "_CHECKPOINT_METADATA"
+    if how == "deleted":
+        metadata.unlink()
+    else:
+        metadata.write_bytes(metadata.read_bytes()[:100])
+    said = []
+    chunk, state = Checkpoints(tmp_path / "run", say=lambda line, **_: said.append(line)).restore({"w": np.zeros(1000, np.float32)})
+    assert chunk == 0 and (state["w"] == 1.0).all()
+    assert len(said) == 1 and "checkpoint 1" in said[0] and "is damaged: its checksums are missing" in said[0]
+    assert "Restored checkpoint 0" in said[0]
+    assert not [r for r in caplog.records if r.name == "absl"]  # orbax's warnings would say it again, less clearly
+    # The only checkpoint: nothing to restore.
+    shutil.rmtree(checkpoints.directory / "0")
+    with pytest.raises(ConfigError, match="no checkpoint in .* is intact: 1 is damaged: its checksums are missing"):
+        Checkpoints(tmp_path / "run").restore({"w": np.zeros(1000, np.float32)})
+
+
 def test_a_run_whose_every_checkpoint_is_damaged_says_so(dqn_whole, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(dqn_whole, run_dir)
