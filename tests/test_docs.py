@@ -75,3 +75,10 @@ def test_readme_is_short_and_its_links_resolve():
             continue
         target = (ROOT / link.split("#")[0]).resolve()
         assert target.is_relative_to(ROOT) and target.exists(), link
+
+
+def test_no_page_of_the_site_is_over_400_lines():
+    """The site is the manual: a dated research log belongs with the experiments (experiments/log/)."""
+    long = {str(page.relative_to(ROOT)): lines for page in (ROOT / "docs").rglob("*.md")
+            if (lines := len(page.read_text().splitlines())) > 400}
+    assert not long, long
