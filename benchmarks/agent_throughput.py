@@ -240,8 +240,8 @@ def sb3_a2c_side(config: a2c.A2CConfig, env_steps: int, vec_env=None, torch_thre
 
     ``torch_threads``: torch's intra-op threads while SB3 learns (restored after each run;
     None: torch's default). On CartPole's 64-unit MLP one thread was SB3's faster setting on
-    2 shared cores: alternated at load 5.2, 0.8-3.2k steps/s with torch's default 2 threads
-    against 6.5-16k with 1 (the two threads wait on each other while other jobs hold the cores)."""
+    2 busy cores: alternated, 0.8-3.2k steps/s with torch's default 2 threads against 6.5-16k
+    with 1 (the two threads wait on each other while other jobs hold the cores)."""
     try:
         from stable_baselines3.common.env_util import make_vec_env
     except Exception as error:  # ImportError, or a version clash inside it

@@ -3,7 +3,8 @@
     python -m benchmarks.cpu_devices [--quick] [--configs trpo_pendulum,a2c_cartpole] [--seeds 4] [--rounds 2]
 
 JAX makes one device of a CPU, and XLA:CPU runs the small matrix products of these agents on
-one thread at a time (docs/reproducing.md, "Why the five cheapest tasks stay under 0.8"), so a
+one thread at a time (experiments/log/mujoco_throughput.md, "Why the five cheapest tasks stay
+under 0.8"), so a
 sweep's members, vmapped on that device, share about one core. ``rlhf-jax sweep`` spreads its
 members over every device (:mod:`rlhf_jax.sweep`), and
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` makes a CPU N devices.

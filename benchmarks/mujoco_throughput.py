@@ -16,7 +16,7 @@ other work falls on all of them alike (compiling excluded: each side runs once f
   model is (over a whole run Swimmer's steps under TRPO's policy cost 1.4 times what uniform
   random actions' do), so random actions are not the same work;
 * ``raw_random``: EnvPool's own loop with uniform random actions, the same copies (the raw
-  side of this benchmark until 2026-11-30);
+  side of this benchmark's earlier results);
 * ``raw_xla``: EnvPool's XLA interface alone, its step in a bare jitted ``lax.scan`` over the
   same actions, on a third such pool: the pool with neither Python nor our environment around it;
 * ``env``: our environment stepped inside a jitted ``lax.scan`` (uniform random actions), through
@@ -24,11 +24,11 @@ other work falls on all of them alike (compiling excluded: each side runs once f
   environment alone, against ``raw_random``;
 * ``rlhf``: the RLHF loop (``<task>.yaml``: 700 labels, hidden ends, no torque cost, r̂ fitted at
   the config's rate, ``rlhf_fit_rate``: 0.3 pairs per env step, 1.0 on InvertedPendulum; 1.0 on
-  every task until 2026-12-01), one chunk;
+  every task in results without that key), one chunk;
 * ``rlhf_fit_<rate>``, one for each of ``--fit-rates`` (default: the library's, 0.1 pairs per env
   step, the paper's Atari rate; it gives none for MuJoCo): the same loop with the reward model
   fitted at that rate instead of the config's, so what the loop costs at another fitting rate
-  (until 2026-12-01 the one side ``rlhf_default_fit``, at 0.1).
+  (in earlier results the one side ``rlhf_default_fit``, at 0.1).
 
 Each figure is the median over rounds, with [min, max]; each ratio is the median of the
 ratios measured within a round, and, as ``*_all_rounds``, the ratio of the two sides' total
@@ -400,7 +400,7 @@ def headline(result: dict) -> list[Headline]:
                              f"does) env steps/s vs TRPO on the true reward, {n} copies",
                              r["rlhf_steps_per_s"], r["trpo_steps_per_s"], r["rlhf_over_trpo"],
                              Target.on(r, "rlhf_over_trpo", ">=", 0.5)))
-        for rate in r.get("fit_rates", []):  # measured since 2026-12-01
+        for rate in r.get("fit_rates", []):  # absent from earlier results
             side = fit_side(rate)
             rows.append(Headline(f"{task}: RLHF loop (700 labels) fitting {float(rate)} pairs per env step "
                                  f"instead of its config's {float(config_rate)}, env steps/s vs TRPO on the true reward, "

@@ -156,8 +156,8 @@ def is_atari_frames(observation_shape: Sequence[int]) -> bool:
 
 
 # XLA:CPU (2 cores) runs the Nature CNN at 120-160 GFLOP/s on passes of up to about 80 frames and at
-# 45-72 on 160-336 (docs/notes.md): on a CPU, time-major batches of Atari frames go through in
-# smaller passes. An accelerator, unmeasured, keeps one pass.
+# 45-72 on 160-336 (docs/notes.md, "Atari frames through the CNN in passes"): on a CPU, time-major
+# batches of Atari frames go through in smaller passes. An accelerator, unmeasured, keeps one pass.
 ATARI_FRAMES_PER_PASS = 32
 
 

@@ -7,9 +7,8 @@
 on transitions (``obs`` and ``action`` before the step, ``timestep`` after it; the leading
 axis is the batch, one vector step's environments or a whole rollout's steps).
 The preference model ignores ``timestep`` and returns r̂(o, a); the true reward is
-the function :func:`env_reward`, which returns ``timestep.reward``. (DESIGN.md's
-``reward_fn(params, obs, action)`` gains ``timestep`` so the true reward fits the
-same signature.) A reward that needs the next observation (IBT, equation 2) reads
+the function :func:`env_reward`, which returns ``timestep.reward``: ``timestep`` is
+in the signature so that the true reward fits it too. A reward that needs the next observation (IBT, equation 2) reads
 ``timestep.final_obs``, the true successor even where the copy restarted, and returns
 0 where ``timestep.action_ignored``. Replayed transitions rebuild a ``TimeStep`` from
 what they stored (``info={}``), so a reward function reads only its typed fields

@@ -94,7 +94,7 @@ class TRPOConfig:
     # Fit V to standardised returns, V(s) = mean + std f(s), with the mean and std of the last
     # batch's returns (as rllab's value regressor does, normalize_outputs). Adam's step does not
     # grow with the targets, so without it V lags returns far from 0: r-hat normalised to std 1
-    # gives returns up to 1 / (1 - gamma) = 200 (docs/reproducing.md, Swimmer).
+    # gives returns up to 1 / (1 - gamma) = 200 (experiments/log/figure2.md, "The reward's scale").
     normalize_value_targets: bool = False
     policy_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
     value_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)

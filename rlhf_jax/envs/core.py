@@ -1,4 +1,4 @@
-"""The environment protocol every back end presents (DESIGN.md, "Contracts").
+"""The environment protocol every back end presents.
 
 An environment is a pair of pure functions over a batch of ``num_envs`` copies:
 

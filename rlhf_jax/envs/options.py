@@ -52,7 +52,8 @@ class EnvConfig:
     # limit (appendix A's MuJoCo treatment); "reset" restarts it at once without telling the
     # agent and the oracle pays the penalty once (the Atari treatment: one continuous
     # episode). CartPole needs "reset": a fallen pole spins far outside the states worth
-    # learning about. On InvertedPendulum it made a fall too cheap (docs/reproducing.md).
+    # learning about. On InvertedPendulum it made a fall too cheap (experiments/log/figure2.md,
+    # "InvertedPendulum's stuck seed").
     hidden_end: Literal["continue", "reset"] = "continue"
     # Atari only: paint the score (and BeamRider's enemy count, Enduro's speedometer) black.
     hide_score: bool = False

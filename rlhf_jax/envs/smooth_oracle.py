@@ -18,7 +18,8 @@ v5's contact cost, which rl-teacher's Ant drops. Both back ends take the oracle'
 
 Where it matters: on InvertedDoublePendulum the penalty oracle pays for swinging the poles over
 the top, which a hinge without limits allows, and the runs from labels learned to spin; with
-this oracle and 50-step episodes they learned to balance (docs/reproducing.md). On Hopper,
+this oracle and 50-step episodes they learned to balance (experiments/log/figure2.md,
+"InvertedDoublePendulum with the smooth oracle"). On Hopper,
 Walker2d and Ant it was no better than the penalty.
 """
 from __future__ import annotations
