@@ -19,7 +19,7 @@ for the same env steps and seeds:
 
 Both are scored alike: the true return of the training episodes (the policy's own samples),
 averaged per stretch of ``steps / 25`` env steps, and the run's final return is the mean of
-the last tenth of those stretches (:func:`benchmarks.reproduce.final_return`). The ratio per
+the last tenth of those stretches (:func:`experiments.reproduce.final_return`). The ratio per
 task is ours over the reference, by the seeds' means; the target is 0.9 on every task.
 
 Each (side, task) writes its records to ``results/trpo_reference_<side>_runs.json`` as it

@@ -335,7 +335,7 @@ def set_input_statistics(state: IBTState, spec: EnvSpec, obs: jax.Array) -> IBTS
     """Standardise inputs by these observations' mean and std (vector observations only)."""
     if is_atari_frames(spec.observation_shape):
         return state
-    # IBT keeps a small floor: on benchmarks/ibt.py's CartPole clips (random and heuristic
+    # IBT keeps a small floor: on experiments/ibt.py's CartPole clips (random and heuristic
     # play) a floor of 0.1 squeezed the pole angle and lowered IBT's correlation with the
     # true progress from 0.46 to 0.32 (20 clips).
     mean, std = input_statistics(spec.observation_shape, obs, std_floor=1e-3)
