@@ -10,19 +10,21 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path, modules: set[str]) -> set[str]:
-    """The rlhf_jax modules ``path`` imports, at the top or inside functions alike."""
+def imported_names(path: Path) -> set[str]:
+    """Every dotted name ``path`` imports, at the top or inside functions alike."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from rlhf_jax.reward import ibt` imports the module rlhf_jax.reward.ibt.
-            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
-        else:
-            continue
-        found |= {name for name in names if name in modules}
+            found |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module}
     return found
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The rlhf_jax modules ``path`` imports."""
+    return imported_names(path) & modules
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -80,22 +82,9 @@ def test_the_loop_knows_no_driver_and_the_label_app_no_training():
     assert not any(m.startswith("rlhf_jax.agents") for m in reachable("rlhf_jax.feedback.webapp"))
 
 
-def outside_imports(path: Path, outside: set[str]) -> set[str]:
-    """The packages of ``outside`` that ``path`` imports, at the top or inside functions alike."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        else:
-            continue
-        found |= {name.split(".")[0] for name in names} & outside
-    return found
-
-
 def test_no_module_of_rlhf_jax_imports_the_benchmarks_or_the_experiments():
     """The library stands alone: benchmarks/ and experiments/ import rlhf_jax, never the reverse."""
     outside = {"benchmarks", "experiments"}
-    found = {module_name(p): hits for p in PACKAGE.rglob("*.py") if (hits := outside_imports(p, outside))}
+    found = {module_name(p): hits for p in PACKAGE.rglob("*.py")
+             if (hits := {name.split(".")[0] for name in imported_names(p)} & outside)}
     assert not found, found
