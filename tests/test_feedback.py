@@ -1,6 +1,7 @@
 """The label store, the training side's PeopleLabeler, and every endpoint of the labeling app."""
 import contextlib
 import http.client
+import os
 import re
 import socket
 import sqlite3
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import uvicorn
 from starlette.testclient import TestClient
 
 from rlhf_jax.cli import main
+from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.feedback.labeler import ANNOTATE_MIN_SECONDS, PeopleLabeler
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
@@ -103,8 +106,6 @@ JSON = {"Content-Type": "application/json"}
 def served(run_dir, **options):
     """The app behind a real server (uvicorn on a free loopback port, in a thread): for requests
     a test client would tidy up before the app saw them. Yields the port."""
-    import uvicorn
-
     listener = listen("127.0.0.1", 0)
     port = listener.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(run_dir, port=port, **options), log_level="warning"))
@@ -348,7 +349,12 @@ def test_a_body_that_is_not_json_is_refused(client):
     (f"/api/queries/{2**63}/marks", {"marks": [], "who": "ann"}),
     (f"/api/queries/{2**63}/hold", {"who": "ann"}),
     (f"/api/queries/{10**40}/answer", {"choice": "left", "who": "ann"}),
-])
+    # Past Python's own limit on the digits int() reads (4,300): a 500.
+    (f"/api/queries/{'9' * 5001}/answer", {"choice": "left", "who": "ann"}),
+    (f"/api/queries/{'9' * 5001}/marks", {"marks": [], "who": "ann"}),
+    (f"/api/queries/{'9' * 5001}/hold", {"who": "ann"}),
+], ids=["answer-2^63", "marks-2^63", "hold-2^63", "answer-10^40", "answer-5001-digits", "marks-5001-digits",
+        "hold-5001-digits"])
 def test_a_query_id_past_sqlites_integers_is_unknown(client, run_dir, path, body):
     response = client.post(path, json=body)
     assert response.status_code == 404 and "no query" in response.json()["error"]
@@ -365,6 +371,29 @@ def test_seconds_must_be_finite_and_sane_and_nothing_is_stored_until_they_are(cl
     assert rows(run_dir, "SELECT * FROM answers") == []
     retry = client.post("/api/queries/0/answer", json={"choice": "left", "who": "ann", "seconds": 2.5})
     assert retry.status_code == 200 and retry.json()["stored"]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api/queries/0/answer", b'{"choice": "left", "who": "\\ud800"}'),
+    ("/api/queries/3/marks", b'{"marks": [], "who": "ann\\udfff"}'),
+    ("/api/queries/0/hold", b'{"who": "\\ud800"}'),
+    ("/api/next", b'{"kind": "compare", "who": "\\ud800"}'),
+])
+def test_a_name_with_half_a_surrogate_pair_is_400(client, run_dir, path, body):
+    """JSON can carry half of a UTF-16 surrogate pair, which has no UTF-8 form: storing it failed (500)."""
+    response = client.post(path, content=body, headers=JSON)
+    assert response.status_code == 400 and "who" in response.json()["error"]
+    assert rows(run_dir, "SELECT * FROM answers") == []
+    assert rows(run_dir, "SELECT id FROM queries WHERE assigned_to IS NOT NULL") == []
+
+
+def test_seconds_may_be_null_as_the_server_itself_returns_them(client, run_dir):
+    """An answer without its time comes back with "seconds": null; sending that back was a 400."""
+    for path, answer in (("/api/queries/0/answer", {"choice": "left"}), ("/api/queries/3/marks", {"marks": []})):
+        reply = client.post(path, json={**answer, "who": "ann", "seconds": None})
+        assert reply.status_code == 200 and reply.json()["stored"], reply.text
+        assert reply.json()["answer"]["seconds"] is None
+    assert rows(run_dir, "SELECT query_id, seconds FROM answers ORDER BY query_id") == [(0, None), (3, None)]
 
 
 def test_a_deeply_nested_body_is_refused_without_a_500(client, run_dir):
@@ -552,6 +581,31 @@ def test_the_secret_belongs_to_the_run_and_outlives_a_restart(run_dir, tmp_path)
     assert page_secret(TestClient(create_app(tmp_path / "other"), base_url=ADDRESS)) != first
 
 
+@pytest.mark.parametrize("secret", ["", " \n"])
+def test_an_empty_secret_file_stops_the_server_in_one_line(run_dir, capsys, monkeypatch, secret):
+    """An empty label_secret (what a power loss can leave of one written without fsync) let a
+    POST with no secret at all store an answer: no secret, no server."""
+    (run_dir / "config.yaml").write_text("reward: preferences\nlabeler: people\n")
+    (run_dir / SECRET_FILE).write_text(secret)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *args, **kwargs: pytest.fail("the server started"))
+    assert main(["label", str(run_dir), "--port", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert "http://" not in out and err.count("\n") == 1 and f"{run_dir / SECRET_FILE} is empty" in err
+    with pytest.raises(ConfigError, match="is empty"):
+        create_app(run_dir)
+
+
+def test_the_secret_is_written_whole_and_synced_before_it_is_used(tmp_path, monkeypatch):
+    synced = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda descriptor: (synced.append(os.fstat(descriptor).st_ino), fsync(descriptor)))
+    secret = page_secret(TestClient(create_app(tmp_path), base_url=ADDRESS))
+    path = tmp_path / SECRET_FILE
+    assert path.read_text() == secret
+    assert path.stat().st_ino in synced and tmp_path.stat().st_ino in synced  # its bytes, then its name
+    assert [p.name for p in tmp_path.iterdir() if SECRET_FILE in p.name] == [SECRET_FILE]  # nothing half-made left
+
+
 # ------------------------------------------------------------------- access
 def test_with_a_token_every_request_must_carry_it(run_dir):
     client = TestClient(create_app(run_dir, token="s3cret"), base_url=ADDRESS)
@@ -596,6 +650,30 @@ def test_the_label_command_says_its_port_is_taken_before_printing_an_address(run
     out, err = capsys.readouterr()
     assert "http://" not in out
     assert err.count("\n") == 1 and f"port {port}" in err and "taken" in err and "--port" in err
+
+
+@pytest.mark.parametrize("port", ["70000", "65536", "-1"])
+def test_the_label_command_refuses_a_port_out_of_range_in_one_line(run_dir, capsys, port):
+    (run_dir / "config.yaml").write_text("reward: preferences\nlabeler: people\n")
+    assert main(["label", str(run_dir), "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--port must be from 0 to 65535, got {port}" in err
+
+
+@pytest.mark.parametrize("where", ["read-only disk", "full disk"])
+def test_the_label_command_on_a_run_it_cannot_write_stops_in_one_line(where, small_disks, capsys, monkeypatch):
+    disk = small_disks.mount("size=1m")
+    (disk / "config.yaml").write_text("reward: preferences\nlabeler: people\n")
+    if where == "read-only disk":
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    else:
+        small_disks.fill(disk)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *args, **kwargs: pytest.fail("the server started"))
+    assert main(["label", str(disk), "--port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err[-3000:]
+    assert err.startswith(f"rlhf-jax label: stopped: cannot serve {disk}: ")
+    assert not [p.name for p in disk.iterdir() if SECRET_FILE in p.name]  # no half-made secret
 
 
 def test_the_label_command_refuses_a_public_address_without_a_token(run_dir, capsys, monkeypatch):

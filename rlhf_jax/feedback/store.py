@@ -87,7 +87,9 @@ class BadAnswer(ValueError):
 
 
 def check_who(who) -> None:
-    if not isinstance(who, str) or not who.strip() or len(who) > 100:
+    # Stored as UTF-8, which half of a UTF-16 surrogate pair (JSON's "\ud800") cannot be.
+    if (not isinstance(who, str) or not who.strip() or len(who) > 100
+            or any("\ud800" <= c <= "\udfff" for c in who)):
         raise BadAnswer("who must be a name of 1 to 100 characters")
 
 

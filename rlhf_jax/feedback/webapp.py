@@ -33,6 +33,7 @@ import os
 import re
 import secrets
 import socket
+import sqlite3
 from importlib import resources
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from rlhf_jax.config_base import build, read_run_config
-from rlhf_jax.errors import ConfigError
+from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.feedback.labeler import CLIPS_DIR
 from rlhf_jax.feedback.store import KINDS, STORE_FILE, BadAnswer, Counts, LabelStore, UnknownQuery
@@ -57,6 +58,7 @@ SECRET_HEADER = "X-Label-Secret"
 MAX_BODY = 64 * 1024  # bytes; an answer is well under 1 KiB, an episode's marks a few KiB
 STATIC = resources.files("rlhf_jax.feedback") / "static"
 PAGE_TITLES = {"compare": "Which clip is better?", "annotate": "Mark progress and regress"}
+PORTS = range(0, 65536)  # 0: any free port
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 WILDCARD = ("0.0.0.0", "::", "")
 # On every response: no page of ours inside another site's frame, nothing run or loaded
@@ -74,20 +76,38 @@ SECURITY_HEADERS = {
 def run_secret(run_dir: Path) -> str:
     """The run's page secret, made on first use and kept in ``run_dir`` (readable by its owner
     only, who can write ``labels.sqlite`` anyway): a restarted server keeps it, so pages left
-    open go on working, as they did before there was a secret."""
+    open go on working, as they did before there was a secret. No secret, no writes: an empty
+    secret file (a write cut short) stops the server with a :class:`ConfigError`."""
     path = run_dir / SECRET_FILE
     if not path.exists():
-        partial = run_dir / f".{SECRET_FILE}.{os.getpid()}"
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as file:
+        _make_secret(path)
+    secret = path.read_text().strip()
+    if not secret:
+        raise ConfigError(f"{path} is empty (its write was cut short): delete it, and the server makes a new one "
+                          "when it starts (then reload any label page left open)")
+    return secret
+
+
+def _make_secret(path: Path) -> None:
+    """A new secret at ``path``, whole and on disk (its bytes, then its name, synced) before
+    anyone uses it: unsynced, a power loss could leave the name with no bytes behind it."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
             file.write(secrets.token_urlsafe(32))
+            file.flush()
+            os.fsync(file.fileno())
         try:
             os.link(partial, path)  # never replaces the secret of a server that started meanwhile
         except FileExistsError:
-            pass
+            return
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
         finally:
-            partial.unlink()
-    return path.read_text().strip()
+            os.close(directory)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
@@ -132,15 +152,24 @@ async def _json_body(request: Request) -> dict:
 
 
 def _field(body: dict, name: str, kind, required: bool = True):
-    if name not in body:
+    value = body.get(name)
+    if value is None:  # absent, or null: as the server itself returns an answer's unknown time
         if required:
             raise BadAnswer(f"missing field {name!r}")
         return None
-    value = body[name]
     # bool is an int in Python: never accept true/false for a number.
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise BadAnswer(f"field {name!r} has the wrong type: {value!r}")
     return value
+
+
+def _query_id(request: Request) -> int:
+    """The query id in the path: digits, no more of them than a 64-bit id has (the store refuses
+    ids past 64 bits; ``int()`` refuses a number of over 4,300 digits)."""
+    text = request.path_params["query_id"]
+    if not (text.isascii() and text.isdigit() and len(text) <= 20):
+        raise UnknownQuery(text if len(text) <= 20 else f"{text[:20]}...")
+    return int(text)
 
 
 def create_app(run_dir: str | Path, people: PeopleConfig = PeopleConfig(), token: str | None = None,
@@ -182,13 +211,13 @@ def create_app(run_dir: str | Path, people: PeopleConfig = PeopleConfig(), token
         return JSONResponse({"query": None if row is None else _query_json(row), **_counts_json(store.counts(kind, who))})
 
     async def hold(request: Request):
-        query_id = request.path_params["query_id"]
+        query_id = _query_id(request)
         store.query(query_id)  # unknown: 404 before a malformed body's 400
         body = await _json_body(request)
         return JSONResponse({"held": store.renew(query_id, _field(body, "who", str))})
 
     async def answer(request: Request):
-        query_id = request.path_params["query_id"]
+        query_id = _query_id(request)
         store.query(query_id)
         body = await _json_body(request)
         stored, row = store.answer(query_id, _field(body, "choice", str), _field(body, "who", str),
@@ -196,7 +225,7 @@ def create_app(run_dir: str | Path, people: PeopleConfig = PeopleConfig(), token
         return JSONResponse({"stored": stored, "answer": _answer_json(row)})
 
     async def marks(request: Request):
-        query_id = request.path_params["query_id"]
+        query_id = _query_id(request)
         store.query(query_id)
         body = await _json_body(request)
         given = _field(body, "marks", list)
@@ -227,9 +256,9 @@ def create_app(run_dir: str | Path, people: PeopleConfig = PeopleConfig(), token
         Route("/annotate", page("annotate")),
         Route("/api/status", status),
         Route("/api/next", next_query, methods=["POST"]),
-        Route("/api/queries/{query_id:int}/hold", hold, methods=["POST"]),
-        Route("/api/queries/{query_id:int}/answer", answer, methods=["POST"]),
-        Route("/api/queries/{query_id:int}/marks", marks, methods=["POST"]),
+        Route("/api/queries/{query_id}/hold", hold, methods=["POST"]),
+        Route("/api/queries/{query_id}/answer", answer, methods=["POST"]),
+        Route("/api/queries/{query_id}/marks", marks, methods=["POST"]),
         Route("/clips/{name}", clip),
         Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]
@@ -347,7 +376,9 @@ def run_settings(run_dir: str | Path) -> tuple[PeopleConfig, str]:
 
 def listen(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` (0: any free port), or a :class:`ConfigError` that says
-    the port is taken."""
+    the port is out of range or taken."""
+    if port not in PORTS:
+        raise ConfigError(f"--port must be from {PORTS.start} to {PORTS.stop - 1}, got {port}")
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart need not wait
     try:
@@ -369,9 +400,14 @@ def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, token:
     if host not in LOOPBACK and not token:
         raise ConfigError(f"serving on {host} lets other machines in: give an access token with --token "
                           "(or RLHF_JAX_TOKEN)")
-    listener = listen(host, port)
-    port = listener.getsockname()[1]
-    app = create_app(run_dir, people, token, default_page=page, host=host, port=port)
-    shown = f"[{host}]" if ":" in host else host
-    print(f"labeling {run_dir}: open http://{shown}:{port}/{page}" + (f"?token={token}" if token else ""), flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listener])
+    with listen(host, port) as listener:
+        port = listener.getsockname()[1]
+        try:
+            app = create_app(run_dir, people, token, default_page=page, host=host, port=port)
+        except (OSError, sqlite3.Error) as error:  # a read-only or full disk: the secret and answers go there
+            raise RunError(f"cannot serve {run_dir}: {error}. The server writes its page secret and people's "
+                           "answers there: make room, or make it writable, then start it again") from None
+        shown = f"[{host}]" if ":" in host else host
+        print(f"labeling {run_dir}: open http://{shown}:{port}/{page}" + (f"?token={token}" if token else ""),
+              flush=True)
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listener])
