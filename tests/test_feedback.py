@@ -21,8 +21,8 @@ from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.feedback.labeler import ANNOTATE_MIN_SECONDS, PeopleLabeler
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
-from rlhf_jax.feedback.webapp import (MAX_BODY, SECRET_FILE, SECRET_HEADER, TOKEN_COOKIE,
-                                      create_app, listen)
+from rlhf_jax.feedback.webapp import (MAX_BODY, SECRET_FILE, SECRET_HEADER, TOKEN_COOKIE, Limits,
+                                      create_app, label_server, listen)
 from rlhf_jax.reward.people import Query
 
 CLIP_BYTES = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 4  # stands in for an MP4
@@ -103,12 +103,12 @@ JSON = {"Content-Type": "application/json"}
 
 
 @contextlib.contextmanager
-def served(run_dir, **options):
-    """The app behind a real server (uvicorn on a free loopback port, in a thread): for requests
-    a test client would tidy up before the app saw them. Yields the port."""
+def served(run_dir, limits: Limits = Limits(), **options):
+    """The app behind the server ``rlhf-jax label`` runs (uvicorn on a free loopback port, in a
+    thread): for requests a test client would tidy up before the app saw them. Yields the port."""
     listener = listen("127.0.0.1", 0)
     port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(run_dir, port=port, **options), log_level="warning"))
+    server = label_server(create_app(run_dir, port=port, **options), limits)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -434,6 +434,59 @@ def test_a_large_body_is_refused_before_it_has_all_arrived(run_dir, framing):
                 connection.sendall(piece if "Length" in framing else b"%x\r\n%s\r\n" % (len(piece), piece))
         reply = connection.recv(4096)  # a server still waiting for the body times out here
     assert reply.startswith(b"HTTP/1.1 413"), reply
+    assert rows(run_dir, "SELECT * FROM answers") == []
+
+
+def closed_by_the_server(connection: socket.socket, within_s: float) -> bool:
+    """Whether the server closes ``connection`` (which has had no reply) within ``within_s``."""
+    connection.settimeout(within_s)
+    try:
+        return connection.recv(4096) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def get_status(port: int) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", "/api/status")
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_idle_connections_past_the_cap_do_not_lock_out_a_client(run_dir):
+    """1,030 connections that never sent a request held all 1,024 file descriptors, and no one
+    else got in. Past the cap, the server closes the connection that has waited longest for a
+    request, so one that asks is answered."""
+    with served(run_dir, Limits(connections=4, request_s=60)) as port:
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(8)]
+        assert get_status(port) == 200  # the ninth connection: the fifth idle one goes for it
+        closed = [closed_by_the_server(connection, 5 if i < 5 else 0.3) for i, connection in enumerate(idle)]
+        assert closed == [True] * 5 + [False] * 3
+        for connection in idle:
+            connection.close()
+
+
+def test_a_request_that_does_not_arrive_whole_in_time_is_cut_off(run_dir):
+    """Nothing timed the request's head or body: a client could hold a connection for ever by
+    sending nothing, half a head, or half a body. A request must arrive whole within
+    ``request_s`` of the connection's being ready for it."""
+    with served(run_dir, Limits(connections=64, request_s=0.5)) as port:
+        started = time.monotonic()
+        silent, half_head, half_body = (socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3))
+        half_head.sendall(f"GET /api/status HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode())
+        secret = (run_dir / SECRET_FILE).read_text()
+        half_body.sendall(f"POST /api/queries/0/answer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 100\r\n"
+                          f"Content-Type: application/json\r\n{SECRET_HEADER}: {secret}\r\n\r\n".encode()
+                          + b'{"choice": "left", ')
+        assert [closed_by_the_server(c, 5) for c in (silent, half_head, half_body)] == [True] * 3
+        assert time.monotonic() - started >= 0.5
+        assert get_status(port) == 200
+        for connection in (silent, half_head, half_body):
+            connection.close()
     assert rows(run_dir, "SELECT * FROM answers") == []
 
 

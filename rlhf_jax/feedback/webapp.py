@@ -21,13 +21,17 @@ IBT paper's appendix A.1). JSON API:
 Errors: 404 for an unknown query or clip, 400 for a malformed answer (nothing is stored);
 answering a query a second time stores nothing and returns the answer that stands. Clip
 names must look like ``q12_0.mp4``, so no name can reach a file outside the run's
-``clips/`` folder. :class:`Guard` decides which requests reach these at all.
+``clips/`` folder. :class:`Guard` decides which requests reach these at all, and
+:class:`Limits` how much of the server one client can hold.
 """
 from __future__ import annotations
 
+import asyncio
 import errno
+import functools
 import hmac
 import html
+import itertools
 import json
 import os
 import re
@@ -36,7 +40,10 @@ import socket
 import sqlite3
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
+import h11
+import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
@@ -44,6 +51,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from rlhf_jax.config_base import build, read_run_config
 from rlhf_jax.errors import ConfigError, RunError
@@ -392,10 +400,65 @@ def listen(host: str, port: int) -> socket.socket:
     return listener
 
 
+class Limits(NamedTuple):
+    """How much of the server one client can hold. Uvicorn times neither a request's head nor
+    its body, and takes connections until the process has no file descriptor left (1,024):
+    1,030 connections that never sent a request locked every other client out."""
+
+    connections: int = 256  # open at once; each with a clip open, still well within 1,024 descriptors
+    request_s: float = 10.0  # for a request to arrive whole, head and body, once its connection is ready
+
+
+class _LimitedH11(H11Protocol):
+    """Uvicorn's HTTP/1.1 connection within :class:`Limits`. Once a connection is ready for a
+    request (it has opened, or its last response has gone), the request must arrive whole
+    within ``request_s``, or the connection is closed. Past ``connections`` open connections,
+    the one that has waited longest for a request is closed: the new one itself when every
+    other is busy with a request."""
+
+    _order = itertools.count()  # of the moments connections became ready
+
+    def __init__(self, *args, limits: Limits, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self.ready_since = 0
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._ready()
+        open_ = [c for c in self.connections if not c.transport.is_closing()]
+        if len(open_) > self.limits.connections:
+            waiting = [c for c in open_ if c.conn.their_state is h11.IDLE]  # self among them
+            min(waiting, key=lambda c: c.ready_since).transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._ready()
+
+    def connection_lost(self, exc) -> None:
+        self.deadline.cancel()
+        super().connection_lost(exc)
+
+    def _ready(self) -> None:
+        self.ready_since = next(self._order)
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.deadline = self.loop.call_later(self.limits.request_s, self._close_if_no_request)
+
+    def _close_if_no_request(self) -> None:
+        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY):  # the head, or the body, still to come
+            self.transport.close()
+
+
+def label_server(app, limits: Limits = Limits()) -> uvicorn.Server:
+    """The uvicorn server that serves ``app`` within ``limits``."""
+    protocol = functools.partial(_LimitedH11, limits=limits)
+    return uvicorn.Server(uvicorn.Config(app, log_level="warning", http=protocol))
+
+
 def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, token: str | None = None) -> None:
     """Check the run and the port, print the address to open, and serve until interrupted."""
-    import uvicorn
-
     people, page = run_settings(run_dir)
     if host not in LOOPBACK and not token:
         raise ConfigError(f"serving on {host} lets other machines in: give an access token with --token "
@@ -410,4 +473,4 @@ def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, token:
         shown = f"[{host}]" if ":" in host else host
         print(f"labeling {run_dir}: open http://{shown}:{port}/{page}" + (f"?token={token}" if token else ""),
               flush=True)
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listener])
+        label_server(app).run(sockets=[listener])
