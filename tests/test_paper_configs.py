@@ -121,10 +121,15 @@ def test_mujoco_preferences_are_appendix_a1(task):
     model = config.reward_model
     assert model.reward_std(MUJOCO_SPEC) == 1.0
     assert (model.hidden, model.leaky_relu_slope, model.ensemble_size) == ((64, 64), 0.01, 3)
-    # Not the paper's (it gives a rate for Atari only): three times its Atari fitting (ten on
-    # InvertedPendulum, which learns less at three), at Adam's 1e-3
-    rate = 1.0 if task == "invertedpendulum" else 0.3
-    assert (config.preferences.fit_pairs_per_env_step, model.learning_rate) == (rate, 1e-3)
+    # Not the paper's (it gives a rate for Atari only): three times its Atari fitting, at Adam's
+    # 1e-3, one value for all eight tasks; no dropout on any
+    assert (config.preferences.fit_pairs_per_env_step, model.learning_rate) == (0.3, 1e-3)
+    assert model.mlp_dropout == 0.0
+    # with the ends hidden, the tasks that end early run 200-step episodes with the penalty of 10 in
+    # place of the end; the others keep their own length
+    ends_early = task in ("hopper", "walker2d", "ant", "invertedpendulum", "inverteddoublependulum")
+    assert config.env.max_episode_steps == (200 if ends_early else 0)
+    assert config.env.oracle == "penalty" and config.env.termination_penalty == (10.0 if ends_early else 1.0)
 
     rl = load(PAPER / f"mujoco/{task}_trpo.yaml")
     assert (rl.agent, rl.reward, rl.env.id, rl.env.num_envs) == ("trpo", "env", config.env.id, config.env.num_envs)

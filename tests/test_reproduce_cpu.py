@@ -86,30 +86,23 @@ def test_the_cell_without_the_entropy_bonus_is_the_700_label_cell_with_that_one_
         reproduce.main(["--figure", "2", "--backend", "cpu", "--ablations", "no bonus", "--dry-run"])
 
 
-def test_inverted_pendulum_trains_on_short_episodes_and_every_line_is_scored_on_the_task():
-    """InvertedPendulum's preference runs and its oracle line train on 250-step episodes and are
-    scored on the task's own (``run.score_on_task``); RL trains on the task itself."""
+@pytest.mark.parametrize("task", ["hopper", "walker2d", "ant", "invertedpendulum", "inverteddoublependulum"])
+def test_the_tasks_that_end_early_train_on_200_step_episodes_with_the_penalty_and_are_scored_on_the_task(task):
+    """The five tasks that end when unhealthy: their preference runs and the oracle line train on
+    200-step episodes with the ends hidden and the penalty of 10 in their place, one value for
+    the five, and are scored on the task's own episodes (``run.score_on_task``); RL trains on the
+    task itself."""
     cells = {c.line: reproduce.cell_config(c, 20_000, 4, Path("/tmp/unused")) for c in reproduce.cpu_cells(
-        reproduce.FIGURES[2], ["invertedpendulum"], [700], ["trpo", "oracle"])}
+        reproduce.FIGURES[2], [task], [700], ["trpo", "oracle"])}
     rl, labels, oracle = cells["RL (trpo)"], cells["700 labels"], cells[reproduce.ORACLE_LINE]
     for shortened in (labels, oracle):
-        assert shortened.env.max_episode_steps == 250 and shortened.env.hide_episode_end
+        assert shortened.env.max_episode_steps == 200 and shortened.env.hide_episode_end
+        assert shortened.env.oracle == "penalty" and shortened.env.termination_penalty == 10.0
         assert shortened.run.score_on_task and shortened.run.eval_episodes == 8
     assert rl.env.max_episode_steps == 0 and not rl.run.score_on_task and not rl.env.hide_episode_end
-    # 5 copies x 1,000 steps a batch: whole 250-step episodes, as on MJX (20 copies x 250)
-    assert labels.trpo.batch_size % (labels.env.num_envs * 250) == 0
+    # 5 copies x 1,000 steps a batch: whole 200-step episodes, as on MJX (25 copies x 200)
+    assert labels.trpo.batch_size % (labels.env.num_envs * 200) == 0
     assert reproduce.preference_task(reproduce.PAPER / "mujoco/halfcheetah.yaml") == ()
-
-
-def test_the_double_pendulums_oracle_line_takes_the_labels_smooth_oracle():
-    """InvertedDoublePendulum's labels come from the smooth oracle in 50-step episodes; TRPO on
-    the oracle runs on that same task, and RL on the task's own."""
-    cells = {c.line: reproduce.cell_config(c, 20_000, 4, Path("/tmp/unused")) for c in reproduce.cpu_cells(
-        reproduce.FIGURES[2], ["inverteddoublependulum"], [700], ["trpo", "oracle"])}
-    rl, labels, oracle = cells["RL (trpo)"], cells["700 labels"], cells[reproduce.ORACLE_LINE]
-    for changed in (labels, oracle):
-        assert changed.env.oracle == "smooth" and changed.env.max_episode_steps == 50 and changed.run.score_on_task
-    assert rl.env.oracle == "penalty" and not rl.env.hide_episode_end
 
 
 def test_where_metrics_are_also_sent_leaves_a_cell_the_same_cell():
@@ -323,35 +316,14 @@ def test_another_cpu_budget_is_another_figure_beside_the_standing_one(monkeypatc
     assert ledgers == ["reproduce_fig2_cpu_2m_runs.json"] and steps == [{2_000_000}]
 
 
-def test_the_committed_figure_names_every_cell_its_configs_no_longer_make():
-    """Each finished cell in the figure's ledger has the fingerprint its config resolves to now,
-    or the published figure says it does not (``cells_made_by_an_earlier_config``: a config
-    changed on purpose, its cells waiting to run again). A config field added without its neutral
-    value in ``ADDED_AFTER_FIRST_CELLS`` changes every fingerprint unsaid, and the next run of the
-    figure would leave all its cells out and start them again (``trpo.normalize_observations``
-    once did)."""
-    ledger = reproduce.load_ledger(reproduce.RESULTS / "reproduce_fig2_cpu_runs.json")
-    published = json.loads((reproduce.RESULTS / "reproduce_fig2_cpu.json").read_text())
-    records = ledger["runs"].values()
-    ablations = sorted({r["line"] for r in records if r["kind"] == reproduce.Kind.ABLATION})
-    tasks = sorted({r["task"] for r in records})
-    cells = reproduce.cpu_cells(reproduce.FIGURES[2], tasks, list(reproduce.CPU_BUDGETS), ["trpo", "oracle"], ablations)
-    today = {cell.key: reproduce.fingerprint_of(reproduce.cell_config(
-        cell, reproduce.CPU_STEPS, reproduce.CPU_POINTS, Path("/tmp/unused"))) for cell in cells}
-    assert set(today) >= {f"{r['task']}/{r['line']}" for r in records}  # every recorded cell is planned
-    _, made_by_an_earlier_config = reproduce.current_records(ledger, today)
-    assert len(records) > 0
-    assert made_by_an_earlier_config == published["cells_made_by_an_earlier_config"]
-
-
 def test_a_registered_result_change_gives_the_cells_it_touches_a_new_fingerprint_and_only_those(monkeypatch):
     """An entry in ``RESULT_CHANGES`` (here: another draw of r̂'s dropout masks) makes the cells
     whose config it touches new cells, so the figure's command runs them again on the new code;
     the others keep the fingerprint they had, and with the list empty every cell keeps its own."""
     figure = reproduce.FIGURES[2]
-    cells = {cell.key: cell for cell in reproduce.cpu_cells(figure, ["invertedpendulum", "hopper"], [700],
-                                                            ["trpo"], [])}
-    dropout_cell, plain_cell = cells["invertedpendulum/700 labels"], cells["hopper/700 labels"]
+    cells = {cell.key: cell for cell in reproduce.cpu_cells(figure, ["hopper"], [700], ["trpo"],
+                                                            ["reward dropout 0.5"])}
+    dropout_cell, plain_cell = cells["hopper/reward dropout 0.5"], cells["hopper/700 labels"]
 
     def fingerprints():
         return [reproduce.fingerprint_of(reproduce.cell_config(cell, reproduce.CPU_STEPS, reproduce.CPU_POINTS,
@@ -362,5 +334,5 @@ def test_a_registered_result_change_gives_the_cells_it_touches_a_new_fingerprint
     change = reproduce.ResultChange("dropout masks, another draw", lambda c: c.reward_model.mlp_dropout > 0)
     monkeypatch.setattr(reproduce, "RESULT_CHANGES", (change,))
     after = fingerprints()
-    assert after[0] != before[0]  # InvertedPendulum's r̂ fits with dropout: a new cell
+    assert after[0] != before[0]  # this r̂ fits with dropout: a new cell
     assert after[1] == before[1]  # Hopper's does not: its records stay
