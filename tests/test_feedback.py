@@ -1,8 +1,10 @@
 """The label store, the training side's PeopleLabeler, and every endpoint of the labeling app."""
 import contextlib
 import http.client
+import json
 import os
 import re
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -21,7 +23,7 @@ from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.feedback.labeler import ANNOTATE_MIN_SECONDS, PeopleLabeler
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
-from rlhf_jax.feedback.webapp import (MAX_BODY, SECRET_FILE, SECRET_HEADER, TOKEN_COOKIE, Limits,
+from rlhf_jax.feedback.webapp import (MAX_BODY, SECRET_FILE, SECRET_HEADER, STATIC, TOKEN_COOKIE, Limits,
                                       create_app, label_server, listen)
 from rlhf_jax.reward.people import Query
 
@@ -211,6 +213,61 @@ def test_the_pages_show_the_instruction_keys_and_empty_state(client):
     script = client.get("/static/label.js")
     assert script.status_code == 200 and "ArrowLeft" in script.text
     assert client.get("/static/../store.py").status_code == 404
+
+
+# The page's script run by Node in a stand-in for the browser: every element a plain object, and
+# each request answered with the reply recorded for its path. Prints what #notice says after
+# each step.
+PAGE_IN_NODE = r"""
+const vm = require("vm"), fs = require("fs");
+const [script, repliesJson] = process.argv.slice(1);
+const replies = JSON.parse(repliesJson);
+const elements = {};
+const element = (id) => elements[id] ??= {id, hidden: true, textContent: "", value: "", dataset: {}, style: {},
+  addEventListener() {}, replaceChildren() {}, append() {}, pause() {}, play() {}};
+const page = {
+  document: {body: {dataset: {kind: "compare", renewS: "1"}}, getElementById: element,
+             querySelector: () => ({content: "the-secret"}), querySelectorAll: () => [],
+             addEventListener() {}, createElement: () => element("new")},
+  localStorage: {getItem: () => "ann", setItem() {}}, performance: {now: () => 0},
+  setTimeout() {}, setInterval() {},
+  fetch: async (path) => ({ok: true, json: async () => replies[path.split("?")[0]]}),
+};
+vm.createContext(page);
+vm.runInContext(fs.readFileSync(script, "utf8"), page);
+const settled = () => new Promise((resolve) => setImmediate(resolve));
+const notice = () => element("notice").hidden ? "" : element("notice").textContent;
+(async () => {
+  await settled();
+  await vm.runInContext("renewHold()", page);
+  console.log(JSON.stringify(notice()));
+  await vm.runInContext('send("answer", {choice: "left"})', page);
+  await settled();
+  console.log(JSON.stringify(notice()));
+})();
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run the page's script")
+def test_the_page_says_when_an_answer_was_not_stored_and_why(run_dir, clock):
+    """The page ignored "held": false and "stored": false: a person whose answer lost a race
+    was not told. The replies are the server's own, recorded as the race happened."""
+    client = as_the_page(create_app(run_dir, PeopleConfig(assignment_timeout_s=60)))
+    bob = client.post("/api/next", json={"kind": "compare", "who": "bob"}).json()
+    clock.advance(61)  # bob's page went quiet; his query goes to ann, but bob still answers it
+    replies = {"/api/next": client.post("/api/next", json={"kind": "compare", "who": "ann"}).json()}
+    assert replies["/api/next"]["query"]["id"] == bob["query"]["id"] == 0
+    assert client.post("/api/queries/0/answer", json={"choice": "right", "who": "bob"}).json()["stored"]
+    replies["/api/queries/0/hold"] = client.post("/api/queries/0/hold", json={"who": "ann"}).json()
+    replies["/api/queries/0/answer"] = client.post("/api/queries/0/answer", json={"choice": "left", "who": "ann"}).json()
+    assert replies["/api/queries/0/hold"] == {"held": False} and not replies["/api/queries/0/answer"]["stored"]
+    replies["/api/status"] = client.get("/api/status").json()
+    result = subprocess.run(["node", "-e", PAGE_IN_NODE, str(STATIC / "label.js"), json.dumps(replies)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    after_hold, after_answer = (json.loads(line) for line in result.stdout.splitlines())
+    assert "no longer yours" in after_hold and "someone else" in after_hold
+    assert "not stored" in after_answer and "bob answered it first" in after_answer
 
 
 def test_text_put_into_a_page_is_escaped(run_dir):

@@ -27,6 +27,10 @@ async function api(path, body) {
 
 function showError(error) { $("error").textContent = String(error); $("error").hidden = false; }
 
+// Why the person's last answer did not count, or why the query on screen may not: it stays up,
+// past the next query, until an answer of theirs is stored ("" takes it down).
+function tell(text) { $("notice").textContent = text; $("notice").hidden = text === ""; }
+
 const name = () => who.value.trim() || "anonymous";
 
 function showCounts(counts) {
@@ -48,7 +52,13 @@ async function refreshCounts() {
 // Keep holding the query on screen; a closed page stops, and the query soon goes back to others.
 async function renewHold() {
   if (current === null) return;
-  try { await api(`/api/queries/${current.id}/hold`, {who: name()}); } catch (error) { showError(error); }
+  try {
+    const reply = await api(`/api/queries/${current.id}/hold`, {who: name()});
+    if (!reply.held) {
+      tell(`${kind === "compare" ? "These clips are" : "This episode is"} no longer yours: answered, or gone to ` +
+           "someone else while your page was silent. If someone else answers first, your answer will not be stored.");
+    }
+  } catch (error) { showError(error); }
 }
 
 async function next() {
@@ -70,8 +80,10 @@ async function send(path, body) {
   const query = current;
   current = null;  // a second key press before the next query arrives answers nothing
   try {
-    await api(`/api/queries/${query.id}/${path}`,
-              {...body, who: name(), seconds: (performance.now() - shownAt) / 1000});
+    const reply = await api(`/api/queries/${query.id}/${path}`,
+                            {...body, who: name(), seconds: (performance.now() - shownAt) / 1000});
+    const first = reply.answer.who === name() ? "you had answered it already" : `${reply.answer.who} answered it first`;
+    tell(reply.stored ? "" : `Your answer was not stored: ${first}.`);
   } catch (error) { showError(error); }
   next();
 }
