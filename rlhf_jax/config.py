@@ -115,6 +115,21 @@ class ExperimentConfig:
                               f"{' or '.join(FEEDBACK)}, this config has reward={self.reward}")
 
 
+# The keys naming files on the machine a config was written on. A config that travels (the
+# one a label dataset keeps) carries none of them, so it never chooses what is read here.
+LOCAL_FILE_KEYS = ("run.dir", MODEL_KEY, *(feedback.answers_from for feedback in FEEDBACK.values()))
+
+
+def without_local_files(data: dict) -> dict:
+    """The nested config dict ``data`` without :data:`LOCAL_FILE_KEYS`: each takes its default."""
+    data = {name: dict(value) if isinstance(value, dict) else value for name, value in data.items()}
+    for key in LOCAL_FILE_KEYS:
+        section, name = key.split(".")
+        if isinstance(data.get(section), dict):
+            data[section].pop(name, None)
+    return data
+
+
 # What `rlhf-jax train` runs when given no config file (configs/rlhf_cartpole.yaml says the
 # same): A2C on CartPole learning from 500 synthetic preferences, a few minutes on 2 cores.
 DEFAULT_EXPERIMENT = {

@@ -318,15 +318,23 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = parse_yaml(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+    return parse_mapping(text, path)
+
+
+def parse_mapping(text: str, where) -> dict:
+    """The mapping of keys to values that YAML ``text`` holds (a config file's, or one stored
+    elsewhere), or a one-line error naming ``where``."""
+    try:
+        data = parse_yaml(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {_one_line(error)}") from None
+        raise ConfigError(f"{where}: not valid YAML: {_one_line(error)}") from None
     if data is None:
-        raise ConfigError(f"{path}: the file is empty (or only comments): it sets nothing")
+        raise ConfigError(f"{where}: the file is empty (or only comments): it sets nothing")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+        raise ConfigError(f"{where}: the top level must be a mapping of keys to values")
     return data
 
 
