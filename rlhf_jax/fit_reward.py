@@ -12,9 +12,11 @@ IBT: U's rise rescaled on the dataset's clips). What it fits is saved with
 :func:`rlhf_jax.reward.saved_model.save`, its kind recorded, for a run of the same kind to
 start from with ``reward_model.init_from``.
 
-The settings are the source run's (the config saved with the dataset), with the command
-line's ``key=value`` overrides: ``reward_model.*`` or ``ibt.*`` (its architecture must then be
-the one of the runs that start from it), ``seed``. The environment must stay the dataset's.
+The settings are the source run's (the config saved with the dataset, less the keys that name
+files: a dataset never chooses what is read here), with the command line's ``key=value``
+overrides: ``reward_model.*`` or ``ibt.*`` (its architecture must then be the one of the runs
+that start from it), ``seed``. The environment must stay the dataset's. A model that is not
+finite is never written, and nothing is written over an existing file.
 """
 from __future__ import annotations
 
@@ -29,10 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhf_jax.checkpoints import write_atomically
-from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build, to_dict
-from rlhf_jax.config_base import parse_yaml
+from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build, to_dict, without_local_files
+from rlhf_jax.config_base import parse_mapping
 from rlhf_jax.envs import make
-from rlhf_jax.errors import ConfigError
+from rlhf_jax.errors import ConfigError, RunError
+from rlhf_jax.files import refuse_to_overwrite
 from rlhf_jax import label_datasets
 from rlhf_jax.head_start import HeadStartFiles
 from rlhf_jax.reward import saved_model
@@ -65,7 +68,10 @@ def fit_config(dataset_dir: str | Path, overrides: list[str]) -> ExperimentConfi
     feedback = feedback_of(info.kind)
     if not info.rows:
         raise ConfigError(f"{dataset_dir} holds no {feedback.answers}: nothing to fit")
-    base = parse_yaml(info.run_config) if info.run_config else {**DEFAULT_EXPERIMENT, "env": to_dict(info.env)}
+    if info.run_config:  # a file's text, trusted no more than the file: it never names what is read here
+        base = without_local_files(parse_mapping(info.run_config, f"{dataset_dir}: the config it was made with"))
+    else:
+        base = {**DEFAULT_EXPERIMENT, "env": to_dict(info.env)}
     data = apply_overrides(base, list(overrides))
     data.update(reward=feedback.reward, labeler="synthetic")
     section_name, budget_key = feedback.budget.split(".")
@@ -115,6 +121,7 @@ def fit_reward(dataset_dir: str | Path, out: str | Path | None = None, overrides
     out = Path(out) if out else default_out(dataset_dir)
     if not out.parent.is_dir():
         raise ConfigError(f"{out.parent} does not exist: the directory for {out.name} must")
+    refuse_to_overwrite(out, "give --out a new path")
     spec = make(dataclasses.replace(config.env, num_envs=1)).spec
     head = HeadStartFiles(config, spec)
     learner = make_learner(config, spec, head.preloaded)
@@ -159,6 +166,9 @@ def fit_reward(dataset_dir: str | Path, out: str | Path | None = None, overrides
                 + (f", validation loss {val_loss:.4f}" if not math.isnan(val_loss) else "")
                 + f" ({time.perf_counter() - began:.0f} s)", flush=True)
     model = learner.reward_params(state)
+    if not all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(model)):
+        raise RunError(f"the fitted model is not finite after {total} steps (train loss {train_loss}), so nothing "
+                       f"was written: fit again with a smaller learning rate, or look at the dataset's observations")
     info = saved_model.ModelInfo(
         env=to_dict(config.env), observation_shape=tuple(spec.observation_shape),
         architecture=saved_model.architecture(head.model_config()), labels=labels, dataset=str(dataset_dir),
