@@ -226,12 +226,19 @@ def frames_on_host(obs: np.ndarray, stack: int, chunk: int = 256) -> tuple[np.nd
     return np.concatenate([f for f, _ in parts]), np.concatenate([r for _, r in parts])
 
 
+@functools.cache
+def _stacks_rebuilder(stack: int):
+    """:func:`segment_stacks` of ``[N, c]`` segments, compiled once (per shape) for every call
+    of :func:`stacks_on_host`, which a writer calls a few rows at a time."""
+    return jax.jit(jax.vmap(jax.vmap(functools.partial(segment_stacks, stack=stack, history=stack - 1))))
+
+
 def stacks_on_host(frames: np.ndarray, restart: np.ndarray, stack: int, chunk: int = 256) -> np.ndarray:
     """The inverse of :func:`frames_on_host`: ``[N, c, k, *observation_shape]``, every stack
     rebuilt from its frames (:func:`segment_stacks`), ``chunk`` rows at a time."""
     if stack == 1:
         return np.asarray(frames)
-    rebuild = jax.jit(jax.vmap(jax.vmap(functools.partial(segment_stacks, stack=stack, history=stack - 1))))
+    rebuild = _stacks_rebuilder(stack)
     parts = [np.asarray(rebuild(frames[i:i + chunk], restart[i:i + chunk])) for i in range(0, len(frames), chunk)]
     if not parts:
         return np.zeros((*restart.shape, *frames.shape[3:], stack), frames.dtype)
