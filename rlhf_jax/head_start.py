@@ -162,6 +162,7 @@ class HeadStartFiles:
 
             try:
                 dataset = self._labels or label_datasets.load_labels(self.labels_path)
+                label_datasets.check_actions(dataset, self.spec.action_space, self.labels_path)
             except ConfigError as error:
                 raise ConfigError(f"{self.labels_key}: {error}") from None
             rows, info = dataset.rows, self._info

@@ -5,6 +5,7 @@ A run keeps its labels in ``labels.npz`` (and, with people, who answered and how
 OUT_DIR`` writes them as a dataset directory::
 
     OUT_DIR/README.md                           the dataset card: what, how made, fields, how to load
+    OUT_DIR/SHA256SUMS                          each data file's SHA-256, checked before it is read
     OUT_DIR/data/train-00000-of-00001.parquet   one row per label (more files for large datasets)
 
 which ``datasets.load_dataset("parquet", data_files="OUT_DIR/data/*.parquet")`` loads, as do
@@ -25,21 +26,28 @@ repository as it stands. :func:`columns` lists the columns, and the card shows t
   another dataset (``preferences.labels_from``, ``ibt.marks_from``) keep that dataset's ``who``.
 * **What it was made on.** Each Parquet file's schema metadata holds a :class:`DatasetInfo`
   (as JSON under :data:`~rlhf_jax.label_datasets.schema.METADATA_KEY`): the environment's config section, shapes and
-  dtypes, the labeler, and the source run's ``config.yaml``. A run or a fit reads it to
+  dtypes, the labeler, and the source run's ``config.yaml`` (less the keys that name files:
+  a dataset records no local path and chooses no file to read). A run or a fit reads it to
   refuse labels made on another environment, naming the key that differs.
+* **Checked before trusted.** Reading a dataset checks its files' checksums, each column's
+  type (exactly the metadata's: nothing is cast) and every value (answers and marks in their
+  sets, numbers finite, actions in the task's action space), and refuses it in one line
+  naming the file, or the column and row.
 
 :func:`load_labels` reads any of a dataset directory, a finished run's directory, or a
 ``labels.npz`` (a run's, or one ``labels import`` wrote, which carries its :class:`DatasetInfo`).
 
-The modules: :mod:`~rlhf_jax.label_datasets.schema` (what a dataset is), ``parquet`` (the
-dataset directory's files), ``card`` (its README), ``npz`` (the run format) and ``load``
-(labels from wherever they are kept, with who gave them).
+The modules: :mod:`~rlhf_jax.label_datasets.schema` (what a dataset is), ``check`` (what a
+dataset must be to be trusted), ``parquet`` (the dataset directory's files), ``checksums``
+(its ``SHA256SUMS``), ``card`` (its README), ``npz`` (the run format) and ``load`` (labels
+from wherever they are kept, with who gave them).
 """
+from rlhf_jax.label_datasets.check import check_actions
 from rlhf_jax.label_datasets.load import from_run, labels_info, load_labels
 from rlhf_jax.label_datasets.npz import import_labels, write_labels_npz
 from rlhf_jax.label_datasets.parquet import ZSTD_LEVEL, parquet_bytes, read, read_info, shard_files, write
 from rlhf_jax.label_datasets.schema import CARD_FILE, DatasetInfo, LabelDataset, LabelRows, Provenance, columns
 
-__all__ = ["CARD_FILE", "ZSTD_LEVEL", "DatasetInfo", "LabelDataset", "LabelRows", "Provenance", "columns",
-           "from_run", "import_labels", "labels_info", "load_labels", "parquet_bytes", "read", "read_info",
+__all__ = ["CARD_FILE", "ZSTD_LEVEL", "DatasetInfo", "LabelDataset", "LabelRows", "Provenance", "check_actions",
+           "columns", "from_run", "import_labels", "labels_info", "load_labels", "parquet_bytes", "read", "read_info",
            "shard_files", "write", "write_labels_npz"]

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhf_jax.config_base import CONFIG_FILE, build, read_run_config
+from rlhf_jax.config import without_local_files
+from rlhf_jax.config_base import CONFIG_FILE, build, dump_yaml, read_run_config
 from rlhf_jax.envs.options import EnvConfig
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.labeler import QUERIES_DIR
 from rlhf_jax.feedback.store import CHOICE_MU, STORE_FILE, read_answered
+from rlhf_jax.label_datasets.check import check_rows
 from rlhf_jax.label_datasets.npz import array_names, from_npz, label_rows, read_arrays
 from rlhf_jax.label_datasets.parquet import read, read_info
 from rlhf_jax.label_datasets.schema import (DATA_DIR, KINDS, LABELS_FILE, DatasetInfo, LabelDataset, LabelRows,
@@ -72,9 +74,12 @@ def from_run(run_dir: str | Path) -> LabelDataset:
         action_shape=tuple(labels.action.shape[3:]) if kind == "compare" else (),
         action_dtype=str(labels.action.dtype) if kind == "compare" else "",
         members=0 if labels.holdout is None else int(labels.holdout.shape[1]),
-        labeler=config.get("labeler", "synthetic"), source=str(run_dir),
-        run_config=(run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
-    return LabelDataset(info, labels, _run_provenance(run_dir, config, info, labels))
+        # The run by its name and its config without this machine's paths: a dataset travels.
+        labeler=config.get("labeler", "synthetic"), source=run_dir.resolve().name,
+        run_config=dump_yaml(without_local_files(config)))
+    dataset = LabelDataset(info, labels, _run_provenance(run_dir, config, info, labels))
+    check_rows(dataset, path)
+    return dataset
 
 
 def synthetic_labeler(config: dict, kind: str) -> str:

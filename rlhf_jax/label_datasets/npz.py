@@ -4,19 +4,26 @@ writes one when it finishes; ``labels import`` writes one from a dataset, with t
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from rlhf_jax.config_base import build, read_run_config
+from rlhf_jax.envs import make
 from rlhf_jax.envs.options import EnvConfig, task_mismatch
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.files import refuse_to_overwrite
+from rlhf_jax.label_datasets.check import check_actions, check_rows
 from rlhf_jax.label_datasets.parquet import read
 from rlhf_jax.label_datasets.schema import KINDS, LABELS_FILE, DatasetInfo, LabelDataset, LabelRows, Provenance
 from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.reward.data import frames_on_host, stacks_on_host
+
+OBS_BYTES = 8 * 2**20  # whole-stack observations are written this many bytes at a time
 
 
 @contextmanager
@@ -46,7 +53,11 @@ def label_rows(arrays: dict[str, np.ndarray], kind: str, path: Path) -> LabelRow
     if missing:
         raise ConfigError(f"{path} holds no {', '.join(missing)}: it is not the labels of a "
                           f"{'preferences' if kind == 'compare' else 'ibt'} run")
-    obs = arrays["obs"] if kind == "compare" else arrays["obs"][:, None]
+    obs = arrays["obs"]
+    if obs.ndim < 3 + (kind == "compare") or (kind == "compare" and obs.shape[1] != 2):
+        raise ConfigError(f"{path}: its obs are {obs.dtype} {list(obs.shape)}, not "
+                          f"{'pairs of segments [N, 2, k, ...]' if kind == 'compare' else 'clips [N, k, ...]'}")
+    obs = obs if kind == "compare" else obs[:, None]
     stack = int(obs.shape[-1]) if is_atari_frames(obs.shape[3:]) else 1
     frames, restart = frames_on_host(obs, stack)
     holdout = arrays.get("holdout")
@@ -62,33 +73,40 @@ def from_npz(path: Path) -> LabelDataset:
         raise ConfigError(f"{path} says nothing of its environment: give the run directory it belongs to, or "
                           f"a {LABELS_FILE} written by rlhf-jax labels import")
     info = DatasetInfo.from_json(str(arrays["dataset_info"]), path)
-    info = dataclasses.replace(info, source=str(path))
+    info = dataclasses.replace(info, source=path.name)
     labels = label_rows(arrays, info.kind, path)
     if "who" not in arrays:
-        return LabelDataset(info, labels, Provenance.unknown(info.rows))
-    who = tuple(str(name) or None for name in arrays["who"])
-    provenance = Provenance(who, arrays["seconds"].astype(np.float64), arrays["query_id"].astype(np.int64))
-    return LabelDataset(info, labels, provenance)
+        provenance = Provenance.unknown(info.rows)
+    else:
+        provenance = Provenance(tuple(str(name) or None for name in arrays["who"]), arrays["seconds"],
+                                arrays["query_id"])
+    dataset = LabelDataset(info, labels, provenance)
+    check_rows(dataset, path)
+    return dataset
 
 
 def write_labels_npz(dataset: LabelDataset, path: str | Path) -> Path:
     """``dataset`` as a run's ``labels.npz`` (the same arrays, observations as whole stacks), with
     its :class:`DatasetInfo` and who gave each label beside them, so that nothing is lost."""
     info, labels, provenance = dataset
-    obs = stacks_on_host(labels.frames, labels.restart, info.stack)
     if info.kind == "compare":
-        arrays = dict(obs=obs, action=labels.action, mu=labels.mu, oracle_return=labels.oracle_return)
+        arrays = dict(action=labels.action, mu=labels.mu, oracle_return=labels.oracle_return)
         if labels.holdout is not None:
             arrays["holdout"] = labels.holdout
     else:
-        arrays = dict(obs=obs[:, 0], marks=labels.marks)
+        arrays = dict(marks=labels.marks)
     arrays.update(dataset_info=np.array(info.to_json()), who=np.array([w or "" for w in provenance.who], str),
                   seconds=provenance.seconds, query_id=provenance.query_id)
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
+    refuse_to_overwrite(partial, "a write that stopped left it, or it is someone's: remove it, or give a new path")
     try:
-        with open(partial, "wb") as file:
-            np.savez_compressed(file, **arrays)
+        # What np.savez_compressed writes, but the observations a few rows at a time.
+        with open(partial, "wb") as file, zipfile.ZipFile(file, "w", zipfile.ZIP_DEFLATED, allowZip64=True) as npz:
+            _write_observations(npz, info, labels)
+            for name, array in arrays.items():
+                with npz.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
         os.replace(partial, path)
     except OSError as error:
         partial.unlink(missing_ok=True)
@@ -96,11 +114,28 @@ def write_labels_npz(dataset: LabelDataset, path: str | Path) -> Path:
     return path
 
 
+def _write_observations(npz: zipfile.ZipFile, info: DatasetInfo, labels: LabelRows) -> None:
+    """``obs.npy``: every observation as a whole stack (:func:`~rlhf_jax.reward.data.stacks_on_host`),
+    rebuilt and written :data:`OBS_BYTES` at a time: Atari's are 4 times the frames, which a
+    dataset of zeros holds in a few kilobytes."""
+    shape = (info.rows, info.segments, info.segment_length, *info.observation_shape)
+    shape = shape if info.kind == "compare" else (info.rows, *shape[2:])
+    dtype = np.dtype(info.observation_dtype)
+    step = max(1, OBS_BYTES // max(1, math.prod(shape[1:]) * dtype.itemsize))
+    with npz.open("obs.npy", "w", force_zip64=True) as member:
+        header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(member, header)
+        for start in range(0, info.rows, step):
+            part = stacks_on_host(labels.frames[start:start + step], labels.restart[start:start + step], info.stack)
+            member.write((part if info.kind == "compare" else part[:, 0]).tobytes())
+
+
 def import_labels(dataset_dir: str | Path, target: str | Path) -> Path:
     """``labels import``: the dataset at ``dataset_dir`` as a ``labels.npz``: ``target`` itself
     if it names a ``.npz``, else ``target/labels.npz`` of a run directory whose environment and
     reward agree with the dataset's. Never over an existing file."""
     dataset = read(dataset_dir)
+    check_actions(dataset, make(dataclasses.replace(dataset.info.env, num_envs=1)).spec.action_space, dataset_dir)
     target = Path(target)
     if target.suffix == ".npz":
         if not target.parent.is_dir():
@@ -116,6 +151,5 @@ def import_labels(dataset_dir: str | Path, target: str | Path) -> Path:
         if mismatch:
             raise ConfigError(f"{dataset_dir} was labelled on another environment than {target}'s: {mismatch}")
         path = target / LABELS_FILE
-    if path.exists():
-        raise ConfigError(f"{path} already exists: give a new .npz path")
+    refuse_to_overwrite(path, "give a new .npz path")
     return write_labels_npz(dataset, path)

@@ -1,5 +1,7 @@
 """A dataset directory's Parquet files: writing them (``labels export``) and reading them back,
-dtypes and order as written."""
+dtypes and order as written. A reader trusts nothing in them: the files' checksums, then each
+column's type, exactly as the metadata says (nothing is cast), then every value
+(:mod:`~rlhf_jax.label_datasets.check`) are checked before a label is returned."""
 from __future__ import annotations
 
 import json
@@ -13,16 +15,23 @@ import numpy as np
 from rlhf_jax.config_base import to_dict
 from rlhf_jax.envs.options import HOW_RUN
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.files import refuse_to_overwrite
 from rlhf_jax.label_datasets.card import card
-from rlhf_jax.label_datasets.schema import (CARD_FILE, DATA_DIR, METADATA_KEY, DatasetInfo, LabelDataset, LabelRows,
-                                            Provenance, columns)
+from rlhf_jax.label_datasets.check import check_rows
+from rlhf_jax.label_datasets.checksums import check_sums, write_sums
+from rlhf_jax.label_datasets.schema import (CARD_FILE, CHOICE_NAMES, DATA_DIR, METADATA_KEY, SIDED, Column,
+                                            DatasetInfo, LabelDataset, LabelRows, Provenance, columns)
 
 SHARD_BYTES = 512 * 2**20  # rows per Parquet file: about this many bytes before compression
-ROW_GROUP_BYTES = 64 * 2**20  # rows per row group, likewise: what a reader holds at once
+ROW_GROUP_BYTES = 64 * 2**20  # rows per row group, likewise
+# Rows a reader decodes at once, likewise. Beside each value of a nested list, Parquet's reader
+# holds about 10 bytes of levels and offsets: a whole file of Pong frames took 6 times its
+# decoded size to read at once, a batch of 2 MiB takes about 20 MiB.
+BATCH_BYTES = 2 * 2**20
 # Parquet's zstd level, after dictionary encoding (a frame's pixels take few values): 500 Pong
 # labels' frames (188 MiB) take 0.74 MiB at 9, 1.02 at 3, in about the same time (5 s).
 ZSTD_LEVEL = 9
-CHOICE_NAMES = {1.0: "left", 0.0: "right", 0.5: "tie"}  # mu -> the label store's words
+NULLS = {"oracle_return_0": np.nan, "oracle_return_1": np.nan, "seconds": np.nan, "query_id": -1}  # null -> this
 
 
 def _arrow():
@@ -42,16 +51,6 @@ def _nested(array: np.ndarray) -> pa.Array:
     for size in reversed(array.shape[1:]):
         values = pa.FixedSizeListArray.from_arrays(values, size)
     return values
-
-
-def _unnested(column: pa.ChunkedArray, shape: tuple[int, ...], dtype) -> np.ndarray:
-    """The inverse of :func:`_nested`: ``[N, *shape]`` of ``dtype``."""
-    pa = _arrow()[0]
-    array = column.combine_chunks()
-    rows = len(array)
-    while pa.types.is_fixed_size_list(array.type) or pa.types.is_list(array.type):
-        array = array.flatten()
-    return np.asarray(array.to_numpy(zero_copy_only=False), dtype).reshape(rows, *shape)
 
 
 def _nullable(values: np.ndarray, type_: pa.DataType, missing: np.ndarray) -> pa.Array:
@@ -90,9 +89,36 @@ def _table(dataset: LabelDataset, start: int, stop: int) -> pa.Table:
     data["seconds"] = _nullable(seconds, pa.float64(), np.isnan(seconds))
     query_id = provenance.query_id[part]
     data["query_id"] = _nullable(query_id, pa.int64(), query_id < 0)
-    assert list(data) == [column.name for column in columns(info)], "the columns and their documentation differ"
     table = pa.table(data)
+    assert table.schema.equals(schema(info)), "the columns and their documentation differ"
     return table.replace_schema_metadata({METADATA_KEY: info.to_json().encode()})
+
+
+def arrow_type(column: Column) -> pa.DataType:
+    """The Parquet (Arrow) type of ``column``: its element type in fixed-size lists of its shape."""
+    pa = _arrow()[0]
+    type_ = pa.string() if column.dtype == "string" else pa.from_numpy_dtype(np.dtype(column.dtype))
+    for size in reversed(column.shape):
+        type_ = pa.list_(type_, size)
+    return type_
+
+
+def schema(info: DatasetInfo) -> pa.Schema:
+    """The columns of a dataset of ``info`` as Arrow types: what is written, and all a reader accepts."""
+    pa = _arrow()[0]
+    return pa.schema([pa.field(column.name, arrow_type(column)) for column in columns(info)])
+
+
+def _described(type_: pa.DataType) -> str:
+    """An Arrow type as :attr:`Column.type` writes one (``float64 [5, 4]``)."""
+    pa = _arrow()[0]
+    shape = []
+    while pa.types.is_fixed_size_list(type_) or pa.types.is_list(type_) or pa.types.is_large_list(type_):
+        shape.append(type_.list_size if pa.types.is_fixed_size_list(type_) else "any")
+        type_ = type_.value_type
+    numeric = pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
+    name = np.dtype(type_.to_pandas_dtype()).name if numeric else str(type_)
+    return f"{name} {shape}" if shape else name
 
 
 def _encodings(schema: pa.Schema) -> tuple[list[str], list[str]]:
@@ -120,23 +146,23 @@ def write(dataset: LabelDataset, out_dir: str | Path, license: str = "cc-by-4.0"
     Written under a temporary name first: ``out_dir`` holds a whole dataset or nothing."""
     pq = _arrow()[1]
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{out} already exists{' and is not empty' if out.is_dir() else ''}: choose a new OUT_DIR")
-    info = dataset.info
-    row_bytes = max(1, sum(a[0].nbytes for a in dataset.rows if a is not None and len(a)))
-    per_file = max(1, SHARD_BYTES // row_bytes)
-    files = max(1, math.ceil(info.rows / per_file))
+    refuse_to_overwrite(out, "choose a new OUT_DIR")
     partial = out.with_name(out.name + ".partial")
+    refuse_to_overwrite(partial, "an export that stopped left it, or it is someone's: remove it, or choose a new "
+                                 "OUT_DIR")
+    info = dataset.info
+    per_file = max(1, SHARD_BYTES // info.row_bytes)
+    files = max(1, math.ceil(info.rows / per_file))
     try:
-        shutil.rmtree(partial, ignore_errors=True)
-        (partial / DATA_DIR).mkdir(parents=True)
+        (partial / DATA_DIR).mkdir(parents=True, exist_ok=True)  # partial: new, or an empty directory
         for index in range(files):
             start, stop = index * per_file, min(info.rows, (index + 1) * per_file)
             table = _table(dataset, start, stop)
             arrays, others = _encodings(table.schema)
             pq.write_table(table, partial / DATA_DIR / f"train-{index:05d}-of-{files:05d}.parquet",
-                           row_group_size=max(1, ROW_GROUP_BYTES // row_bytes), use_dictionary=others,
+                           row_group_size=max(1, ROW_GROUP_BYTES // info.row_bytes), use_dictionary=others,
                            use_byte_stream_split=arrays or False, compression="zstd", compression_level=ZSTD_LEVEL)
+        write_sums(partial, shard_files(partial))
         (partial / CARD_FILE).write_text(card(dataset, license, parquet_bytes(partial)), encoding="utf-8")
         if out.exists():
             out.rmdir()
@@ -170,10 +196,10 @@ def read_info(dataset_dir: str | Path) -> DatasetInfo:
 def _file_info(path: Path) -> DatasetInfo:
     pa, pq = _arrow()
     try:
-        schema = pq.read_schema(path)
+        found = pq.read_schema(path)
     except (OSError, pa.ArrowException) as error:
         raise ConfigError(f"{path} is not a Parquet file ({' '.join(str(error).split())})") from None
-    metadata = (schema.metadata or {}).get(METADATA_KEY)
+    metadata = (found.metadata or {}).get(METADATA_KEY)
     if metadata is None:
         raise ConfigError(f"{path} was not written by rlhf-jax labels export: its schema has no "
                           f"{METADATA_KEY.decode()} metadata")
@@ -181,53 +207,79 @@ def _file_info(path: Path) -> DatasetInfo:
 
 
 def read(dataset_dir: str | Path) -> LabelDataset:
-    """Every label of the dataset directory ``dataset_dir``, dtypes and order as written."""
-    pa, pq = _arrow()
+    """Every label of the dataset directory ``dataset_dir``, dtypes and order as written, each
+    checked (module docstring). Read a batch of rows at a time into arrays of the metadata's
+    shapes, so that reading takes little memory beside the labels."""
+    dataset_dir = Path(dataset_dir)
     info = read_info(dataset_dir)
-    tables = []
-    for path in shard_files(Path(dataset_dir)):
-        if _file_info(path) != info:
-            raise ConfigError(f"{path} belongs to another dataset than the other files in {dataset_dir}")
-        try:
-            tables.append(pq.read_table(path))
-        except (OSError, pa.ArrowException) as error:
-            raise ConfigError(f"{path} cannot be read ({' '.join(str(error).split())})") from None
-    try:
-        table = pa.concat_tables(tables)
-    except pa.ArrowException as error:
-        raise ConfigError(f"the files of {dataset_dir} do not agree on their columns ({error})") from None
-    wanted = [column.name for column in columns(info)]
-    missing = [name for name in wanted if name not in table.column_names]
-    if missing:
-        raise ConfigError(f"{dataset_dir} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
-    if table.num_rows != info.rows:
-        raise ConfigError(f"{dataset_dir} holds {table.num_rows} rows, its metadata says {info.rows}")
-    table = table.sort_by("label")
-    if not np.array_equal(table.column("label").to_numpy(), np.arange(info.rows)):
-        raise ConfigError(f"{dataset_dir}: its label column is not 0 .. {info.rows - 1}, each once")
-    c, k, frames = info.segments, info.segment_length, (info.frames_per_segment, *info.frame_shape)
-
-    def stacked(names, shape, dtype):
-        return np.stack([_unnested(table.column(name), shape, dtype) for name in names], axis=1)
-
-    def nullable(name, dtype, fill):
-        return table.column(name).fill_null(fill).to_numpy().astype(dtype)
-
-    if info.kind == "compare":
-        labels = LabelRows(
-            frames=stacked(["frames_0", "frames_1"], frames, info.observation_dtype),
-            restart=stacked(["restart_0", "restart_1"], (k,), bool),
-            action=stacked(["action_0", "action_1"], (k, *info.action_shape), info.action_dtype),
-            mu=table.column("mu").to_numpy().astype(np.float32),
-            oracle_return=np.stack([nullable(f"oracle_return_{s}", np.float32, np.nan) for s in (0, 1)], axis=1),
-            holdout=_unnested(table.column("holdout"), (info.members,), bool) if info.members else None,
-            marks=None)
+    files = shard_files(dataset_dir)
+    check_sums(dataset_dir, files)
+    parquets = [_open(path, info) for path in files]
+    held = sum(parquet.metadata.num_rows for parquet in parquets)
+    if held != info.rows:
+        raise ConfigError(f"{dataset_dir} holds {held} rows, its metadata says {info.rows}")
+    rows = LabelRows.empty(info)
+    who, seconds, query_id = [None] * info.rows, np.full(info.rows, np.nan), np.full(info.rows, -1, np.int64)
+    if info.kind == "annotate":
+        places = {"frames": rows.frames[:, 0], "restart": rows.restart[:, 0], "marks": rows.marks}
     else:
-        labels = LabelRows(frames=stacked(["frames"], frames, info.observation_dtype),
-                           restart=stacked(["restart"], (k,), bool), action=None, mu=None, oracle_return=None,
-                           holdout=None, marks=_unnested(table.column("marks"), (k,), np.int32))
-    assert labels.frames.shape[:2] == (info.rows, c)
-    provenance = Provenance(tuple(table.column("who").to_pylist()), nullable("seconds", np.float64, np.nan),
-                            nullable("query_id", np.int64, -1))
-    return LabelDataset(info, labels, provenance)
+        places = {f"{name}_{side}": getattr(rows, name)[:, side] for name in SIDED for side in (0, 1)}
+        places["mu"] = rows.mu
+        if info.members:
+            places["holdout"] = rows.holdout
+    places.update(seconds=seconds, query_id=query_id)  # column -> the rows it fills
+    described, seen = {column.name: column for column in columns(info)}, np.zeros(info.rows, bool)
+    for path, parquet in zip(files, parquets):
+        try:
+            for batch in parquet.iter_batches(batch_size=max(1, BATCH_BYTES // info.row_bytes)):
+                label = _values(batch.column("label"), described["label"], path)
+                if (label < 0).any() or (label >= info.rows).any() or seen[label].any() or len(set(label)) < len(label):
+                    raise ConfigError(f"{dataset_dir}: its label column is not 0 .. {info.rows - 1}, each once")
+                seen[label] = True
+                for name, place in places.items():
+                    place[label] = _values(batch.column(name), described[name], path)
+                for row, name in zip(label, batch.column("who").to_pylist()):
+                    who[row] = name
+        except (OSError, _arrow()[0].ArrowException) as error:
+            raise ConfigError(f"{path} cannot be read ({' '.join(str(error).split())})") from None
+    dataset = LabelDataset(info, rows, Provenance(tuple(who), seconds, query_id))
+    check_rows(dataset, dataset_dir)
+    return dataset
 
+
+def _open(path: Path, info: DatasetInfo):
+    """The Parquet file at ``path``, refused unless it belongs to the dataset of ``info`` and
+    its columns are of the types ``info`` says, exactly: a value is never cast (an action of
+    0.7 read as an integer would be 0)."""
+    pa, pq = _arrow()
+    if _file_info(path) != info:
+        raise ConfigError(f"{path} belongs to another dataset than the other files in {path.parent.parent}")
+    try:
+        parquet = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as error:
+        raise ConfigError(f"{path} cannot be read ({' '.join(str(error).split())})") from None
+    found = parquet.schema_arrow
+    missing = [column.name for column in columns(info) if found.get_field_index(column.name) < 0]
+    if missing:
+        raise ConfigError(f"{path} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} (or "
+                          f"holds {'them' if len(missing) > 1 else 'it'} twice)")
+    for column in columns(info):
+        type_ = found.field(column.name).type
+        if type_ != arrow_type(column):
+            raise ConfigError(f"{path}: column {column.name} is {_described(type_)}, its metadata says {column.type}")
+    return parquet
+
+
+def _values(array: pa.Array, column: Column, path: Path) -> np.ndarray:
+    """A batch's ``column`` as ``[rows, *column.shape]`` (its type checked: nothing is cast); a
+    null is refused unless the column has a value for it (:data:`NULLS`)."""
+    pa = _arrow()[0]
+    rows = len(array)
+    if column.name in NULLS:
+        array = array.fill_null(NULLS[column.name])
+    while True:
+        if array.null_count:
+            raise ConfigError(f"{path}: column {column.name} has empty (null) values")
+        if not pa.types.is_fixed_size_list(array.type):
+            return array.to_numpy(zero_copy_only=False).reshape(rows, *column.shape)
+        array = array.flatten()

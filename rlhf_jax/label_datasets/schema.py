@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -11,6 +12,7 @@ import numpy as np
 from rlhf_jax.config_base import build, to_dict
 from rlhf_jax.envs.options import EnvConfig
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.feedback.store import CHOICE_MU
 from rlhf_jax.reward.learner import FEEDBACK
 
 FORMAT = "rlhf_jax.label_dataset"
@@ -20,6 +22,10 @@ DATA_DIR = "data"
 CARD_FILE = "README.md"
 LABELS_FILE = "labels.npz"  # what a run writes when it finishes
 KINDS = {feedback.reward: feedback.kind for feedback in FEEDBACK.values()}  # a run's reward -> its labels' kind
+CHOICE_NAMES = {mu: choice for choice, mu in CHOICE_MU.items() if mu is not None}  # an answer mu -> its word
+MARKS = (-1, 0, 1)  # an IBT mark: regress, none, progress
+NUMBER_DTYPES = {np.dtype(code).name for code in "?bhilqBHILQefd"}  # what observations and actions may be
+SIDED = ("frames", "restart", "action", "oracle_return")  # a pair's fields, in columns <name>_0 and <name>_1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +43,8 @@ class DatasetInfo:
     action_dtype: str  # "" where there are no actions (annotate)
     members: int  # held-out flags kept per label (the source run's ensemble size; 0: none)
     labeler: str  # "synthetic" or "people"
-    source: str  # where the labels were read from
-    run_config: str = ""  # the source run's config.yaml, as written ("": unknown)
+    source: str  # what the labels were read from, by name: a run's directory or a file
+    run_config: str = ""  # the source run's config.yaml, less the keys naming local files ("": unknown)
 
     @property
     def segments(self) -> int:
@@ -52,6 +58,25 @@ class DatasetInfo:
     @property
     def frames_per_segment(self) -> int:
         return self.segment_length + self.stack - 1
+
+    def arrays(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The :class:`LabelRows` fields a dataset of this description holds, each as its
+        ``(shape, dtype)``; the fields not named are None."""
+        n, c, k = self.rows, self.segments, self.segment_length
+        arrays = {"frames": ((n, c, self.frames_per_segment, *self.frame_shape), self.observation_dtype),
+                  "restart": ((n, c, k), "bool")}
+        if self.kind == "annotate":
+            return {**arrays, "marks": ((n, k), "int32")}
+        arrays.update(action=((n, c, k, *self.action_shape), self.action_dtype), mu=((n,), "float32"),
+                      oracle_return=((n, c), "float32"))
+        if self.members:
+            arrays["holdout"] = ((n, self.members), "bool")
+        return arrays
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row's arrays, before compression."""
+        return sum(math.prod(shape[1:]) * np.dtype(dtype).itemsize for shape, dtype in self.arrays().values())
 
     def to_json(self) -> str:
         fields = dataclasses.asdict(self)
@@ -74,10 +99,36 @@ class DatasetInfo:
         missing = names - set(fields) - {"run_config"}
         if missing:
             raise ConfigError(f"{where}: its dataset metadata lacks {', '.join(sorted(missing))}")
+        for name in ("frame_shape", "action_shape"):
+            if not isinstance(fields[name], list):
+                raise ConfigError(f"{where}: its dataset metadata's {name} is not a list of sizes")
+            fields[name] = tuple(fields[name])
         fields["env"] = build(EnvConfig, fields["env"], "env")
-        fields["frame_shape"] = tuple(fields["frame_shape"])
-        fields["action_shape"] = tuple(fields["action_shape"])
-        return cls(**fields)
+        info = cls(**fields)
+        problem = info._problem()
+        if problem:
+            raise ConfigError(f"{where}: its dataset metadata's {problem}")
+        return info
+
+    def _problem(self) -> str | None:
+        """What makes this description one no dataset can have (as a file's metadata may say), or None."""
+        if self.kind not in tuple(feedback.kind for feedback in FEEDBACK.values()):
+            return f"kind is {self.kind!r}, not compare or annotate"
+        for name, low in (("rows", 0), ("segment_length", 1), ("stack", 1), ("members", 0)):
+            value = getattr(self, name)
+            if type(value) is not int or value < low:
+                return f"{name} is {value!r}, not a whole number of at least {low}"
+        for name in ("frame_shape", "action_shape"):
+            if not all(type(size) is int and size >= 1 for size in getattr(self, name)):
+                return f"{name} is {list(getattr(self, name))}, not sizes of at least 1"
+        for name in ("observation_dtype", "action_dtype") if self.kind == "compare" else ("observation_dtype",):
+            dtype = getattr(self, name)
+            if not isinstance(dtype, str) or dtype not in NUMBER_DTYPES:
+                return f"{name} is {dtype!r}, not the name of a NumPy number type (uint8, int32, float32, ...)"
+        for name in ("labeler", "source", "run_config"):
+            if not isinstance(getattr(self, name), str):
+                return f"{name} is not text"
+        return None
 
 
 class LabelRows(NamedTuple):
@@ -90,6 +141,12 @@ class LabelRows(NamedTuple):
     oracle_return: np.ndarray | None  # [N, c] float32: summed oracle reward, NaN where unknown (compare)
     holdout: np.ndarray | None  # [N, M] bool: held out of ensemble member m's training (None: not kept)
     marks: np.ndarray | None  # [N, k] int32 in {-1, 0, +1} (annotate)
+
+    @classmethod
+    def empty(cls, info: DatasetInfo) -> "LabelRows":
+        """Arrays of ``info``'s shapes to fill, their memory not yet touched."""
+        arrays = {name: np.empty(shape, dtype) for name, (shape, dtype) in info.arrays().items()}
+        return cls(**{name: arrays.get(name) for name in cls._fields})
 
 
 class Provenance(NamedTuple):
@@ -111,42 +168,51 @@ class LabelDataset(NamedTuple):
 
 
 class Column(NamedTuple):
-    """One column of a dataset, as the card documents it."""
+    """One column of a dataset: its Parquet type (an element type, nested in fixed-size lists
+    of ``shape``), and what the card says of it."""
 
     name: str
-    type: str  # the element type and per-row shape
+    dtype: str  # a NumPy dtype's name, or "string"
+    shape: tuple[int, ...]  # per row; () for one value a row
     meaning: str
+
+    @property
+    def type(self) -> str:
+        """As the card shows it: ``float32 [75, 4]``."""
+        return f"{self.dtype} {list(self.shape)}" if self.shape else self.dtype
 
 
 def columns(info: DatasetInfo) -> list[Column]:
-    """The columns of a dataset of ``info``, in their order: what the writer writes and the card shows."""
-    k, frames = info.segment_length, [info.frames_per_segment, *info.frame_shape]
+    """The columns of a dataset of ``info``, in their order: what the writer writes, the reader
+    requires, type for type, and the card shows."""
+    k, frames = info.segment_length, (info.frames_per_segment, *info.frame_shape)
     frame_word = "stacked frames, each frame once" if info.stack > 1 else "observations"
-    common = [Column("label", "int64", "the label's row in the run's label database (its order)"),
-              Column("env_id", "string", "the environment, as rlhf-jax names it"),
-              Column("env_options", "string (JSON)", "the environment's options: everything but its copies and seed")]
-    tail = [Column("who", "string", "who answered: a person's name, or the synthetic labeler's; null if unknown"),
-            Column("seconds", "float64", "seconds from the clips' showing to the answer; null for synthetic labels"),
-            Column("query_id", "int64", "the query's id in the run's labels.sqlite; null for synthetic labels")]
+    common = [Column("label", "int64", (), "the label's row in the run's label database (its order)"),
+              Column("env_id", "string", (), "the environment, as rlhf-jax names it"),
+              Column("env_options", "string", (), "the environment's options as JSON: everything but its copies "
+                                                   "and seed")]
+    tail = [Column("who", "string", (), "who answered: a person's name, or the synthetic labeler's; null if unknown"),
+            Column("seconds", "float64", (), "seconds from the clips' showing to the answer; null for synthetic "
+                                             "labels"),
+            Column("query_id", "int64", (), "the query's id in the run's labels.sqlite; null for synthetic labels")]
     if info.kind == "annotate":
         return common + [
-            Column("frames", f"{info.observation_dtype} {frames}", f"the clip's {frame_word}, oldest first"),
-            Column("restart", f"bool {[k]}", "step t's observation does not continue step t-1's (a new episode)"),
-            Column("marks", f"int32 {[k]}", "+1 progress, -1 regress, 0 no mark, one per step"),
+            Column("frames", info.observation_dtype, frames, f"the clip's {frame_word}, oldest first"),
+            Column("restart", "bool", (k,), "step t's observation does not continue step t-1's (a new episode)"),
+            Column("marks", "int32", (k,), "+1 progress, -1 regress, 0 no mark, one per step"),
         ] + tail
-    action = f"{info.action_dtype} {[k, *info.action_shape]}"
     pair = []
     for side, name in ((0, "left"), (1, "right")):
-        pair += [Column(f"frames_{side}", f"{info.observation_dtype} {frames}",
+        pair += [Column(f"frames_{side}", info.observation_dtype, frames,
                         f"segment {side}'s {frame_word}, oldest first (shown {name})"),
-                 Column(f"restart_{side}", f"bool {[k]}", f"step t of segment {side} does not continue step t-1's")]
-    pair += [Column(f"action_{side}", action, f"segment {side}'s actions") for side in (0, 1)]
-    answer = [Column("mu", "float32", "the answer: P[segment 0 preferred], 1.0, 0.0 or 0.5 (tie)"),
-              Column("choice", "string", "the same in words: left, right or tie")]
-    answer += [Column(f"oracle_return_{side}", "float32", f"segment {side}'s summed true reward; null if unknown")
+                 Column(f"restart_{side}", "bool", (k,), f"step t of segment {side} does not continue step t-1's")]
+    pair += [Column(f"action_{side}", info.action_dtype, (k, *info.action_shape), f"segment {side}'s actions")
+             for side in (0, 1)]
+    answer = [Column("mu", "float32", (), "the answer: P[segment 0 preferred], 1.0, 0.0 or 0.5 (tie)"),
+              Column("choice", "string", (), "the same in words: left, right or tie")]
+    answer += [Column(f"oracle_return_{side}", "float32", (), f"segment {side}'s summed true reward; null if unknown")
                for side in (0, 1)]
     if info.members:
-        answer.append(Column("holdout", f"bool {[info.members]}",
+        answer.append(Column("holdout", "bool", (info.members,),
                              "held out of reward-model member m's training, for its validation, in the source run"))
     return common + pair + answer + tail
-
