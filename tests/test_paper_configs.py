@@ -136,6 +136,9 @@ def test_mujoco_preferences_are_appendix_a1(task):
     # RL on the same task: the paper removed torque costs from the tasks, not from the labels only
     assert not rl.env.hide_episode_end and not rl.env.control_cost and rl.trpo.entropy_coef == 0.0
     assert (rl.trpo.gamma, rl.trpo.gae_lambda) == (0.995, 0.97)
+    # one agent in both: standardised observations and value targets (the usual TRPO's, not the paper's)
+    for run in (config, rl):
+        assert run.trpo.normalize_observations and run.trpo.normalize_value_targets
 
 
 def test_figures_plan_the_papers_lines():
