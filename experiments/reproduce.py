@@ -102,7 +102,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from benchmarks.common import cpu_model, cpu_overrides, enable_compilation_cache
+from benchmarks.common import cpu_host, cpu_overrides, enable_compilation_cache
 from experiments.common import RESULTS, write_result
 from rlhf_jax.config import ExperimentConfig, flat_keys, load_config, to_dict
 from rlhf_jax.config_base import read_yaml
@@ -994,8 +994,9 @@ def result_name(figure: int, quick: bool, cpu: bool, steps: int) -> str:
 def provenance_of(argv: list[str]) -> dict:
     """What made a cell: the command, the commit whose code this process imported (taken at
     its start, before any cell runs: commits made while it runs do not change its code), and
-    the processor, whose XLA code can turn a chaotic run another way."""
-    return {"command": "python -m experiments.reproduce " + " ".join(argv), **git_commit(), "cpu": cpu_model()}
+    the host (processor, vector extensions, XLA flags), whose XLA code can turn a chaotic run
+    another way."""
+    return {"command": "python -m experiments.reproduce " + " ".join(argv), **git_commit(), **cpu_host()}
 
 
 def git_commit() -> dict:
