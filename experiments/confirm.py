@@ -132,6 +132,13 @@ def register(name: str, tasks: list[str] | None = None, directory: Path = REGIST
 
 
 # ---------------------------------------------------------------- running
+def versions() -> dict[str, str]:
+    """The libraries whose code makes a run's digits, beside the host (a new jax is a new host)."""
+    from importlib.metadata import version
+
+    return {name: version(name) for name in ("jax", "jaxlib", "flax", "optax", "envpool", "mujoco")}
+
+
 def run_directory(registration: Registration, cell: RegisteredCell) -> Path:
     return RUNS / registration.name / cell.task / f"{slug(cell.line)}-{cell.fingerprint}"
 
@@ -295,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         enable_compilation_cache()
         provenance = {"command": "python -m experiments.confirm " + " ".join(sys.argv[1:] if argv is None else argv),
-                      **git_commit()}
+                      **git_commit(), "versions": versions()}
         cells = [c.strip() for c in args.cells.split(",")] if args.cells else None
         ledger = run(registration, ledger_path, cells, after_cell=lambda ledger: publish(registration, ledger),
                      provenance=provenance)
