@@ -20,7 +20,8 @@ from rlhf_jax.agents.dqn import DQNConfig
 from rlhf_jax.agents.trpo import TRPOConfig
 # The generic machinery lives in the jax-free config_base; imported here too, for callers of this module.
 from rlhf_jax.config_base import apply_overrides, build, flat_keys, load_config, read_yaml, to_dict  # noqa: F401
-from rlhf_jax.config_base import INT32_MAX, check_fields, non_negative, positive
+from rlhf_jax.config_base import (INT32_MAX, NAME_MAX, byte_length, check_fields, check_path_field, non_negative,
+                                  positive)
 from rlhf_jax.envs.options import MAX_ENVS, EnvConfig
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.config import PeopleConfig
@@ -71,6 +72,12 @@ class RunConfig:
 
     def __post_init__(self):
         check_fields(self)
+        check_path_field("run.dir", self.dir)
+
+
+# A run's directory is runs/<name>-<date>-<time>, a sweep's runs/sweep-<name>-<date>-<time>:
+# the name may take what those leave of a file name's NAME_MAX bytes.
+MAX_NAME = NAME_MAX - len("sweep--20260101-120000")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +110,9 @@ class ExperimentConfig:
         # The run directory is runs/<name>-<date>-<time>: a name with a path in it would put it elsewhere.
         if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
             raise ConfigError(f"name must be a plain file name (no '/', '\\' or '..'), got {self.name!r}")
+        if byte_length(self.name) > MAX_NAME:
+            raise ConfigError(f"name must be at most {MAX_NAME} bytes: it names the run's directory, "
+                              f"runs/<name>-<date>-<time>; got {byte_length(self.name)}")
         if self.labeler == "people" and self.reward == "env":
             raise ConfigError("labeler=people needs a learned reward: set reward to preferences or ibt")
         for feedback in FEEDBACK.values():  # a dataset of one kind of answers starts that kind's model only

@@ -17,9 +17,10 @@ is checked against its field's range, item by item for a tuple, when it is built
 section is made in Python (:func:`check_fields` in its ``__post_init__``); every float must
 be finite and every int fit in 64 bits, range or not.
 
-YAML is read by one loader (:func:`parse_yaml`): ``3e-4`` and ``1e9`` are numbers (YAML
-1.2, where PyYAML's 1.1 reads strings), a key given twice in one mapping is refused, and so
-are aliases that expand a document beyond :data:`MAX_YAML_NODES` values.
+YAML is read by one loader (:func:`parse_yaml`): numbers as YAML 1.2 reads them, where
+PyYAML reads YAML 1.1 (``3e-4`` and ``1e9`` are floats, ``010`` is ten, ``1:30`` a string), a
+key given twice in one mapping is refused, and so are aliases that expand a document beyond
+:data:`MAX_YAML_NODES` values and nesting deeper than Python's stack.
 """
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ _INT64 = (-2**63, 2**63 - 1)
 INT32_MAX = 2**31 - 1
 # Units in one hidden layer: a 8192 x 8192 float32 kernel is 256 MiB.
 MAX_LAYER = 8192
+# The longest file name and path Linux takes (NAME_MAX, PATH_MAX), in bytes.
+NAME_MAX, PATH_MAX = 255, 4096
 # The most values (aliases expanded) a YAML document may hold: far beyond any config, far
 # below a "billion laughs" document, which a few lines make expand to 10^9 values.
 MAX_YAML_NODES = 100_000
@@ -99,10 +102,20 @@ def check_decay_horizon(section: str, decay_env_steps: int, total_env_steps: int
 
 def check_path_field(key: str, value: str) -> None:
     """A field naming a file or directory (``""``: none): no surrounding blanks or line breaks,
-    which a path typed into YAML or an override can carry by mistake. Whether the path exists
+    which a path typed into YAML or an override can carry by mistake, and no longer than a file
+    system takes (:data:`PATH_MAX`, :data:`NAME_MAX` between slashes). Whether the path exists
     is checked where it is read, not when the config is built (a config travels between machines)."""
     if value and (value != value.strip() or any(c in value for c in "\n\r\0")):
-        raise ConfigError(f"{key} must be a path without surrounding blanks or line breaks, got {value!r}")
+        raise ConfigError(f"{key} must be a path without surrounding blanks or line breaks, got {_show(value)}")
+    size, longest = byte_length(value), max(map(byte_length, value.split("/")))
+    if size >= PATH_MAX or longest > NAME_MAX:
+        raise ConfigError(f"{key} is too long for a file system: at most {PATH_MAX - 1} bytes, {NAME_MAX} between "
+                          f"slashes, got {size} bytes, {longest} between slashes")
+
+
+def byte_length(text: str) -> int:
+    """How many bytes ``text`` takes as a file name (UTF-8)."""
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def check_value(cls, name: str, value, path: str) -> None:
@@ -218,18 +231,23 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override {override!r} must look like key=value (nested keys with dots)")
+            raise ConfigError(f"override {_show(override)} must look like key=value (nested keys with dots)")
         node = data
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"override {override!r}: {part!r} is not a section")
-        try:
-            node[leaf] = parse_yaml(text)
-        except yaml.YAMLError as error:
-            raise ConfigError(f"override {override!r}: cannot parse the value: {_one_line(error)}") from None
+                raise ConfigError(f"override {_show(override)}: {part!r} is not a section")
+        node[leaf] = parse_value(text, f"override {_show(override)}")
     return data
+
+
+def parse_value(text: str, where: str):
+    """The value ``text`` names, read as YAML (:func:`parse_yaml`), or a one-line error naming ``where``."""
+    try:
+        return parse_yaml(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{where}: cannot parse the value: {_one_line(error)}") from None
 
 
 def _copy(data):
@@ -277,12 +295,33 @@ class _Dumper(yaml.SafeDumper):
     string such as ``"1e5"`` that the loader would read back as a number."""
 
 
-# YAML 1.2's floats: a dot or an exponent, so 3e-4 and 1e9 are numbers (PyYAML's 1.1 regexp
-# wants a dot); plain integers still resolve to int, whose resolver PyYAML tries first.
+# YAML 1.2's numbers (its core schema) in place of PyYAML's YAML 1.1 ones: a float has a dot or
+# an exponent (1.1 wants a dot: 1e9 was a string); an integer is decimal, 0o octal or 0x
+# hexadecimal (1.1 read 010 as 8, 1:30 as 90 and 1_000 as 1000: 1.2 reads 10 and two strings).
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_NUMBERS = ((_INT, r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", "-+0123456789"),  # int first: 10 is no float
+            (_FLOAT, r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)",
+             "-+.0123456789"))
 for _yaml_class in (_Loader, _Dumper):
-    _yaml_class.add_implicit_resolver(
-        "tag:yaml.org,2002:float", re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$"),
-        list("-+.0123456789"))
+    _yaml_class.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT, _FLOAT)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for _tag, _pattern, _first in _NUMBERS:
+        _yaml_class.add_implicit_resolver(_tag, re.compile(f"^(?:{_pattern})$"), list(_first))
+
+
+def _construct_int(loader: _Loader, node) -> int:
+    """A YAML 1.2 integer: decimal (leading zeros and all), 0o octal or 0x hexadecimal."""
+    text = loader.construct_scalar(node)
+    base = {"0o": 8, "0x": 16}.get(text[:2], 10)
+    digits = text if base == 10 else text[2:]
+    if len(digits) > 100:  # far past 64 bits, which every setting fits; int() reads at most 4,300 digits
+        raise yaml.constructor.ConstructorError(
+            None, None, f"an integer of {len(digits)} digits is more than any setting holds", node.start_mark)
+    return int(digits, base)
+
+
+_Loader.add_constructor(_INT, _construct_int)
 
 
 def _expanded_size(node, sizes: dict) -> int:
@@ -297,7 +336,10 @@ def _expanded_size(node, sizes: dict) -> int:
 
 def parse_yaml(text: str):
     """The one YAML loader of configs and ``key=value`` overrides (module docstring)."""
-    return yaml.load(text, Loader=_Loader)
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except RecursionError:  # PyYAML's parser recurses for each level: "[[[[..." 5,000 deep
+        raise yaml.YAMLError("it is nested too deeply") from None
 
 
 def dump_yaml(data, **options) -> str:

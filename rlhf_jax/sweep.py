@@ -53,7 +53,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
-from rlhf_jax.config_base import dump_yaml, is_in_state, parse_yaml
+from rlhf_jax.config_base import dump_yaml, is_in_state, parse_value
 from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.metrics_log import judged_return
 from rlhf_jax.statistics import (CONFIDENCE, IntervalEstimate, draw_intervals, draw_profiles, interval_estimate,
@@ -90,7 +90,7 @@ def split_sweep_words(words: list[str]) -> tuple[str | None, list[str], dict[str
         if "," in text:
             if key in swept:
                 raise ConfigError(f"{key} is swept twice")
-            swept[key] = [parse_yaml(part) for part in text.split(",")]
+            swept[key] = [parse_value(part, f"swept key {key}") for part in text.split(",")]
         else:
             overrides.append(word)
     if "seed" in swept:

@@ -80,6 +80,28 @@ def test_train_refuses_bad_values_in_one_line_naming_the_key(tmp_path, capsys, w
     assert not run_dir.exists()
 
 
+# Past what a file system or Python takes: one line, and nothing written, not even an empty runs/.
+@pytest.mark.parametrize(
+    "words, named",
+    [
+        (["name=" + "a" * 300], "name must be at most 233 bytes"),
+        (["run.dir=" + "d" * 10_000], "run.dir is too long for a file system"),
+        ([f"run.dir={'d' * 300}/run"], "run.dir is too long for a file system"),
+        ([f"seed={'[' * 5000}{']' * 5000}"], "it is nested too deeply"),
+        (["seed=" + "9" * 5000], "an integer of 5000 digits"),
+        (["seed=1:30"], "seed must be of type int, got '1:30'"),  # YAML 1.1 read it as 90
+    ],
+    ids=["name-300", "dir-10000", "dir-part-300", "nested-5000", "digits-5000", "base-60"],
+)
+def test_train_refuses_what_a_file_system_or_python_cannot_take_in_one_line(tmp_path, capsys, monkeypatch,
+                                                                            words, named):
+    monkeypatch.chdir(tmp_path)  # where runs/ would go
+    assert main(["train", *words, *SHORT]) == 2
+    line = error_line(capsys)
+    assert line.startswith("rlhf-jax train: error: ") and named in line and len(line) < 300, line[:500]
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "text, named",
     [

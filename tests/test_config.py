@@ -227,6 +227,11 @@ ALIAS_BOMB = "seed: [&a [x,x,x,x,x,x,x,x,x], " + ", ".join(
         (ALIAS_BOMB.encode(), "its aliases expand it to more than 100000 values"),
         (b"env: &e {num_envs: [*e]}\n", "its aliases expand it"),  # an alias inside itself
         (b"env: [unclosed\n", "not valid YAML: line 2, column 1: while parsing a flow sequence"),
+        # A RecursionError of 2,998 lines: the parser recurses once for each level.
+        pytest.param(b"seed: " + b"[" * 5000 + b"]" * 5000 + b"\n", "not valid YAML: it is nested too deeply",
+                     id="nested-5000-deep"),
+        pytest.param(b"seed: " + b"9" * 5000 + b"\n", "an integer of 5000 digits",  # past what int() reads
+                     id="5000-digits"),
     ],
 )
 def test_bad_config_files_are_refused_in_one_line_naming_the_file(tmp_path, text, message):
@@ -249,3 +254,21 @@ def test_a_value_of_the_wrong_type_is_shown_short():
     with pytest.raises(ConfigError) as error:
         load_config(ExperimentConfig, None, ["seed=" + str(list(range(10_000)))])
     assert len(str(error.value)) < 120 and str(error.value).startswith("seed must be of type int, got [0, 1, 2, 3, ...]")
+
+
+@pytest.mark.parametrize("text, value", [
+    ("010", 10), ("-007", -7), ("+5", 5), ("0o17", 15), ("0x1F", 31),
+    ("1:30", "1:30"), ("1:30.5", "1:30.5"), ("1_000", "1_000"), ("0b101", "0b101"),
+    ("1e9", 1e9), ("-.5", -0.5), (".inf", float("inf")),
+])
+def test_numbers_are_read_as_yaml_1_2_reads_them(text, value):
+    """YAML 1.1's integers are gone: seed=010 was 8 (octal), seed=1:30 was 90 (base 60)."""
+    read = parse_yaml(text)
+    assert read == value and type(read) is type(value)
+    assert parse_yaml(dump_yaml(read)) == read  # written back as it was read
+
+
+def test_an_override_reads_its_integer_as_yaml_1_2_does():
+    assert load_config(ExperimentConfig, None, ["seed=010"]).seed == 10
+    with pytest.raises(ConfigError, match="seed must be of type int, got '1:30'"):
+        load_config(ExperimentConfig, None, ["seed=1:30"])
