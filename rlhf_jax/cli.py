@@ -73,11 +73,9 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    import json
-
     from rlhf_jax.trainer import evaluate_run
 
-    print(json.dumps(evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed, videos=args.video), indent=2))
+    evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed, videos=args.video)  # it shows the score
 
 
 def cmd_label(args) -> None:
@@ -130,18 +128,33 @@ def count(name: str):
     return parse
 
 
-def episodes(text: str) -> int:
-    """``eval --episodes``: a whole number in the declared range of ``run.eval_episodes``, which it stands for."""
-    from rlhf_jax.config import RunConfig
-    from rlhf_jax.config_base import check_value
+def config_number(key: str, what: str):
+    """An option that stands for the config key ``key`` (``seed``, ``run.eval_episodes``): a
+    whole number in that field's declared range, called ``what`` in messages."""
 
-    try:
-        value = int(text)
-        check_value(RunConfig, "eval_episodes", value, "the number of episodes")
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error) if isinstance(error, ConfigError) else
-                                         f"must be a whole number, got {text!r}") from None
-    return value
+    def parse(text: str) -> int:
+        import typing
+
+        from rlhf_jax.config import ExperimentConfig  # when parsed: `rlhf-jax label` never imports JAX
+        from rlhf_jax.config_base import check_value
+
+        try:
+            value = int(text)
+        except ValueError:  # not a number, or more digits than int() reads
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text[:20]!r}"
+                                             + ("..." if len(text) > 20 else "")) from None
+        section, _, name = key.rpartition(".")
+        fields = typing.get_type_hints(ExperimentConfig)[section] if section else ExperimentConfig
+        try:
+            check_value(fields, name, value, what)
+        except ConfigError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return value
+
+    return parse
+
+
+episodes = config_number("run.eval_episodes", "the number of episodes")
 
 
 def split_config_and_overrides(args) -> None:
@@ -178,7 +191,7 @@ def make_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="score a run's saved policy on whole true episodes")
     evaluate.add_argument("run_dir", metavar="RUN_DIR")
     evaluate.add_argument("--episodes", type=episodes, help="episodes to score (default: run.eval_episodes)")
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--seed", type=config_number("seed", "the seed"), default=0)
     evaluate.add_argument("--video", type=episodes, nargs="?", const=1, default=0, metavar="N",
                           help="also write the first N scored episodes (default 1) as RUN_DIR/eval/episode_<k>.mp4; "
                                "put it after RUN_DIR")

@@ -734,9 +734,12 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
     return run_dir
 
 
-def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0, videos: int = 0) -> dict:
+def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0, videos: int = 0,
+                 say=print) -> dict:
     """Score the run's latest policy on whole true episodes (the agent's evaluation protocol),
-    and write the first ``videos`` of them as MP4s (:mod:`rlhf_jax.episode_video`)."""
+    write the first ``videos`` of them as MP4s (:mod:`rlhf_jax.episode_video`) and the result
+    as ``eval.json``. ``say`` shows the score (as JSON) before anything is written, so a write
+    that fails (a read-only or full disk) stops with a :class:`RunError` but loses no score."""
     from rlhf_jax import episode_video
 
     run_dir = Path(run_dir)
@@ -756,14 +759,19 @@ def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0
         "env": config.env.id, "agent": config.agent, "env_steps": int(runner.env_steps),
         "episodes": finished, "mean_true_return": None if math.isnan(mean_return) else mean_return,
     }
-    if videos:
-        # The same key and environment as the score: the videos show episodes it counted.
-        learned = training.learned_reward(runner)  # None on the true reward: no r-hat panel
-        reward_fn, reward_params = (None, None) if learned is None else learned
-        record = jax.jit(lambda params, reward_params, key: record_episodes(
-            act, params, env, key, max_steps, videos, reward_fn, reward_params))
-        recording = record(params, reward_params, key)
-        written = episode_video.write_episode_videos(env.spec, recording, run_dir)
-        result["videos"] = [{**video._asdict(), "path": str(video.path)} for video in written]
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    say(json.dumps(result, indent=2))
+    try:
+        if videos:
+            # The same key and environment as the score: the videos show episodes it counted.
+            learned = training.learned_reward(runner)  # None on the true reward: no r-hat panel
+            reward_fn, reward_params = (None, None) if learned is None else learned
+            record = jax.jit(lambda params, reward_params, key: record_episodes(
+                act, params, env, key, max_steps, videos, reward_fn, reward_params))
+            recording = record(params, reward_params, key)
+            written = episode_video.write_episode_videos(env.spec, recording, run_dir)
+            result["videos"] = [{**video._asdict(), "path": str(video.path)} for video in written]
+            say("videos: " + ", ".join(video["path"] for video in result["videos"]))
+        (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    except OSError as error:
+        raise RunError(f"cannot write to {run_dir}: {error}: the score above is not saved") from None
     return result

@@ -131,3 +131,16 @@ def test_eval_episodes_must_be_at_least_one(tmp_path, capsys, episodes):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"argument --episodes: the number of episodes must be at least 1 and at most 65536, got {episodes}" in err
+
+
+@pytest.mark.parametrize("seed, named", [(str(2**70), "the seed must fit in a signed 64-bit integer"),
+                                         (str(-2**63 - 1), "the seed must fit in a signed 64-bit integer"),
+                                         ("9" * 5000, "must be a whole number, got '99999")])
+def test_eval_seed_must_be_a_seed_a_config_may_have(tmp_path, capsys, seed, named):
+    """--seed 2**70 scored the run and then failed with an OverflowError."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", str(tmp_path), "--seed", seed])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --seed: {named}" in err and len(err.splitlines()[-1]) < 200
+

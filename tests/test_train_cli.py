@@ -62,6 +62,20 @@ def test_eval_scores_the_saved_policy(finished_run, capsys):
     assert result["mean_true_return"] > 60  # random play scores about 22; this run scores about 100
 
 
+def test_eval_shows_its_score_before_writing_and_a_failed_write_says_so(finished_run, small_disks, capsys):
+    """On a read-only run directory the score was computed, then lost in a traceback from
+    writing eval.json."""
+    disk = small_disks.mount("size=16m")
+    shutil.copytree(finished_run, disk / "run")
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    assert main(["eval", str(disk / "run"), "--episodes", "8"]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)["episodes"] == 8  # the score, shown first
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"rlhf-jax eval: stopped: cannot write to {disk / 'run'}: [Errno 30] Read-only file system")
+    assert "the score above is not saved" in err
+
+
 def test_resume_after_sigkill_ends_with_the_same_parameters(finished_run, tmp_path):
     run_dir = tmp_path / "killed"
     process = subprocess.Popen(
