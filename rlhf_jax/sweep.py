@@ -61,6 +61,9 @@ from rlhf_jax.statistics import (CONFIDENCE, IntervalEstimate, draw_intervals, d
 from rlhf_jax.wandb_log import WandbRun, logging_to_wandb, require_wandb
 
 SWEEP_FILE = "sweep.yaml"
+# The most runs one sweep holds (combinations x seeds): each is made and checked before the
+# first runs, and a group's runs run at once, stacked.
+MAX_RUNS = 10_000
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,11 @@ def make_groups(base: dict, swept: dict[str, list], seeds: int) -> list[list[Mem
     """The members, grouped by the values of the swept keys that change the program."""
     if seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, got {seeds}")
+    combinations = math.prod(len(values) for values in swept.values())
+    if combinations * seeds > MAX_RUNS:
+        raise ConfigError(f"this sweep would be {combinations * seeds} runs ({combinations} combination"
+                          f"{'s' if combinations > 1 else ''} x {seeds} seeds): a sweep runs at most {MAX_RUNS}; "
+                          "give fewer --seeds or swept values")
     in_state = {key: is_in_state(ExperimentConfig, key) for key in swept}  # an unknown key stops here
     program_keys = [key for key in swept if not in_state[key]]
     state_keys = [key for key in swept if in_state[key]]
@@ -265,7 +273,7 @@ class Sweep:
         if not self.rows_file.exists():
             return []
         with self.rows_file.open() as f:
-            return [{k: (float(v) if k not in ("label",) else v) for k, v in row.items()} for row in csv.DictReader(f)]
+            return [{k: (v if k == "label" else number(v)) for k, v in row.items()} for row in csv.DictReader(f)]
 
     def write_rows(self, rows: list[dict]) -> None:
         if jax.process_index() != 0 or not rows:
@@ -378,6 +386,15 @@ class Sweep:
         if jax.process_index() == 0:
             write_results(self.directory, self.rows(), list(self.swept))
         return self.directory
+
+
+def number(text: str) -> int | float:
+    """A number of ``members.csv`` as it was written: a whole number an int (a seed of 2^53 or
+    more keeps its digits, which a float would round), anything else a float."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def write_results(directory: Path, rows: list[dict], swept_keys: list[str]) -> None:

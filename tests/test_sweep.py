@@ -15,6 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from compiling import ROOT, child_environment
+from rlhf_jax.cli import main
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, flat_keys, read_yaml, to_dict
 from rlhf_jax.config_base import is_in_state
 from rlhf_jax.errors import ConfigError
@@ -283,6 +284,29 @@ def results_of(tmp_path, finals: dict[str, list[float]]) -> Path:
             member += 1
     write_results(tmp_path, rows, ["a2c.learning_rate"])
     return tmp_path
+
+
+def test_sweep_seeds_have_a_maximum(tmp_path, capsys):
+    """--seeds 100000000 printed nothing for 300 s; --seeds 1000000 took 434 MB in 120 s."""
+    started = time.monotonic()
+    assert main(["sweep", *OVERRIDES, SWEPT, "--seeds", "100000000", "--dir", str(tmp_path / "sweep")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "200000000 runs (2 combinations x 100000000 seeds): a sweep runs at most 10000" in err
+    assert time.monotonic() - started < 30 and not (tmp_path / "sweep").exists()
+
+
+def test_members_csv_keeps_whole_numbers_whole_when_a_resume_rewrites_it(tmp_path):
+    """A resumed sweep read every number back as a float and wrote 0 as 0.0: a seed of 2^53 or
+    more lost its last digits."""
+    sweep = Sweep(tmp_path, base_config(), {}, seeds=1)
+    rows = [{"group": 0, "chunk": 0, "member": 0, "seed": 2**53 + 1, "label": "base", "env_steps": 2048,
+             "episode_return": 21.5, "loss": float("nan")}]
+    sweep.write_rows(rows)
+    sweep.write_rows(sweep.rows())  # what a resume does: the rows read back, with its own after them
+    assert (tmp_path / "members.csv").read_text().splitlines()[1] == "0,0,0,9007199254740993,base,2048,21.5,nan"
+    (read,) = sweep.rows()
+    assert read["seed"] == 2**53 + 1 and isinstance(read["chunk"], int) and isinstance(read["episode_return"], float)
 
 
 def test_results_give_each_combinations_iqm_with_its_interval(tmp_path):
