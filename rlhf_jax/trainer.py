@@ -17,10 +17,12 @@ applies an edited learning rate and refuses other edits (:func:`apply_config_edi
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -48,7 +50,7 @@ from rlhf_jax.reward.people import HostLabels, Query, wait_for_answers
 from rlhf_jax.reward.preference_learner import PreferenceLearner
 from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.metrics_log import MetricsLog, judged_return, plot_learning_curve
-from rlhf_jax.wandb_log import logging_to_wandb, require_wandb
+from rlhf_jax.wandb_log import ID_FILE, logging_to_wandb, require_wandb
 
 def new_run_dir(config: ExperimentConfig) -> Path:
     """The directory of a new run, holding its ``config.yaml`` (written whole or not at all:
@@ -71,6 +73,20 @@ def new_run_dir(config: ExperimentConfig) -> Path:
         raise RunError(f"cannot start a run in {path}: {error}{': ' + full if full else ''}. Nothing was "
                        f"written: {'make room or ' if full else ''}choose another run.dir, and start it again") from None
     return path
+
+
+def remove_unstarted_run(run_dir: Path, checkpoints: Checkpoints) -> None:
+    """Take back what a new run wrote before it could start (its W&B run refused it): its
+    config.yaml, W&B id and files, its empty checkpoints folder, and its directory once empty (a
+    run.dir that held other files keeps them). The same command, mended as the message says,
+    then starts it, where it met "already holds a run"."""
+    checkpoints.close()
+    for name in (CONFIG_FILE, ID_FILE):
+        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "wandb", ignore_errors=True)
+    for folder in (checkpoints.directory, run_dir):
+        with contextlib.suppress(OSError):  # not empty
+            folder.rmdir()
 
 
 def load_run_config(run_dir: str | Path) -> ExperimentConfig:
@@ -645,7 +661,8 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
         config = load_run_config(run_dir)
     require_wandb(config.run)  # before anything is written
     training = make_training(config)
-    if resume is None:
+    new = resume is None  # a run this command starts: taken back if it cannot start
+    if new:
         run_dir = new_run_dir(config)
     checkpoints = Checkpoints(run_dir, config=to_dict(config))
     stop.hint = checkpoints.resume_hint
@@ -657,8 +674,13 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
         saved_chunk, runner = checkpoints.restore(jax.eval_shape(training.init_runner, jax.random.PRNGKey(config.seed)))
         runner = apply_config_edits(training, checkpoints, saved_chunk, runner)
         first_chunk = saved_chunk + 1
-    with (stop_on_write_failure(checkpoints, f"to {run_dir}"),
-          logging_to_wandb(config, run_dir, run_dir.name) as wandb_run):
+    with stop_on_write_failure(checkpoints, f"to {run_dir}"), contextlib.ExitStack() as started:
+        try:
+            wandb_run = started.enter_context(logging_to_wandb(config, run_dir, run_dir.name))
+        except RunError:
+            if new:
+                remove_unstarted_run(run_dir, checkpoints)
+            raise
         if config.labeler == "people":
             connect_people(training, run_dir)
         log = MetricsLog(run_dir, tensorboard=config.run.tensorboard, wandb=wandb_run)

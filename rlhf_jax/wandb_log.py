@@ -70,7 +70,7 @@ class WandbRun:
                 reinit="create_new",  # a sweep logs to one W&B run per member at once
                 settings=wandb.Settings(console="off"))  # the terminal stays the command's own
         except Exception as error:  # noqa: BLE001 - a login, network or server problem, in wandb's own words
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            reason = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
             raise RunError(f"cannot start the W&B run (run.wandb_mode={settings.wandb_mode}): {reason}. "
                            f"Log in with `wandb login`, or use run.wandb_mode=offline") from None
         run.define_metric("*", step_metric="env_steps")  # the x axis of every metric, as in metrics.csv

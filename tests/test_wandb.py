@@ -161,6 +161,22 @@ def test_asking_for_wandb_without_it_installed_is_one_line_naming_the_key(tmp_pa
         Sweep.create(tmp_path / "sweep", base, {}, seeds=1)
 
 
+def test_a_wandb_run_that_cannot_start_leaves_no_run_directory(tmp_path, capsys, monkeypatch):
+    """Online without a login: one line, but the run directory stayed, so the advice it gave
+    (run.wandb_mode=offline) then met "already holds a run"."""
+    for name in ("HOME", "WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "home" / name.lower()))  # no login, no netrc
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "run"
+    assert main(["train", str(CONFIG), *SMALL, "run.wandb_mode=online", f"run.dir={run_dir}"]) == 1
+    err = capsys.readouterr().err
+    assert not run_dir.exists()
+    assert err.count("\n") == 1 and "cannot start the W&B run (run.wandb_mode=online)" in err
+    assert "run.wandb_mode=offline" in err and ".." not in err
+
+
 def test_a_people_runs_label_counts_go_to_its_summary(offline, tmp_path):
     store = LabelStore(tmp_path / "labels.sqlite")
     for query_id in range(3):
