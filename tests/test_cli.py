@@ -143,4 +143,3 @@ def test_eval_seed_must_be_a_seed_a_config_may_have(tmp_path, capsys, seed, name
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"argument --seed: {named}" in err and len(err.splitlines()[-1]) < 200
-

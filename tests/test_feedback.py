@@ -708,7 +708,7 @@ def test_an_empty_secret_file_stops_the_server_in_one_line(run_dir, capsys, monk
 def test_the_secret_is_written_whole_and_synced_before_it_is_used(tmp_path, monkeypatch):
     synced = []
     fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda descriptor: (synced.append(os.fstat(descriptor).st_ino), fsync(descriptor)))
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_ino), fsync(fd)))
     secret = page_secret(TestClient(create_app(tmp_path), base_url=ADDRESS))
     path = tmp_path / SECRET_FILE
     assert path.read_text() == secret
