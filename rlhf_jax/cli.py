@@ -92,6 +92,8 @@ def cmd_labels_export(args) -> None:
     dataset = label_datasets.from_run(args.run_dir)
     out = label_datasets.write(dataset, args.out_dir, license=args.license)
     print(f"done: {out}  ({dataset.info.rows} labels; card: {out / label_datasets.CARD_FILE})")
+    if dataset.info.after_last_fit:
+        print(dataset.info.untrained())
 
 
 def cmd_labels_import(args) -> None:

@@ -55,7 +55,7 @@ def card(dataset: LabelDataset, license: str, nbytes: int) -> str:
            "(Christiano et al. 2017, section 2.2) and the answer is the probability that the left segment is "
            "the better one." if compare else
            "Each clip was cut from the agent's recent play and marked step by step (the IBT paper, "
-           "DeepMind 2022)."), "",
+           "DeepMind 2022).") + (f" {info.untrained()}" if info.after_last_fit else ""), "",
         f"* Environment: `{info.env.id}` with options `{json.dumps(env_options)}`",
         f"* Labeler: {info.labeler}"
         + (f" ({len(people)} named; {len(seconds)} answers timed, median {np.median(seconds):.1f} s)"

@@ -45,6 +45,8 @@ class DatasetInfo:
     labeler: str  # "synthetic" or "people"
     source: str  # what the labels were read from, by name: a run's directory or a file
     run_config: str = ""  # the source run's config.yaml, less the keys naming local files ("": unknown)
+    # The last rows: answers people gave after the source run's last fit, which it never trained on.
+    after_last_fit: int = 0
 
     @property
     def segments(self) -> int:
@@ -73,6 +75,14 @@ class DatasetInfo:
             arrays["holdout"] = ((n, self.members), "bool")
         return arrays
 
+    def untrained(self) -> str:
+        """The sentence that the export prints and the card states of :attr:`after_last_fit` ("" for none)."""
+        if not self.after_last_fit:
+            return ""
+        last = "the last row" if self.after_last_fit == 1 else f"the last {self.after_last_fit} rows"
+        return (f"{self.after_last_fit} of the {self.rows} labels arrived after the run's last fit ({last}): "
+                f"the run never trained on them; a run started from these labels does.")
+
     @property
     def row_bytes(self) -> int:
         """Bytes of one row's arrays, before compression."""
@@ -96,7 +106,7 @@ class DatasetInfo:
                               f"rlhf_jax reads version {VERSION}")
         names = {f.name for f in dataclasses.fields(cls)}
         fields = {key: value for key, value in data.items() if key in names}
-        missing = names - set(fields) - {"run_config"}
+        missing = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING} - set(fields)
         if missing:
             raise ConfigError(f"{where}: its dataset metadata lacks {', '.join(sorted(missing))}")
         for name in ("frame_shape", "action_shape"):
@@ -114,10 +124,12 @@ class DatasetInfo:
         """What makes this description one no dataset can have (as a file's metadata may say), or None."""
         if self.kind not in tuple(feedback.kind for feedback in FEEDBACK.values()):
             return f"kind is {self.kind!r}, not compare or annotate"
-        for name, low in (("rows", 0), ("segment_length", 1), ("stack", 1), ("members", 0)):
+        for name, low in (("rows", 0), ("segment_length", 1), ("stack", 1), ("members", 0), ("after_last_fit", 0)):
             value = getattr(self, name)
             if type(value) is not int or value < low:
                 return f"{name} is {value!r}, not a whole number of at least {low}"
+        if self.after_last_fit > self.rows:
+            return f"after_last_fit is {self.after_last_fit}, more than its {self.rows} rows"
         for name in ("frame_shape", "action_shape"):
             if not all(type(size) is int and size >= 1 for size in getattr(self, name)):
                 return f"{name} is {list(getattr(self, name))}, not sizes of at least 1"
