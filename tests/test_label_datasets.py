@@ -202,7 +202,8 @@ def test_who_answered_comes_from_the_label_store(tmp_path):
     (run_dir / QUERIES_DIR).mkdir()
     for query_id, (choice, who, seconds) in enumerate([("left", "ann", 2.5), ("cant_tell", "ann", 1.0),
                                                        ("right", "bob", 4.0)]):
-        np.savez(run_dir / QUERIES_DIR / f"q{query_id}.npz", obs=obs[query_id], action=action[query_id])
+        np.savez(run_dir / QUERIES_DIR / f"q{query_id}.npz", obs=obs[query_id], action=action[query_id],
+                 oracle_reward=np.zeros((2, 3), np.float32))  # as the labeler saves a query
         store.add_query(query_id, "compare", [], f"q{query_id}.npz", frames=3, fps=50.0)
         store.answer(query_id, choice, who, seconds)
     # The label database: query 2 then query 0 ("can't tell" is never a label).
@@ -214,6 +215,88 @@ def test_who_answered_comes_from_the_label_store(tmp_path):
     np.testing.assert_array_equal(provenance.seconds, [4.0, 2.5])
     np.testing.assert_array_equal(provenance.query_id, [2, 0])
     assert "answered by 2 people" in (tmp_path / "dataset" / "README.md").read_text()
+
+
+def test_answers_after_a_people_runs_last_fit_are_exported_counted_and_trained_on_by_a_run_from_it(
+        tmp_path, capsys, monkeypatch):
+    """A people run's store held 8 answers, the run had trained on 4, and the export wrote 4 without
+    a word. Every answer is exported; the export counts those the run never trained on, in a line,
+    its metadata and its card; a run continued from the people run's labels starts from all 8."""
+    import threading
+    import time
+
+    from rlhf_jax.feedback import clips
+
+    monkeypatch.setattr(clips, "render_clip", lambda spec, obs, path, fps: path.write_bytes(b"clip"))
+    run_dir = tmp_path / "people"
+    overrides = ["a2c.total_env_steps=8192", "run.chunk_env_steps=4096", "preferences.labels=16",
+                 "preferences.segment_capacity=32", "preferences.fit_pairs_per_env_step=0.01", "run.tensorboard=false"]
+    answered = []
+
+    def answer(choice: str) -> None:
+        store = LabelStore(run_dir / STORE_FILE)
+        query = store.next_query("compare", "ann")
+        if query is not None:
+            store.answer(query.id, choice, "ann", 2.0)
+            answered.append(query.id)
+
+    def answer_the_initial_queries():  # the run waits for these 4 (25% of 16) before RL starts
+        while len(answered) < 4:
+            if (run_dir / STORE_FILE).exists():
+                answer("left")
+            time.sleep(0.05)
+
+    threading.Thread(target=answer_the_initial_queries, daemon=True).start()
+    assert main(["train", "configs/rlhf_cartpole_people.yaml", f"run.dir={run_dir}", *overrides]) == 0
+    for choice in ("right", "tie", "cant_tell", "left", "right"):  # after the run's last fit
+        answer(choice)
+    with np.load(run_dir / "labels.npz") as trained:
+        assert len(trained["mu"]) == 4
+    capsys.readouterr()
+
+    assert main(["labels", "export", str(run_dir), str(tmp_path / "dataset")]) == 0
+    out = capsys.readouterr().out
+    said = "4 of the 8 labels arrived after the run's last fit (the last 4 rows): the run never trained on them"
+    assert said in out, out
+    dataset = label_datasets.read(tmp_path / "dataset")
+    assert dataset.info.rows == 8 and dataset.info.after_last_fit == 4
+    late = [query_id for query_id in answered[4:] if query_id != answered[6]]  # "can't tell" is no label
+    assert list(dataset.provenance.query_id) == answered[:4] + late
+    np.testing.assert_array_equal(dataset.rows.mu, [1, 1, 1, 1, 0, 0.5, 1, 0])
+    assert said in (tmp_path / "dataset" / "README.md").read_text()
+
+    continued = make_training(load_config(ExperimentConfig, "configs/rlhf_cartpole_people.yaml",
+                                          [*overrides, "labeler=synthetic", f"preferences.labels_from={run_dir}"]))
+    assert continued.learner.budget.preloaded == 8
+
+
+def test_a_people_runs_atari_labels_are_matched_to_their_answers_without_the_frames_before_each_clip(tmp_path):
+    """By default a run keeps each Atari clip's own frames and rebuilds its first stacks, which its
+    queries hold as played: each label is still matched to its answer, and none counted as unseen."""
+    rows, k = 2, 5
+    rng = np.random.default_rng(3)
+    frames = rng.integers(0, 256, (rows, 2, k + 3, 84, 84), np.uint8)  # 3 frames before each clip
+    played = np.moveaxis(np.stack([frames[:, :, t:t + 4] for t in range(k)], axis=2), 3, -1)  # [rows, 2, k, 84, 84, 4]
+    action = rng.integers(0, 6, (rows, 2, k)).astype(np.int32)
+    run_dir = tmp_path / "pong"
+    write_run(run_dir, {"name": "pong", "agent": "a2c", "reward": "preferences", "labeler": "people",
+                        "env": {"id": "envpool/Pong-v5"}})
+    store = LabelStore(run_dir / STORE_FILE)
+    (run_dir / QUERIES_DIR).mkdir()
+    for query_id, choice in enumerate(["left", "tie"]):
+        np.savez(run_dir / QUERIES_DIR / f"q{query_id}.npz", obs=played[query_id], action=action[query_id],
+                 oracle_reward=np.zeros((2, k), np.float32))
+        store.add_query(query_id, "compare", [], f"q{query_id}.npz", frames=k, fps=15.0)
+        store.answer(query_id, choice, "ann", 3.0)
+    labels = Labels(frames=jnp.asarray(frames[:, :, 3:]), restart=jnp.zeros((rows, 2, k), bool),
+                    action=jnp.asarray(action), mu=jnp.asarray([1.0, 0.5], jnp.float32),
+                    oracle_return=jnp.zeros((rows, 2), jnp.float32), holdout=jnp.zeros((rows, 3), bool),
+                    count=jnp.int32(rows), next=jnp.int32(0), stack=4, history=0)
+    learner = PreferenceLearner(PreferenceConfig(labels=rows, segment_length=k), RewardModelConfig(), PONG)
+    learner.save(PreferenceState(None, labels), run_dir / "labels.npz")
+    dataset = label_datasets.from_run(run_dir)
+    assert dataset.info.rows == rows and dataset.info.after_last_fit == 0
+    assert dataset.provenance.who == ("ann", "ann") and list(dataset.provenance.query_id) == [0, 1]
 
 
 def test_a_run_from_a_dataset_asks_only_for_the_rest_of_its_budget(cartpole_dataset):

@@ -24,6 +24,8 @@ repository as it stands. :func:`columns` lists the columns, and the card shows t
   matched to the labels by their segments), else the synthetic labeler's name (``oracle``,
   or the teacher's or annotator's settings) and no seconds. Labels a run was given from
   another dataset (``preferences.labels_from``, ``ibt.marks_from``) keep that dataset's ``who``.
+  Answers in the store that the run never trained on (given after its last fit) follow its
+  own labels, counted in :attr:`DatasetInfo.after_last_fit`: no answer is left out.
 * **What it was made on.** Each Parquet file's schema metadata holds a :class:`DatasetInfo`
   (as JSON under :data:`~rlhf_jax.label_datasets.schema.METADATA_KEY`): the environment's config section, shapes and
   dtypes, the labeler, and the source run's ``config.yaml`` (less the keys that name files:

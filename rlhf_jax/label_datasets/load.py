@@ -54,7 +54,8 @@ def labels_info(path: str | Path) -> tuple[DatasetInfo, LabelDataset | None]:
 
 
 def from_run(run_dir: str | Path) -> LabelDataset:
-    """The labels of the finished run in ``run_dir``: its ``labels.npz``, with who gave each."""
+    """The labels of the finished run in ``run_dir``: its ``labels.npz``, with who gave each, then
+    the answers its label store holds that the run never trained on (:attr:`DatasetInfo.after_last_fit`)."""
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)  # a one-line error for a missing or foreign directory
     path = run_dir / LABELS_FILE
@@ -77,9 +78,26 @@ def from_run(run_dir: str | Path) -> LabelDataset:
         # The run by its name and its config without this machine's paths: a dataset travels.
         labeler=config.get("labeler", "synthetic"), source=run_dir.resolve().name,
         run_config=dump_yaml(without_local_files(config)))
-    dataset = LabelDataset(info, labels, _run_provenance(run_dir, config, info, labels))
+    provenance, late = _run_provenance(run_dir, config, info, labels)
+    dataset = LabelDataset(info, labels, provenance)
+    if late is not None and late.info.rows:  # a person's answer is never left out
+        dataset = _followed_by(dataset, late)
     check_rows(dataset, path)
     return dataset
+
+
+def _followed_by(dataset: LabelDataset, late: LabelDataset) -> LabelDataset:
+    """``dataset`` with the rows of ``late``, answers its run never trained on, after its own (and
+    counted: :attr:`DatasetInfo.after_last_fit`); held out of no member's validation, as none saw them."""
+    rows, more = dataset.rows, late.rows
+    if rows.holdout is not None:
+        more = more._replace(holdout=np.zeros((late.info.rows, rows.holdout.shape[1]), bool))
+    joined = LabelRows(*(None if first is None else np.concatenate([first, then]) for first, then in zip(rows, more)))
+    (who, seconds, query_id), (late_who, late_seconds, late_query_id) = dataset.provenance, late.provenance
+    provenance = Provenance(who + late_who, np.concatenate([seconds, late_seconds]),
+                            np.concatenate([query_id, late_query_id]))
+    info = dataclasses.replace(dataset.info, rows=dataset.info.rows + late.info.rows, after_last_fit=late.info.rows)
+    return LabelDataset(info, joined, provenance)
 
 
 def synthetic_labeler(config: dict, kind: str) -> str:
@@ -107,15 +125,20 @@ def _digest(*arrays: np.ndarray) -> bytes:
 
 
 def _row_digest(labels: LabelRows, i: int) -> bytes:
+    # Each step's own frame, not the frames before the clip: a run that keeps none
+    # (preferences.frames_before_clip) rebuilds its first stacks, which its queries hold as played.
+    shown = labels.frames[i][:, -labels.restart.shape[2]:]
     if labels.mu is not None:
-        return _digest(labels.frames[i], labels.action[i], labels.mu[i:i + 1])
-    return _digest(labels.frames[i], labels.marks[i])
+        return _digest(shown, labels.action[i], labels.mu[i:i + 1])
+    return _digest(shown, labels.marks[i])
 
 
-def _run_provenance(run_dir: Path, config: dict, info: DatasetInfo, labels: LabelRows) -> Provenance:
+def _run_provenance(run_dir: Path, config: dict, info: DatasetInfo,
+                    labels: LabelRows) -> tuple[Provenance, LabelDataset | None]:
     """Who gave each of a run's labels: a dataset it started from (``preferences.labels_from``,
     ``ibt.marks_from``) for those it gave, people (``labels.sqlite``) or the synthetic labeler
-    for the rest."""
+    for the rest. And, for a people run, the answers in its store that none of its labels is:
+    those that arrived after its last fit (None for another run)."""
     rows = info.rows
     who: list[str | None] = [None] * rows
     seconds, query_id = np.full(rows, np.nan), np.full(rows, -1, np.int64)
@@ -123,7 +146,7 @@ def _run_provenance(run_dir: Path, config: dict, info: DatasetInfo, labels: Labe
     given_key = feedback_of(info.kind).answers_from
     section, key = given_key.split(".")
     given = config.get(section, {}).get(key, "")
-    sources = []
+    sources, people = [], None
     if given:
         try:
             sources.append(load_labels(given))
@@ -131,7 +154,9 @@ def _run_provenance(run_dir: Path, config: dict, info: DatasetInfo, labels: Labe
             raise ConfigError(f"{run_dir} started from {given_key} {given}, which cannot be read "
                               f"now ({error}), so which labels it gave cannot be told") from None
     if info.labeler == "people" and (run_dir / STORE_FILE).is_file():
-        sources.append(_people_labels(run_dir, info))
+        people = _people_labels(run_dir, info)
+        sources.append(people)
+    late = None
     for source in sources:
         index: dict[bytes, list[int]] = {}
         for j in range(source.info.rows):
@@ -143,22 +168,33 @@ def _run_provenance(run_dir: Path, config: dict, info: DatasetInfo, labels: Labe
                 who[i], seconds[i], query_id[i] = (source.provenance.who[j], source.provenance.seconds[j],
                                                    source.provenance.query_id[j])
                 found[i] = True
+        if source is people:  # the answers no label matched, in the order they were given
+            late = _subset(people, sorted(j for unmatched in index.values() for j in unmatched))
     if info.labeler == "synthetic":
         name = synthetic_labeler(config, info.kind)
         who = [name if not found[i] else who[i] for i in range(rows)]
-    return Provenance(tuple(who), seconds, query_id)
+    return Provenance(tuple(who), seconds, query_id), late
+
+
+def _subset(dataset: LabelDataset, rows: list[int]) -> LabelDataset:
+    """The rows ``rows`` of ``dataset``, in that order."""
+    labels = LabelRows(*(None if array is None else array[rows] for array in dataset.rows))
+    who, seconds, query_id = dataset.provenance
+    provenance = Provenance(tuple(who[j] for j in rows), seconds[rows], query_id[rows])
+    return LabelDataset(dataclasses.replace(dataset.info, rows=len(rows)), labels, provenance)
 
 
 def _people_labels(run_dir: Path, info: DatasetInfo) -> LabelDataset:
-    """The answers in a run's label store with their queries' segments, as label rows (those
-    "can't tell", never stored as labels, left out)."""
+    """The answers in a run's label store with their queries' segments, as label rows in the
+    order given (those "can't tell", never stored as labels, left out)."""
     answered = [(query, answer) for query, answer in read_answered(run_dir / STORE_FILE, info.kind)
                 if answer.choice != "cant_tell" and (run_dir / QUERIES_DIR / query.segments).is_file()]
-    obs, action, mu, marks = [], [], [], []
+    obs, action, mu, oracle_return, marks = [], [], [], [], []
     for query, answer in answered:
         with np.load(run_dir / QUERIES_DIR / query.segments, allow_pickle=False) as arrays:
             obs.append(arrays["obs"].astype(info.observation_dtype))
             action.append(arrays["action"])
+            oracle_return.append(arrays["oracle_reward"].sum(-1))  # as the run stores a pair's
         if info.kind == "compare":
             mu.append(CHOICE_MU[answer.choice])
         else:
@@ -170,7 +206,8 @@ def _people_labels(run_dir: Path, info: DatasetInfo) -> LabelDataset:
     frames, restart = frames_on_host(np.stack(obs) if obs else np.zeros(empty, info.observation_dtype), info.stack)
     if info.kind == "compare":
         labels = LabelRows(frames, restart, np.stack(action).astype(info.action_dtype) if action else None,
-                           np.asarray(mu, np.float32), None, None, None)
+                           np.asarray(mu, np.float32), np.asarray(oracle_return, np.float32).reshape(len(answered), 2),
+                           None, None)
     else:
         labels = LabelRows(frames, restart, None, None, None, None, np.stack(marks) if marks else None)
     provenance = Provenance(tuple(answer.who for _, answer in answered),
