@@ -273,8 +273,8 @@ def publish(registration: Registration, ledger: dict) -> dict:
     result = report(registration, ledger)
     result["table"] = table(result)
     png = RESULTS / f"{registration.name}.png"
-    plot(ledger, dataclasses.replace(FIGURES[2], title=f"{FIGURES[2].title}, confirmatory "
-                                   f"({registration.steps:,} env steps)"), list(MUJOCO_TASKS), png, quick=False)
+    title = f"labels against RL, confirmatory, {registration.steps / 1e6:g}M env steps"
+    plot(ledger, dataclasses.replace(FIGURES[2], title=title), list(MUJOCO_TASKS), png, quick=False)
     save_json(RESULTS / f"{registration.name}.json", result)
     return result
 
