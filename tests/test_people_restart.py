@@ -134,7 +134,7 @@ def test_a_killed_app_and_training_run_lose_no_answered_query(tmp_path):
                 process.kill()
     # The restarted run asked no query twice and trained on every answer but "can't tell" that
     # reached it: those its last checkpoint holds (an answer given while the finished run was
-    # still writing its files arrives too late, and stays in the store for a resume).
+    # still writing its files arrives too late: it stays in the store, and the export adds it).
     assert [q for q, in db("SELECT id FROM queries ORDER BY id")] == list(range(16))  # the budget, each once
     trained = [q for q, choice in db("SELECT query_id, choice FROM answers WHERE in_checkpoint") if choice != "cant_tell"]
     with np.load(run_dir / "labels.npz") as labels:
