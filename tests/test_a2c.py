@@ -85,6 +85,7 @@ def test_final_values_runs_the_network_only_for_a_rollout_that_holds_a_time_limi
     assert len(calls) == 1  # not run again
 
 
+@pytest.mark.slow
 def test_a2c_solves_cartpole():
     # No entropy bonus: once every episode runs to the time limit, which the returns bootstrap
     # through (ops.episode_ends), the advantages carry little signal and a bonus of 0.01 alone
@@ -93,6 +94,7 @@ def test_a2c_solves_cartpole():
     assert mean_return(train_and_evaluate("gymnax/CartPole-v1", config, num_envs=32)) >= 475
 
 
+@pytest.mark.slow
 def test_a2c_gaussian_improves_pendulum_by_half_the_gap_to_minus_200():
     env = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=32))
     uniform = lambda params, obs, key: jax.random.uniform(key, (32, 1), minval=-2.0, maxval=2.0)
@@ -105,6 +107,7 @@ def test_a2c_gaussian_improves_pendulum_by_half_the_gap_to_minus_200():
     assert trained >= random_return + 0.5 * (-200.0 - random_return)
 
 
+@pytest.mark.slow
 def test_vmap_over_seeds_equals_separate_runs():
     env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=4))
     train = a2c.make_train(a2c.A2CConfig(total_env_steps=4 * 5 * 30), env)
@@ -121,6 +124,7 @@ def test_vmap_over_seeds_equals_separate_runs():
     assert not np.allclose(first[0], first[1])
 
 
+@pytest.mark.slow
 def test_gaussian_actions_are_clipped_for_the_env_but_not_for_the_loss_or_the_reward():
     env = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=2))
     config = a2c.A2CConfig(total_env_steps=10, log_std_init=3.0)  # std 20: most samples fall outside [-2, 2]

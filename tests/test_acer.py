@@ -188,6 +188,7 @@ def test_bad_config_values():
         acer.init_runner(jax.random.PRNGKey(0), acer.ACERConfig(replay_capacity=800, replay_start=1000), env)
 
 
+@pytest.mark.slow
 def test_the_memory_stores_trajectories_with_the_behaviour_policy():
     env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=3, max_episode_steps=15))
     config = acer.ACERConfig(num_steps=20, replay_capacity=3 * 20 * 4, replay_start=0, replay_ratio=0.0)
@@ -306,6 +307,7 @@ def numpy_retrace(reward, terminated, truncated, q_taken, values, final_values, 
     return targets
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["gymnax", "envpool-atari"])
 def test_the_discrete_critic_loss_bootstraps_a_time_limit_from_the_final_observation(backend):
     """The whole discrete loss on the tiny episode with a real network: its critic loss is
@@ -343,6 +345,7 @@ def test_the_discrete_critic_loss_bootstraps_a_time_limit_from_the_final_observa
 SMALL_RUN = dict(total_env_steps=4 * 20 * 12, replay_capacity=4 * 20 * 6, replay_start=160, learning_rate=3e-3)
 
 
+@pytest.mark.slow
 def test_vmap_over_seeds_equals_separate_runs():
     env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=4))
     train = acer.make_train(acer.ACERConfig(**SMALL_RUN), env)
@@ -360,6 +363,7 @@ def test_vmap_over_seeds_equals_separate_runs():
     assert (counts[:, :1] == 0).all() and counts[:, 2:].sum() > 0  # replay starts at 160 env steps
 
 
+@pytest.mark.slow
 def test_a_tight_trust_region_keeps_the_policy_near_its_average():
     env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=4))
     kl, active = {}, {}
@@ -400,6 +404,7 @@ def cartpole():
     return train_shipped_config("acer_cartpole")
 
 
+@pytest.mark.slow
 def test_acer_solves_cartpole(cartpole):
     *_, score = cartpole
     assert score >= 475
@@ -417,6 +422,7 @@ def test_replays_follow_a_poisson_count_once_the_memory_is_warm(cartpole):
     assert int(runner.updates) == len(replays) + replays.sum()
 
 
+@pytest.mark.slow
 def test_acer_continuous_solves_pendulum():
     *_, score = train_shipped_config("acer_pendulum")
     assert score >= -300
@@ -499,6 +505,7 @@ def test_a_reward_of_the_next_observation_reads_the_final_one_on_replay():
             np.testing.assert_allclose(new.reward[:, 0], params * np.array(expected, np.float32))
 
 
+@pytest.mark.slow
 def test_replayed_updates_use_the_current_reward_params_not_the_stored_rewards():
     """Two memories alike but for their stored rewards give the same update under a learned
     reward: every update (replayed ones included) recomputes r-hat under the current params."""
@@ -518,6 +525,7 @@ def test_replayed_updates_use_the_current_reward_params_not_the_stored_rewards()
     np.testing.assert_allclose(metrics["value_loss"], garbled_metrics["value_loss"], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_ibt_reward_drives_acer_on_cartpole():
     """IBT's reward (equation 2, ibt.utility=mlp), which reads timestep.final_obs, through a few ACER
     iterations on CartPole, replay included: no error, finite losses, and the utility's params change

@@ -22,8 +22,9 @@ from rlhf_jax.feedback.store import STORE_FILE, LabelStore
 from rlhf_jax.feedback.webapp import create_app, listen
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                                reason="needs chromium and chromedriver: run tests/install_browser.sh")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                                 reason="needs chromium and chromedriver: run tests/install_browser.sh")]
 FRAMES, FPS = 20, 10.0
 INSTRUCTION = "Prefer the clip where the white square stays nearer the middle."
 
@@ -122,6 +123,7 @@ def playing(driver, video_id: str) -> bool:
         FRAMES / FPS)
 
 
+@pytest.mark.slow
 def test_the_compare_page_answers_with_a_click_and_with_each_key(browser, site):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -199,6 +201,7 @@ def test_the_annotate_page_marks_moments_removes_one_and_submits(browser, site):
     wait_for(lambda: browser.find_element(By.ID, "empty").is_displayed(), "the 'no episodes waiting' state")
 
 
+@pytest.mark.slow
 def test_the_counter_tells_what_waits_for_you_from_what_someone_else_holds(browser, site):
     from selenium.webdriver.common.by import By
 

@@ -7,6 +7,7 @@ from rlhf_jax.cli import main
 from rlhf_jax.envs import ENV_IDS
 
 
+@pytest.mark.slow
 def test_envs_lists_every_id_with_its_spaces(capsys):
     assert main(["envs"]) == 0
     out = capsys.readouterr().out

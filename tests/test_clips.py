@@ -123,6 +123,7 @@ def test_clip_plays_back(env_id, tmp_path, request):
     assert data.find(b"moov") < data.find(b"mdat"), "the index is not at the front (+faststart)"
 
 
+@pytest.mark.slow
 def test_a_clip_can_play_slower_than_real_time(tmp_path):
     """An episode to annotate is slowed down (rlhf_jax.feedback.labeler.clip_fps): 50 CartPole
     steps at CartPole's 50 fps lasted 1 s. The same frames, only timed differently."""

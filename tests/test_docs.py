@@ -31,6 +31,7 @@ def build(config_dir: Path, site_dir: Path) -> subprocess.CompletedProcess:
         cwd=config_dir, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 @needs_mkdocs
 def test_docs_build_strict(tmp_path):
     result = build(ROOT, tmp_path / "site")
@@ -45,6 +46,7 @@ def test_docs_build_strict(tmp_path):
     assert "agent_throughput.json" in (site / "benchmarks/index.html").read_text()
 
 
+@pytest.mark.slow
 @needs_mkdocs
 def test_docs_build_fails_on_a_broken_link(tmp_path):
     """The strict build is a real check: a page linking to a page that does not exist fails it."""

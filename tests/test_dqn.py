@@ -49,6 +49,7 @@ def test_step_counting_with_many_environments():
     assert dqn.num_iterations(dataclasses.replace(c, total_env_steps=1200), env) == 100
 
 
+@pytest.mark.slow
 def test_learns_cartpole():
     """Trained with the overrides above, the epsilon = 0.05 evaluation policy balances the pole to the limit."""
     env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=16))
@@ -66,6 +67,7 @@ SHORT = dqn.DQNConfig(total_env_steps=1024, replay_capacity=512, replay_start=25
                       target_update_period=10, exploration_steps=512, mlp_hidden=(16,))
 
 
+@pytest.mark.slow
 def test_vmap_over_seeds_matches_separate_runs():
     env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=8))
     train = dqn.make_train(SHORT, env)
@@ -98,6 +100,7 @@ def test_target_network_synced_every_c_updates():
         assert equal == (u % 3 == 0), (u, equal)  # updates = 0: both still the initial parameters
 
 
+@pytest.mark.slow
 def test_atari_smoke():
     """Pixels: the Nature CNN and a memory of single frames, a few updates on EnvPool Pong."""
     env = make(EnvConfig(id="envpool/Pong-v5", num_envs=2, max_episode_steps=20))
@@ -157,6 +160,7 @@ def linear_q(spec, kernel):
     return jax.tree.map(lambda x: x, {"params": {**params["params"], "QHead_0": {"Dense_0": head}}})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["gymnax", "envpool-atari"])
 def test_targets_at_a_terminal_a_time_limit_and_a_reset_step(backend):
     """Q(o, .; theta^-) = (o, 2o), so max_a Q = 2o; gamma = 0.5. The transitions that may be sampled are

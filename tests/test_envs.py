@@ -191,6 +191,7 @@ def breakout_runs():
     return runs
 
 
+@pytest.mark.slow
 def test_atari_observations_are_stacked_uint8_frames(breakout_runs):
     env, ts = breakout_runs["plain"]
     assert env.spec.observation_shape == (84, 84, 4) and env.spec.observation_dtype == "uint8"

@@ -50,6 +50,7 @@ def evaluate_with_videos(run_dir, *options) -> dict:
     return json.loads((run_dir / "eval.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_video_has_one_frame_per_step_and_the_return_so_far_on_each(true_reward_run):
     result = evaluate_with_videos(true_reward_run, "--episodes", "2", "--video", "2")
     videos = result["videos"]
@@ -68,6 +69,7 @@ def test_a_video_has_one_frame_per_step_and_the_return_so_far_on_each(true_rewar
         assert np.abs(corner[0] - corner[-1]).mean() > 1, "the return written on the first and last frame is the same"
 
 
+@pytest.mark.slow
 def test_a_learned_reward_run_gets_the_reward_panel_with_a_moving_cursor(learned_reward_run):
     video = evaluate_with_videos(learned_reward_run, "--episodes", "1", "--video")["videos"][0]
     frames = decode(video["path"])

@@ -47,6 +47,7 @@ def test_teachers_label_your_pairs(capsys):
     assert "cross-entropy" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_preferences_in_your_agent(capsys):
     results = load("preferences_in_your_agent").main(
         ["--rounds", "2", "--envs", "8", "--steps", "50", "--iterations", "1", "--initial-labels", "30",
@@ -58,6 +59,7 @@ def test_preferences_in_your_agent(capsys):
     assert "r̂ ranks fresh pairs right" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_sweep_from_python(capsys):
     results = load("sweep_from_python").main(
         ["--seeds", "2", "--learning-rates", "0.001,0.01", "--env-steps", "640", "--envs", "8"])

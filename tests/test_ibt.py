@@ -74,6 +74,7 @@ def test_marks_of_both_signs_are_ignored():
     assert bool(counted[0, 1]) and bool(counted[1, 2])
 
 
+@pytest.mark.slow
 def test_sampled_pairs_estimate_the_mean_over_pairs():
     rng = np.random.default_rng(1)
     utility = rng.normal(size=(4, 30)).astype(np.float32)
@@ -141,6 +142,7 @@ def test_the_lstm_utility_depends_on_the_history():
     assert not np.allclose(u[0, -1], u[1, -1])
 
 
+@pytest.mark.slow
 def test_the_ar_baseline_is_teacher_forced_on_the_previous_mark():
     marks = jnp.array([[1, 0, -1, 1]])
     np.testing.assert_array_equal(ibt.previous_classes(marks), [[0, 1, 0, 2]])
@@ -172,6 +174,7 @@ def ibt_run(tmp_path_factory):
             for name, extra in (("ibt", []), ("true", ["reward=env"]))}
 
 
+@pytest.mark.slow
 def test_a2c_learns_cartpole_from_ibt_marks(ibt_run):
     (run_dir, ibt_return), (_, true_return) = ibt_run["ibt"], ibt_run["true"]
     # At least 80% of what the same budget gives on the true reward (500 here); random play ~20.
@@ -186,6 +189,7 @@ def test_a2c_learns_cartpole_from_ibt_marks(ibt_run):
     assert (saved["marks"][:, 0] == 0).all()  # frame 0 of a clip follows no transition of the clip
 
 
+@pytest.mark.slow
 def test_acer_learns_cartpole_from_ibt_marks(tmp_path):
     """`rlhf-jax train configs/ibt_acer_cartpole.yaml`: IBT's reward drives an off-policy agent
     whose replay recomputes r-hat from the newest utility. With ACER's own entropy bonus
@@ -195,6 +199,7 @@ def test_acer_learns_cartpole_from_ibt_marks(tmp_path):
     assert evaluated_return(trained(tmp_path, str(CONFIG.parent / "ibt_acer_cartpole.yaml"))) >= 400
 
 
+@pytest.mark.slow
 def test_people_mark_episodes_at_their_own_pace():
     """A host annotator (the web page's interface) in place of the device's: marks arrive late,
     training goes on meanwhile, and an episode returned without marks is never stored."""

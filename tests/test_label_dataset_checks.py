@@ -155,6 +155,7 @@ def test_values_out_of_range_are_refused_before_fitting(name, value, dataset, tm
     assert not (tmp_path / "model.npz").exists()
 
 
+@pytest.mark.slow
 def test_a_fit_that_is_not_finite_writes_no_model(tmp_path, capsys):
     """Observations near float32's largest overflow the input standardisation: the fitted model
     is not finite, and is not written."""
@@ -216,6 +217,7 @@ def test_the_export_writes_each_files_checksum_in_sha256sum_format(dataset):
     assert lines == [f"{sha256(path)}  data/{path.name}"]
 
 
+@pytest.mark.slow
 def test_a_flipped_byte_is_refused_by_its_checksum(dataset, tmp_path, capsys):
     """One byte that pyarrow reads without complaint, as other answers, is refused by the checksum."""
     (path,) = (dataset / "data").glob("*.parquet")
@@ -282,6 +284,7 @@ def test_the_dataset_never_chooses_a_local_file_to_load(key, tmp_path, capsys):
 # --------------------------------------------------------------------------------- 6. memory
 
 
+@pytest.mark.slow
 def test_importing_takes_memory_near_the_datasets_decoded_size(tmp_path):
     """A Parquet file of zeros is small on disk and large decoded: importing it takes a small
     multiple of its decoded size. Measured in a process of its own as the peak of what NumPy and

@@ -129,6 +129,7 @@ def ibt_dataset(ibt_run):
 # ---------------------------------------------------------------------------------- tests
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["cartpole_run", "atari_run", "ibt_run"])
 def test_export_then_import_gives_the_labels_back_bit_for_bit(run, request, tmp_path):
     run_dir = request.getfixturevalue(run)
@@ -217,6 +218,7 @@ def test_who_answered_comes_from_the_label_store(tmp_path):
     assert "answered by 2 people" in (tmp_path / "dataset" / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_answers_after_a_people_runs_last_fit_are_exported_counted_and_trained_on_by_a_run_from_it(
         tmp_path, capsys, monkeypatch):
     """A people run's store held 8 answers, the run had trained on 4, and the export wrote 4 without
@@ -299,6 +301,7 @@ def test_a_people_runs_atari_labels_are_matched_to_their_answers_without_the_fra
     assert dataset.provenance.who == ("ann", "ann") and list(dataset.provenance.query_id) == [0, 1]
 
 
+@pytest.mark.slow
 def test_a_run_from_a_dataset_asks_only_for_the_rest_of_its_budget(cartpole_dataset):
     training = make_training(experiment([f"preferences.labels={BUDGET}",
                                          f"preferences.labels_from={cartpole_dataset}"]))
@@ -317,6 +320,7 @@ def test_a_run_from_a_dataset_asks_only_for_the_rest_of_its_budget(cartpole_data
     assert int(state.learner.labels.count) == BUDGET
 
 
+@pytest.mark.slow
 def test_a_reward_model_fitted_offline_starts_a_run(cartpole_dataset, tmp_path, capsys):
     path = tmp_path / "reward.npz"
     assert main(["fit-reward", str(cartpole_dataset), "--steps", "3", "--out", str(path)]) == 0
@@ -335,6 +339,7 @@ def test_a_reward_model_fitted_offline_starts_a_run(cartpole_dataset, tmp_path, 
     assert not np.array_equal(ensemble.obs_std, np.ones_like(ensemble.obs_std))  # CartPole's own, not a default
 
 
+@pytest.mark.slow
 def test_an_ibt_utility_fitted_offline_starts_an_ibt_run(ibt_dataset, tmp_path, capsys):
     """fit-reward on IBT marks fits the IBT utility with the IBT learner's own steps, and an IBT
     run starts from it: at step 0 its utility is the saved one."""
@@ -354,6 +359,7 @@ def test_an_ibt_utility_fitted_offline_starts_an_ibt_run(ibt_dataset, tmp_path, 
                 np.testing.assert_array_equal(leaf, archive[key], err_msg=key)
 
 
+@pytest.mark.slow
 def test_an_ibt_run_from_marks_asks_only_for_the_rest_of_its_budget(ibt_dataset):
     training = make_training(experiment([*IBT_SMALL, f"ibt.episodes={IBT_BUDGET}", f"ibt.marks_from={ibt_dataset}"]))
     assert training.learner.budget.preloaded == IBT_CLIPS

@@ -124,6 +124,7 @@ def test_rebuilt_stacks_are_bit_identical(both_ways):
     np.testing.assert_array_equal(observations_on_host(labels, chunk=3), as_stacks.frames[:pairs])
 
 
+@pytest.mark.slow
 def test_fitting_sees_the_same_inputs(both_ways):
     """One step of the CNN ensemble, and its validation losses, are the same from frames as from stacks."""
     labels, as_stacks, _ = both_ways

@@ -113,6 +113,7 @@ def test_task_list():
     assert set(MJX_TASKS) == set(EXPECTED_OBS_DIM)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECTED_OBS_DIM))
 def test_spec_and_reset_match_gymnasium(name):
     env = make_mjx(f"mjx/{name}", mjx_config(name, num_envs=2))
@@ -172,6 +173,7 @@ def check_parity(name, ts, qpos, qvel, action, atol):
         assert bool(ts.terminated[i]) == terminated == bool(ts.done[i]) == bool(ts.info["unhealthy"][i])
 
 
+@pytest.mark.slow
 def test_hopper_step_matches_gymnasium(hopper_step):
     name = "Hopper-v5"
     env, step = hopper_step
@@ -181,6 +183,7 @@ def test_hopper_step_matches_gymnasium(hopper_step):
     check_parity(name, ts, qpos, qvel, action, PARITY_ATOL)
 
 
+@pytest.mark.slow
 def test_inverted_pendulum_step_matches_gymnasium(ip_rollout):
     # The first step of a rollout, to share ip_rollout's compiled program.
     env, rollout = ip_rollout
@@ -192,6 +195,7 @@ def test_inverted_pendulum_step_matches_gymnasium(ip_rollout):
     check_parity(name, jax.tree.map(lambda x: x[0], ts), qpos, qvel, action, PARITY_ATOL)
 
 
+@pytest.mark.slow
 def test_halfcheetah_step_matches_gymnasium_in_float64():
     """HalfCheetah in float64 (float32 agrees only to ~3e-4 in contact; see PARITY_ATOL)."""
     name = "HalfCheetah-v5"
@@ -232,6 +236,7 @@ def hide_rollout():
     return env, qpos, qvel, actions, jax.tree.map(np.asarray, ts)
 
 
+@pytest.mark.slow
 def test_hide_episode_end_fixed_length(hide_rollout):
     env, qpos, qvel, actions, ts = hide_rollout
     at_limit = np.arange(HIDE_STEPS) == HIDE_LIMIT - 1
@@ -281,6 +286,7 @@ def first_steps_with(hide_rollout, **option):
     return jax.tree.map(np.asarray, ts)
 
 
+@pytest.mark.slow
 def test_hidden_end_reset_restarts_a_failed_copy_unannounced(hide_rollout):
     """env.hidden_end=reset on the same two copies: copy 1 fails on its first step, the oracle
     pays the penalty once, the true episode ends there, and the copy restarts at once; the agent
@@ -312,6 +318,7 @@ def test_control_cost_removed(hide_rollout, hopper_step):
     np.testing.assert_allclose(default_ts.info["true_reward"], info["true_reward"][0, 0] - expected_cost[0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_smooth_oracle_pays_height_not_health(hide_rollout):
     """env.oracle=smooth on the same two copies (one upright, one unhealthy throughout): no
     healthy bonus, no penalty, the torso's height less 1 on every step (rl-teacher's Hopper)."""

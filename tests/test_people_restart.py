@@ -84,6 +84,7 @@ def answer_one(url: str, choice: str) -> int | None:
     return query["id"]
 
 
+@pytest.mark.slow
 def test_a_killed_app_and_training_run_lose_no_answered_query(tmp_path):
     run_dir, train_log, label_log = tmp_path / "run", tmp_path / "train.log", tmp_path / "label.log"
     logs = [train_log, label_log]
@@ -146,6 +147,7 @@ def test_a_killed_app_and_training_run_lose_no_answered_query(tmp_path):
     assert answered[0] in trained
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_people_run_cleanly(tmp_path):
     """SDL (pygame draws the clips) took SIGTERM for itself, and a people run went on training."""
     run_dir, log = tmp_path / "run", tmp_path / "train.log"

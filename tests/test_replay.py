@@ -98,6 +98,7 @@ def envpool_like_rollout(T=60, N=3, stack=4, seed=0):
             "reward": rng.normal(size=(T, N)).astype(np.float32)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", [100, 23])  # no wrap; wrapped more than twice
 def test_rebuilt_stacks_follow_envpool_rule(rows):
     steps = envpool_like_rollout()
@@ -107,6 +108,7 @@ def test_rebuilt_stacks_follow_envpool_rule(rows):
     assert expected.sum() > 20
 
 
+@pytest.mark.slow
 def test_no_frame_crosses_an_episode_boundary():
     steps = envpool_like_rollout(T=80, seed=1)
     N = steps["action"].shape[1]
@@ -154,6 +156,7 @@ def envpool_rollout(game, num_envs, T, max_episode_steps=0, seed=0):
             "truncated": truncated, "action": np.asarray(actions, np.int32), "reward": reward}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("game, max_episode_steps, T", [("Pong-v5", 37, 150), ("Breakout-v5", 0, 400)])
 def test_envpool_stacks_rebuilt_exactly(game, max_episode_steps, T):
     N = 3
@@ -177,6 +180,7 @@ def test_envpool_stacks_rebuilt_exactly(game, max_episode_steps, T):
 # ---------------------------------------------------------------- sampling
 
 
+@pytest.mark.slow
 def test_only_valid_indices_are_sampled():
     N = 2
     memory = replay.init(8 * N, N, (3,), jnp.float32)
@@ -205,6 +209,7 @@ def test_only_valid_indices_are_sampled():
     assert counts[mask].min() > 4000 / 13 * 0.6  # roughly uniform over the 13
 
 
+@pytest.mark.slow
 def test_inside_jit_scan_and_vmap():
     """add and sample under vmap (two memories, e.g. two seeds) inside a scan agree with one memory at a time."""
     N = 2
@@ -229,6 +234,7 @@ def test_inside_jit_scan_and_vmap():
 # ---------------------------------------------------------------- vector observations
 
 
+@pytest.mark.slow
 def test_vector_observations_against_numpy():
     """gymnax restarts a copy within the step: o_{t+1} is the new episode's first observation, and
     the memory keeps the observation the step reached beside it. Episodes end by failure and by a

@@ -133,6 +133,7 @@ def dqn_whole(tmp_path_factory):
     return train(config_of([*DQN, f"run.dir={tmp_path_factory.mktemp('dqn') / 'whole'}"]), progress=False)
 
 
+@pytest.mark.slow
 def test_dqn_killed_and_resumed_ends_like_an_uninterrupted_run(dqn_whole, tmp_path):
     run_dir = tmp_path / "killed"
     last = run_and_kill(DQN, run_dir, after_chunk=0)
@@ -145,6 +146,7 @@ def test_dqn_killed_and_resumed_ends_like_an_uninterrupted_run(dqn_whole, tmp_pa
     assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + 8  # no row lost or repeated
 
 
+@pytest.mark.slow
 def test_a_kill_while_a_checkpoint_is_written_leaves_the_one_before(dqn_whole, tmp_path):
     run_dir = tmp_path / "killed"
     assert run_and_kill(DQN, run_dir, after_chunk=2, script=DIE_WRITING_CHECKPOINT_2) == 1
@@ -158,6 +160,7 @@ def test_a_kill_while_a_checkpoint_is_written_leaves_the_one_before(dqn_whole, t
     assert_same_trees(resumed, whole)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("learner, labels", [("preferences", "labels"), ("ibt", "annotated")])
 def test_a_learned_reward_run_killed_and_resumed_keeps_every_label(learner, labels, tmp_path):
     argv = LEARNED[learner]
@@ -231,6 +234,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(dqn_whole, small_disks):
     """A real 4 MiB filesystem fills up after checkpoint 0: checkpoint 1 fails, and all the user
     reads is one line (orbax and asyncio used to print 26 tracebacks before it)."""
@@ -360,6 +364,7 @@ def test_checkpoints_come_every_few_updates_every_few_minutes_and_at_the_end():
     assert not never.due(0)
 
 
+@pytest.mark.slow
 def test_a_run_saved_by_the_clock_alone_resumes_after_sigkill(dqn_whole, tmp_path):
     """No checkpoint by updates before the end; the clock saves chunk 0, then the kill comes."""
     run_dir = tmp_path / "killed"
@@ -414,6 +419,7 @@ DAMAGE_REASONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["byte", "swapped", "cut"])
 def test_a_damaged_checkpoint_is_passed_over_for_the_newest_intact_one(how, dqn_whole, tmp_path, monkeypatch):
     """Checkpoints 1 and 2 saved, 2 then damaged: the resume says so, restores 1, keeps it while
@@ -452,6 +458,7 @@ gc.collect()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["after a failed write", "otherwise"])
 def test_a_write_coroutine_left_unrun_by_a_failed_save_is_not_reported(when):
     """The full-disk run's one line once came with Python's warning about an orbax write coroutine
@@ -502,6 +509,7 @@ thread.join()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["after a failed write", "otherwise"])
 def test_a_write_error_logged_late_by_orbaxs_thread_is_not_reported(when):
     """The full-disk run's one line once came with orbax's thread logging the same failure with its
@@ -565,6 +573,7 @@ def test_a_run_whose_every_checkpoint_is_damaged_says_so(dqn_whole, tmp_path, ca
 
 
 # ----------------------------------------------------------------- an edited config
+@pytest.mark.slow
 def test_an_edited_learning_rate_is_applied_on_resume_and_other_edits_are_refused(tmp_path, monkeypatch, capsys):
     run_dir = tmp_path / "edited"
     train_killed_in_chunk_3(run_dir, monkeypatch)
@@ -620,6 +629,7 @@ DQN_SAVED_AT_END = [*DQN, "run.checkpoint_every_updates=1000000", "run.checkpoin
 
 @pytest.mark.parametrize("number, name", [(signal.SIGINT, "Ctrl-C (SIGINT)"), (signal.SIGTERM, "SIGTERM")],
                          ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_ctrl_c_and_sigterm_save_the_newest_state_and_exit_cleanly(number, name, dqn_whole, tmp_path):
     """A real signal to a real run that saves only at its end, sent once its first chunk is
     done: it stops after the chunk in flight, saves it, says so and exits with 128 + the
@@ -639,6 +649,7 @@ def test_ctrl_c_and_sigterm_save_the_newest_state_and_exit_cleanly(number, name,
     assert_same_trees(resumed, whole)
 
 
+@pytest.mark.slow
 def test_a_run_started_ignoring_ctrl_c_keeps_ignoring_it(tmp_path):
     """A background job of a script starts with SIGINT ignored; as nohup expects, the run does
     not take it up: a Ctrl-C after its first chunk changes nothing, and it runs to its end."""

@@ -126,6 +126,7 @@ def test_different_keys_draw_different_rows():
     assert not np.array_equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bootstrap", [True, False])
 def test_empty_buffer_changes_nothing(bootstrap):
     config = dataclasses.replace(CONFIG, bootstrap=bootstrap)
@@ -151,6 +152,7 @@ def test_adaptive_l2_moves_each_member_its_own_way():
 # --- Normalisation -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_normalization_gives_each_member_zero_mean_and_paper_std(state):
     obs, action, _ = random_pairs(jax.random.key(3), PAIRS)  # [P, 2, k, ...]: any leading axes
     state = update_normalization(state, CONFIG, SPEC, obs, action)
@@ -253,6 +255,7 @@ def _atari_labels(key, count, capacity):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("network", ["mlp", "cnn"])
 def test_members_written_out_match_the_vmapped_ensemble(network, monkeypatch):
     """``over_members`` (each member's call written out in turn) gives what vmapping the members
@@ -338,6 +341,7 @@ def test_input_standardisation_floors_the_std_of_inputs_that_never_moved(state):
     np.testing.assert_allclose(broken, [0.5, -10.0], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_clip_actions_decides_the_action_r_hat_reads_when_acting_and_when_fitting():
     """Agents hand r̂ the action as sampled; ``clip_actions`` alone says whether r̂ reads it
     clipped into the bounds: in its rewards and in the losses it is fitted by."""

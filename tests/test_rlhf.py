@@ -54,6 +54,7 @@ def default_run(tmp_path_factory):
     return trained(tmp_path_factory.mktemp("rlhf") / "default")  # the README's main job
 
 
+@pytest.mark.slow
 def test_the_default_asks_its_500_labels_on_schedule(default_run):
     with open(default_run / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
@@ -62,6 +63,7 @@ def test_the_default_asks_its_500_labels_on_schedule(default_run):
     assert float(rows[0]["labels"]) > 125  # the untrained policy's 25%, then online labels
 
 
+@pytest.mark.slow
 def test_the_default_learns_from_500_labels_across_seeds(default_run, tmp_path):
     """Issue 4's target, as a rate: of seeds 0-2 (seed 0 the run above, seeds 1-2 one sweep),
     at least two end with a last-chunk true return of 400 or more; the untrained policy scores
@@ -134,6 +136,7 @@ def test_bad_preference_settings_are_refused():
         experiment(["reward=people"])
 
 
+@pytest.mark.slow
 def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
     import time
 
@@ -164,6 +167,7 @@ def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
                                   np.where(first > second, 1.0, np.where(first < second, 0.0, 0.5)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("learner", sorted(SMALL_LEARNERS))
 def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner, small_training):
     """``make_train`` (what vmapped sweeps and benchmarks run) computes what ``rlhf-jax train`` does,
@@ -184,6 +188,7 @@ def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner, sm
     np.testing.assert_array_equal(answers(whole), answers(state))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("learner", sorted(SMALL_LEARNERS))
 def test_seeds_vmapped_as_a_sweep_runs_them_equal_each_run_alone(learner, small_training):
     """What ``rlhf-jax sweep`` compiles for a group (``sweep_chunk`` vmapped over stacked
@@ -210,6 +215,7 @@ def test_seeds_vmapped_as_a_sweep_runs_them_equal_each_run_alone(learner, small_
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("learner", sorted(SMALL_LEARNERS))
 def test_fitting_from_python_equals_the_compiled_loop(learner):
     """``run.loop=python`` (CNNs on a CPU) dispatches each fitting step, pretraining included, on its own."""
@@ -243,6 +249,7 @@ def test_fitting_from_python_equals_the_compiled_loop(learner):
         np.testing.assert_allclose(a, theirs[name], rtol=1e-3, atol=2 * steps * lr if free else 2e-4, err_msg=name)
 
 
+@pytest.mark.slow
 def test_scoring_the_reward_model_is_monitoring_only(small_training):
     """``preferences.score_pairs`` sets how many fresh pairs score r̂ against the oracle; 0
     scores none (NaN in the curves) and the run is otherwise the same, bit for bit (two chunks)."""

@@ -48,6 +48,7 @@ def run(tmp_path_factory):
     return config, directory
 
 
+@pytest.mark.slow
 def test_a_run_logs_its_policy_scored_on_the_task(run):
     config, directory = run
     rows = rows_of(directory / "metrics.csv")
@@ -58,6 +59,7 @@ def test_a_run_logs_its_policy_scored_on_the_task(run):
     assert evaluate_run(directory, episodes=EPISODES)["mean_true_return"] > 20  # `rlhf-jax eval` scores the task too
 
 
+@pytest.mark.slow
 def test_a_sweep_scores_each_member_on_the_task(tmp_path):
     """Every member on the same episodes of the task (the base config's seed draws them)."""
     directory = tmp_path / "sweep"

@@ -162,6 +162,7 @@ def test_runs_a_sweep_cannot_vmap_are_refused():
 
 
 # ------------------------------------------------------------- one program
+@pytest.mark.slow
 def test_table_and_plot_summarise_every_member(local_sweep):
     with (local_sweep / "members.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -177,6 +178,7 @@ def test_table_and_plot_summarise_every_member(local_sweep):
     assert "| a2c.learning_rate=0.001 | 2 |" in (local_sweep / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_each_member_is_the_run_rlhf_jax_train_makes(local_sweep, tmp_path):
     """Member 3 (learning rate 0.001, seed 1) against that run trained alone."""
     stacked = load_state(local_sweep / "group0" / "checkpoints")
@@ -192,6 +194,7 @@ def test_each_member_is_the_run_rlhf_jax_train_makes(local_sweep, tmp_path):
     assert_same(member["params"], jax.device_get(alone.params), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_four_devices_and_two_processes_compute_the_same_runs(local_sweep, four_device_sweep, tmp_path):
     """The same sweep sharded over 4 CPU devices, then over 2 processes of 2 devices each
     (``jax.distributed`` on localhost): the same results as one device."""
@@ -214,6 +217,7 @@ def test_four_devices_and_two_processes_compute_the_same_runs(local_sweep, four_
 
 @pytest.mark.parametrize("uninterrupted, devices", [("local_sweep", None), ("four_device_sweep", 4)],
                          ids=["devices_of_this_process", "4_devices"])
+@pytest.mark.slow
 def test_a_sweep_killed_with_sigkill_resumes_to_the_same_end(uninterrupted, devices, request, tmp_path):
     """Killed after its first checkpoint and resumed, on the devices of the uninterrupted sweep
     it is compared with: bit for bit. (On another number of devices the programs are compiled
@@ -260,6 +264,7 @@ def test_members_sharing_one_pool_see_what_the_pool_of_all_their_environments_gi
         np.testing.assert_array_equal(mine, np.moveaxis(theirs.reshape(12, 2, 2, *theirs.shape[2:]), 1, 0))
 
 
+@pytest.mark.slow
 def test_an_atari_sweep_runs_its_members_on_one_shared_pool(tmp_path):
     overrides = ["env.num_envs=2", "a2c.total_env_steps=40", "run.chunk_env_steps=20", "run.tensorboard=false"]
     base = apply_overrides(read_yaml(ROOT / "configs" / "paper" / "atari" / "breakout_a2c.yaml"), overrides)
@@ -309,6 +314,7 @@ def test_members_csv_keeps_whole_numbers_whole_when_a_resume_rewrites_it(tmp_pat
     assert read["seed"] == 2**53 + 1 and isinstance(read["chunk"], int) and isinstance(read["episode_return"], float)
 
 
+@pytest.mark.slow
 def test_results_give_each_combinations_iqm_with_its_interval(tmp_path):
     directory = results_of(tmp_path, {"a": [10.0, 20.0, 30.0, 1000.0], "b": [5.0, 5.0, np.nan, 5.0, 5.0]})
     with (directory / "results.csv").open() as f:

@@ -44,6 +44,7 @@ def finished_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_a_run_directory_has_everything(finished_run):
     files = {p.name for p in finished_run.iterdir()}
     assert {"config.yaml", "metrics.csv", "checkpoints", "learning_curve.png"} <= files
@@ -76,6 +77,7 @@ def test_eval_shows_its_score_before_writing_and_a_failed_write_says_so(finished
     assert "the score above is not saved" in err
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_ends_with_the_same_parameters(finished_run, tmp_path):
     run_dir = tmp_path / "killed"
     process = subprocess.Popen(
@@ -133,6 +135,7 @@ def test_an_existing_run_is_not_overwritten(finished_run, capsys):
     assert "already holds a run" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_python_loop_runs_the_same_iterations_as_the_scan():
     # run.loop=python exists for CNNs on the CPU (jax-ml/jax#12868); it must change speed only.
     small = ["env.num_envs=4", "a2c.total_env_steps=320", "run.chunk_env_steps=160"]

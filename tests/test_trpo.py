@@ -349,6 +349,7 @@ def pendulum_run():
     return experiment.trpo, env, runner, jax.tree.map(np.asarray, metrics)
 
 
+@pytest.mark.slow
 def test_trpo_learns_pendulum(pendulum_run):
     config, env, runner, _ = pendulum_run
     eval_env = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=32))
@@ -369,6 +370,7 @@ def test_every_update_kept_the_kl_inside_the_trust_region(pendulum_run):
     assert np.all(metrics["surrogate_gain"][metrics["step_fraction"] > 0] > 0)
 
 
+@pytest.mark.slow
 def test_discrete_actions():
     env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=4))
     config = trpo.TRPOConfig(batch_size=64, total_env_steps=64, policy_hidden=(8,), value_hidden=(8,), value_minibatches=2)
@@ -382,6 +384,7 @@ def test_discrete_actions():
     assert not np.allclose(before, after)
 
 
+@pytest.mark.slow
 def test_vmap_over_seeds_equals_separate_runs():
     env = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=4))
     config = trpo.TRPOConfig(batch_size=32, total_env_steps=3 * 32, policy_hidden=(8,), value_hidden=(8,),
@@ -399,6 +402,7 @@ def test_vmap_over_seeds_equals_separate_runs():
     assert not np.allclose(first[0], first[1])  # different seeds really are different runs
 
 
+@pytest.mark.slow
 def test_value_targets_are_standardised_by_the_batch_returns():
     """``normalize_value_targets``: an iteration sets V's output scale to the mean and std of its
     lambda-returns (worked out here in NumPy from the same rollout), and V then predicts in the
@@ -452,6 +456,7 @@ class TwinSteps(Environment):
         return inner, self._timestep(inner, -jnp.sum(action**2, axis=-1))
 
 
+@pytest.mark.slow
 def test_the_fisher_is_estimated_from_every_kth_time_step_of_every_copy():
     """``fisher_subsample=k``: the Fisher-vector products average over every k-th time step of
     every copy. Where each observation is held for two steps, every 2nd step sees each one once,
@@ -488,6 +493,7 @@ def test_bad_config_values():
         trpo.make_iteration(trpo.TRPOConfig(batch_size=4, value_minibatches=8), env, lambda p, o, a, ts: ts.reward)
 
 
+@pytest.mark.slow
 def test_the_training_command_runs_trpo(tmp_path):
     from rlhf_jax.cli import main
 
@@ -501,6 +507,7 @@ def test_the_training_command_runs_trpo(tmp_path):
     assert main(["eval", str(run_dir), "--episodes", "4"]) == 0
 
 
+@pytest.mark.slow
 def test_the_networks_read_observations_standardised_by_every_one_seen():
     """``normalize_observations``: an iteration adds its batch's observations to the runner's
     moments (their NumPy mean and variance after one), and the policy acts on the observations

@@ -119,6 +119,7 @@ def trained(offline, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_a_run_logs_its_metrics_config_and_curve(trained):
     (runs,) = logged_runs(trained).values()
     (logged,) = runs
@@ -190,6 +191,7 @@ def test_a_people_runs_label_counts_go_to_its_summary(offline, tmp_path):
 
 
 # ---------------------------------------------------------------------- a sweep
+@pytest.mark.slow
 def test_a_sweep_logs_one_run_per_member_grouped_under_the_sweep(offline, tmp_path):
     directory = tmp_path / "lr-sweep"
     base = apply_overrides(read_yaml(CONFIG), [*SMALL, "a2c.total_env_steps=512", "run.chunk_env_steps=256"])
