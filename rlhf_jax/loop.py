@@ -25,7 +25,7 @@ The host driver (:mod:`rlhf_jax.trainer`) calls these same functions between chu
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +48,14 @@ class LoopState(NamedTuple):
     @property
     def env_steps(self):
         return self.runner.env_steps
+
+
+class TrainFunctions(NamedTuple):
+    """:meth:`Loop.make_train`'s two pure functions: the whole run from a key, and the run from
+    an initialised state."""
+
+    whole: Callable  # (key, given=HeadStart()) -> (LoopState, iteration metrics, chunk metrics)
+    from_state: Callable  # (LoopState) -> the same
 
 
 class Loop:
@@ -196,16 +204,17 @@ class Loop:
         """A fresh run with the synthetic labeler: :meth:`start`, then :meth:`pretrain`."""
         return self.pretrain(self.start(key, given))[0]
 
-    def make_train(self):
-        """The whole run with the synthetic labeler as one pure function, for ``jit`` and ``vmap``:
+    def make_train(self) -> "TrainFunctions":
+        """The whole run with the synthetic labeler as pure functions, for ``jit`` and ``vmap``:
 
-            train(key, given=HeadStart()) -> (LoopState, metrics of every iteration, metrics of every chunk)
+            whole(key, given=HeadStart()) -> (LoopState, metrics of every iteration, metrics of every chunk)
+            from_state(state) -> the same, from the state :meth:`init` returns
 
         Chunk for chunk the computation ``rlhf-jax train`` drives from the host, so
-        ``jax.vmap(train)`` runs several seeds as one program. ``train.from_state(state)``
-        is the run after :meth:`init`: on a CPU with few cores, initialise seeds one at a
-        time and vmap only this, because vmapped orthogonal initialisers run batched LAPACK
-        QR kernels that can wait on each other for good (seen on 2 cores with jax 0.10.2).
+        ``jax.vmap(whole)`` runs several seeds as one program. On a CPU with few cores,
+        initialise seeds one at a time and vmap only ``from_state``, because vmapped orthogonal
+        initialisers run batched LAPACK QR kernels that can wait on each other for good (seen on
+        2 cores with jax 0.10.2).
         """
         full = self.total_iterations // self.chunk_iterations  # whole chunks; then a shorter one, if any
         rest = self.total_iterations - full * self.chunk_iterations
@@ -221,8 +230,7 @@ class Loop:
                 learned = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), learned, last_learned)
             return state, metrics, learned
 
-        def train(key, given: HeadStart = HeadStart()):
+        def whole(key, given: HeadStart = HeadStart()):
             return train_from(self.init(key, given))
 
-        train.from_state = train_from
-        return train
+        return TrainFunctions(whole, train_from)

@@ -176,7 +176,7 @@ def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner, sm
     loop = training.rlhf
     assert training.num_chunks == loop.num_chunks == 6 and training.chunk_length(5) == 2
     key = jax.random.PRNGKey(3)
-    whole, metrics, learned = jax.jit(loop.make_train())(key)
+    whole, metrics, learned = jax.jit(loop.make_train().whole)(key)
     state = training.init_runner(key)
     for chunk in range(training.num_chunks):
         state, _ = training.run_chunk(state, chunk)
