@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_values, make_rollout,
-                                  make_train as assemble, rollout_rewards)
+from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_values, iterations_counter,
+                                  make_rollout, make_train as assemble, rollout_rewards)
 from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_decay_horizon, check_fields, decay_horizon, in_range,
                                   in_state, non_negative, positive)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
@@ -101,9 +101,7 @@ def env_steps_per_iteration(config: A2CConfig, env: Environment) -> int:
     return config.num_steps * env.num_envs
 
 
-def num_iterations(config: A2CConfig, env: Environment) -> int:
-    """Iterations in ``total_env_steps`` (at least one)."""
-    return max(1, config.total_env_steps // env_steps_per_iteration(config, env))
+num_iterations = iterations_counter(env_steps_per_iteration)
 
 
 def make_optimizer(config: A2CConfig, env: Environment) -> optax.GradientTransformation:

@@ -70,8 +70,8 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops, replay
-from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, make_train as assemble,
-                                  rollout_rewards)
+from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, iterations_counter,
+                                  make_train as assemble, rollout_rewards)
 from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_decay_horizon, check_fields, decay_horizon, in_range,
                                   non_negative, positive)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
@@ -235,8 +235,7 @@ def env_steps_per_iteration(config: ACERConfig, env: Environment) -> int:
     return config.num_steps * env.num_envs
 
 
-def num_iterations(config: ACERConfig, env: Environment) -> int:
-    return max(1, config.total_env_steps // env_steps_per_iteration(config, env))
+num_iterations = iterations_counter(env_steps_per_iteration)
 
 
 def memory_slots(config: ACERConfig, env: Environment) -> int:

@@ -147,6 +147,16 @@ def episode_metrics(info: dict) -> dict:
     }
 
 
+def iterations_counter(env_steps_per_iteration):
+    """An agent module's ``num_iterations(config, env)`` from its ``env_steps_per_iteration``:
+    the whole iterations in ``config.total_env_steps``, at least one."""
+
+    def num_iterations(config, env) -> int:
+        return max(1, config.total_env_steps // env_steps_per_iteration(config, env))
+
+    return num_iterations
+
+
 def make_train(init_runner, make_iteration, num_iterations):
     """Assemble an agent module's ``make_train`` from its three parts (see the module docstring)."""
 

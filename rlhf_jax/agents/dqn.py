@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops, replay
-from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, make_train as assemble
+from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, iterations_counter, make_train as assemble
 from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import Discrete, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
@@ -132,8 +132,7 @@ def env_steps_per_iteration(config: DQNConfig, env: Environment) -> int:
     return vector_steps * env.num_envs
 
 
-def num_iterations(config: DQNConfig, env: Environment) -> int:
-    return max(1, config.total_env_steps // env_steps_per_iteration(config, env))
+num_iterations = iterations_counter(env_steps_per_iteration)
 
 
 def make_optimizer(config: DQNConfig) -> optax.GradientTransformation:

@@ -43,8 +43,8 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_values, make_rollout as base_rollout,
-                                  make_train as assemble, rollout_rewards)
+from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_values, iterations_counter,
+                                  make_rollout as base_rollout, make_train as assemble, rollout_rewards)
 from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
@@ -176,8 +176,7 @@ def env_steps_per_iteration(config: TRPOConfig, env: Environment) -> int:
     return steps_per_env(config, env) * env.num_envs
 
 
-def num_iterations(config: TRPOConfig, env: Environment) -> int:
-    return max(1, config.total_env_steps // env_steps_per_iteration(config, env))
+num_iterations = iterations_counter(env_steps_per_iteration)
 
 
 def make_value_optimizer(config: TRPOConfig) -> optax.GradientTransformation:
