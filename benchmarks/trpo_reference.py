@@ -32,14 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.common import RESULTS, cpu_host
-from experiments.reproduce import PAPER, final_return, git_commit, load_ledger, save_json
+from experiments.reproduce import PAPER, final_return, git_commit, load_ledger, run_or_resume_sweep, save_json
 
 POINTS = 25
 TARGET = 0.9
@@ -74,7 +74,7 @@ def variant_name(overrides: list[str]) -> str:
     return " ".join(overrides) or "as configured"
 
 
-def our_config(task: str, steps: int, seeds: int, overrides: list[str]):
+def our_config(task: str, steps: int, overrides: list[str]):
     from rlhf_jax.config import ExperimentConfig, load_config
 
     chunk = steps // POINTS
@@ -88,17 +88,14 @@ def run_ours(task: str, steps: int, seeds: int, overrides: list[str]) -> list[di
     import hashlib
 
     from rlhf_jax.config import to_dict
-    from rlhf_jax.sweep import SWEEP_FILE, Sweep
+    from rlhf_jax.sweep import Sweep
 
-    config, keys = our_config(task, steps, seeds, overrides)
+    config, keys = our_config(task, steps, overrides)
     base = to_dict(config)
     tag = hashlib.sha1(json.dumps(base, sort_keys=True).encode()).hexdigest()[:10]
     directory = RUNS / "ours" / f"{task}-{tag}"
     start = time.perf_counter()
-    if (directory / SWEEP_FILE).exists():
-        Sweep.load(directory).run()
-    else:
-        Sweep.create(directory, base, {}, seeds).run()
+    run_or_resume_sweep(directory, base, seeds)
     seconds = time.perf_counter() - start
     rows = Sweep.load(directory).rows()
     records = []
@@ -126,6 +123,7 @@ def zoo_settings(task: str) -> dict:
 
 
 def run_reference(task: str, steps: int, seed: int) -> dict:
+    import sb3_contrib
     import torch
     from sb3_contrib import TRPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -154,7 +152,6 @@ def run_reference(task: str, steps: int, seed: int) -> dict:
     model = TRPO(policy, env, seed=seed, device="cpu", verbose=0, **settings)
     model.learn(total_timesteps=steps, callback=EpisodeEnds())
     curve = binned_returns(ends, steps)
-    import sb3_contrib
     return {"side": "reference", "task": task, "seed": seed, "episode_return": curve,
             "final_return": final_return(curve), "settings": {"normalize": normalize, "n_envs": n_envs,
                                                              "policy": policy, **settings},
@@ -222,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown task {unknown[0]!r}; the tasks are {', '.join(TASKS)}")
     path = ledger_path(args.side)
     provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
-                  "command": "python -m benchmarks.trpo_reference " + " ".join(argv or os.sys.argv[1:])}
+                  "command": "python -m benchmarks.trpo_reference " + " ".join(argv or sys.argv[1:])}
     if args.side == "reference":
         # seed by seed across the tasks, so that every task has a first comparison early
         for seed in range(args.seeds):

@@ -37,15 +37,15 @@ import numpy as np
 from benchmarks.common import cpu_host, enable_compilation_cache
 from experiments.protocol import (Registration, RegisteredCell, RegistrationError, cell_config, check_fingerprint,
                                   decide, fingerprint, gain_ratio_estimate, load, save, seed_keys)
-from experiments.reproduce import (FIGURES, MUJOCO_TASKS, ROOT, Kind, budget_line, cpu_overrides, curve_of,
-                                   final_return, git_commit, load_ledger, pinned_segment_length, plot, save_json,
-                                   shown, slug, summary)
+from experiments.common import RESULTS
+from experiments.reproduce import (FIGURES, MUJOCO_TASKS, ROOT, Kind, budget_line, budget_of, cpu_overrides,
+                                   curve_of, final_return, git_commit, load_ledger, pinned_segment_length, plot,
+                                   run_or_resume_sweep, run_timed, save_json, shown, slug, summary)
 from rlhf_jax.config import ExperimentConfig, build, to_dict
 from rlhf_jax.errors import ConfigError, Interrupted
 
 HERE = Path(__file__).resolve().parent
 REGISTRATIONS = HERE / "registrations"
-RESULTS = HERE / "results"
 RUNS = ROOT / "runs" / "confirm"
 NUM_ENVS = 5  # copies per seed: TRPO's batch of 5,000 env steps is 1,000 steps of each
 CHUNK_ENV_STEPS = 40_000  # one point of a curve, at every budget
@@ -143,15 +143,6 @@ def run_directory(registration: Registration, cell: RegisteredCell) -> Path:
     return RUNS / registration.name / cell.task / f"{slug(cell.line)}-{cell.fingerprint}"
 
 
-def default_sweep(directory: Path, base: dict, seeds: int) -> None:
-    from rlhf_jax.sweep import SWEEP_FILE, Sweep
-
-    if (directory / SWEEP_FILE).exists():
-        Sweep.load(directory).run()
-    else:
-        Sweep.create(directory, base, {}, seeds).run()
-
-
 def finished_sweep(directory: Path) -> tuple[ExperimentConfig, list[dict]]:
     """A finished sweep's own config (what it ran on, from its ``sweep.yaml``) and its rows."""
     from rlhf_jax.sweep import Sweep
@@ -189,10 +180,8 @@ def is_recorded(ledger: dict, cell: RegisteredCell) -> bool:
 
 
 def run(registration: Registration, ledger_path: Path, cells: list[str] | None = None,
-        run_sweep: Callable = default_sweep, after_cell: Callable | None = None, provenance: dict | None = None) -> dict:
+        run_sweep: Callable = run_or_resume_sweep, after_cell: Callable | None = None, provenance: dict | None = None) -> dict:
     """Run every registered cell (or those ``cells`` names) the ledger lacks, and record each."""
-    from experiments.reproduce import run_timed
-
     chosen = [c for c in registration.cells if cells is None or c.key in cells]
     unknown = sorted(set(cells or ()) - {c.key for c in registration.cells})
     if unknown:
@@ -228,7 +217,7 @@ def report(registration: Registration, ledger: dict) -> dict:
                                and r["fingerprint"] == registered[f"{r['task']}/{r['line']}"].fingerprint}}
     tasks = list(dict.fromkeys(c.task for c in registration.cells))
     result = summary(ours, tasks)
-    budgets = sorted({c.line for c in registration.cells if c.kind == Kind.LABELS.value}, key=lambda l: int(l.split()[0]))
+    budgets = sorted({c.line for c in registration.cells if c.kind == Kind.LABELS.value}, key=budget_of)
     ratios: dict[str, dict] = {line: {} for line in budgets}
     for task, lines in result.items():
         rl = lines.get(RL_LINE)

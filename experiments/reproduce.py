@@ -761,6 +761,18 @@ def sweep_records(cell: Cell, config: ExperimentConfig, directory: Path, seconds
     return records
 
 
+def run_or_resume_sweep(directory: Path, base: dict, seeds: int) -> None:
+    """The sweep of ``seeds`` seeds on ``base`` in ``directory``, or, begun before there, the same
+    sweep from its newest checkpoint. A cell's directory is named by its config's fingerprint, so
+    what is there is this config's sweep."""
+    from rlhf_jax.sweep import SWEEP_FILE, Sweep
+
+    if (directory / SWEEP_FILE).exists():
+        Sweep.load(directory).run()
+    else:
+        Sweep.create(directory, base, {}, seeds).run()
+
+
 def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path, seeds: int,
                   after_cell: Callable | None = None, run_sweep: Callable | None = None,
                   provenance: dict | None = None) -> dict:
@@ -770,15 +782,7 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
     ``run_sweep(directory, base, seeds)`` is the sweep unless given (the tests give a stand-in);
     ``after_cell(ledger)`` runs after each cell is recorded; ``provenance`` (the command, the
     commit this process runs and the processor, :func:`provenance_of`) goes into each record."""
-    from rlhf_jax.sweep import SWEEP_FILE, Sweep
-
-    def sweep(directory: Path, base: dict, seeds: int) -> None:
-        if (directory / SWEEP_FILE).exists():
-            Sweep.load(directory).run()
-        else:
-            Sweep.create(directory, base, {}, seeds).run()
-
-    run_sweep = run_sweep or sweep
+    run_sweep = run_sweep or run_or_resume_sweep
     ledger, shared = with_identical_runs(load_ledger(ledger_path), cells, seeds)
     if shared:
         print(f"already run under another line, with the same config: {', '.join(shared)}", flush=True)
