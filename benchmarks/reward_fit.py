@@ -53,9 +53,9 @@ import numpy as np
 from benchmarks.common import (Headline, Side, Target, enable_compilation_cache, parse_parts, side_by_side,
                                steps_per_second, write_result)
 from rlhf_jax.envs.core import Discrete, EnvSpec
-from rlhf_jax.networks import reward_network_for
 from rlhf_jax.reward import ensemble
 from rlhf_jax.reward.data import Labels, empty_labels
+from rlhf_jax.reward.networks import reward_network_for
 
 SEGMENT = 25
 CARTPOLE = EnvSpec(id="gymnax/CartPole-v1", backend="gymnax", num_envs=1, observation_shape=(4,),
@@ -172,7 +172,7 @@ def _rounded(value):
 def torch_cnn_twin(config: ensemble.RewardModelConfig, capacity: int) -> Side | str:
     """A PyTorch twin of our Atari reward-CNN fit step, or why there is none (torch missing).
 
-    The same maths as :func:`rlhf_jax.reward.ensemble.fit` with :class:`rlhf_jax.networks.RewardCNN`:
+    The same maths as :func:`rlhf_jax.reward.ensemble.fit` with :class:`rlhf_jax.reward.networks.RewardCNN`:
     per member, its own ``batch_size`` rows drawn with replacement, both 25-step segments of
     each pair through 4 convolutions (no bias) each with batch norm, leaky ReLU and dropout,
     then 64 leaky-ReLU units and one output; the returns' Bradley-Terry loss with the 10%

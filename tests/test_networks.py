@@ -1,4 +1,5 @@
-"""Output shapes, input dtypes and parameter counts of rlhf_jax.networks."""
+"""Output shapes, input dtypes and parameter counts of rlhf_jax.networks, and the reward
+networks' Dropout (rlhf_jax.reward.networks)."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -7,7 +8,6 @@ import pytest
 
 from rlhf_jax.networks import (
     A3CCNN,
-    Dropout,
     GaussianPolicyValueHead,
     MLPTorso,
     NatureCNN,
@@ -16,6 +16,7 @@ from rlhf_jax.networks import (
     apply_time_major,
     torso_for,
 )
+from rlhf_jax.reward.networks import Dropout
 
 KEY = jax.random.key(0)
 

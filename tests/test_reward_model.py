@@ -10,10 +10,10 @@ import pytest
 
 from rlhf_jax.envs.core import Box, Discrete, EnvSpec
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.networks import RewardCNN, RewardMLP, reward_network_for
 from rlhf_jax.reward import ensemble
 from rlhf_jax.reward.data import empty_labels
 from rlhf_jax.reward.ensemble import RewardModelConfig
+from rlhf_jax.reward.networks import RewardCNN, RewardMLP, reward_network_for
 from rlhf_jax.reward.preference import preference_loss, preference_probability, target_loss
 
 # A toy task: observations in R^2, 2 actions, true reward obs[0].

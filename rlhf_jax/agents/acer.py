@@ -76,7 +76,7 @@ from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_decay_horizon, che
                                   non_negative, positive)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.networks import apply_time_major, torso_for
+from rlhf_jax.networks import apply_time_major, orthogonal_dense, torso_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +122,6 @@ class ACERConfig:
 # --------------------------------------------------------------------------- networks
 
 
-def _dense(features: int, gain: float) -> nn.Dense:
-    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(gain))
-
-
 class DiscreteActorCritic(nn.Module):
     """A shared torso with two heads (the paper's Atari network): policy logits and Q-values.
     ``obs [..., *obs_shape] -> (logits [..., A], q [..., A])``."""
@@ -137,7 +133,7 @@ class DiscreteActorCritic(nn.Module):
     def __call__(self, obs):
         n = self.spec.action_space.n
         features = torso_for(self.spec.observation_shape, kind=self.config.network, hidden=self.config.mlp_hidden)(obs)
-        return _dense(n, 0.01)(features), _dense(n, 1.0)(features)
+        return orthogonal_dense(n, 0.01)(features), orthogonal_dense(n, 1.0)(features)
 
 
 class GaussianActorCritic(nn.Module):
@@ -154,12 +150,12 @@ class GaussianActorCritic(nn.Module):
         dim = self.spec.action_space.shape[0]
         torso = lambda: torso_for(self.spec.observation_shape, kind=self.config.network, hidden=self.config.mlp_hidden)
         self.policy_torso = torso()
-        self.mean_head = _dense(dim, 0.01)
+        self.mean_head = orthogonal_dense(dim, 0.01)
         self.log_std = self.param("log_std", nn.initializers.constant(self.config.log_std_init), (dim,))
         self.critic_torso = torso()
-        self.value_head = _dense(1, 1.0)
-        self.advantage_hidden = _dense(self.config.mlp_hidden[-1], math.sqrt(2.0))
-        self.advantage_head = _dense(1, 1.0)
+        self.value_head = orthogonal_dense(1, 1.0)
+        self.advantage_hidden = orthogonal_dense(self.config.mlp_hidden[-1], math.sqrt(2.0))
+        self.advantage_head = orthogonal_dense(1, 1.0)
 
     def policy(self, obs):
         mean = self.mean_head(self.policy_torso(obs))

@@ -13,7 +13,7 @@ its forward pass. :func:`conv` keeps XLA's forward pass and computes
   alike, and the strided convolution becomes a stride-1 one, whose input gradient is an
   ordinary convolution.
 
-Off CPU both gradients are XLA's own. Only what :class:`rlhf_jax.networks.RewardCNN`
+Off CPU both gradients are XLA's own. Only what :class:`rlhf_jax.reward.networks.RewardCNN`
 uses is supported: ``VALID`` padding, NHWC inputs, HWIO kernels, no dilation, no groups.
 """
 from __future__ import annotations

@@ -41,9 +41,10 @@ import optax
 from rlhf_jax.config_base import MAX_LAYER, check_fields, check_path_field, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import EnvSpec, clip_action
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.networks import RewardCNN, input_statistics, is_atari_frames, reward_network_for
+from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.ops.schedules import learning_rate_in_state
 from rlhf_jax.reward.data import Labels, action_shape_dtype
+from rlhf_jax.reward.networks import RewardCNN, input_statistics, reward_network_for
 from rlhf_jax.reward.preference import preference_loss, target_loss
 
 STD_FLOOR = 1e-6  # a member that outputs a constant would otherwise divide by zero

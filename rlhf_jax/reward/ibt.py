@@ -50,9 +50,10 @@ from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_fields, check_path
                                   non_negative, positive)
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.networks import _dense, _leaky_relu, input_statistics, is_atari_frames, torso_for
+from rlhf_jax.networks import is_atari_frames, orthogonal_dense, torso_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
 from rlhf_jax.reward.annotators import AnnotatorConfig
+from rlhf_jax.reward.networks import input_statistics
 
 # ----------------------------------------------------------------------- the loss
 
@@ -154,7 +155,7 @@ class _FrameFeatures(nn.Module):
         else:
             x = x.astype(jnp.float32).reshape(x.shape[0], -1)
             for features in self.hidden:
-                x = _leaky_relu(_dense(features, math.sqrt(2.0))(x), self.slope)
+                x = nn.leaky_relu(orthogonal_dense(features, math.sqrt(2.0))(x), negative_slope=self.slope)
         return x.reshape((*leading, x.shape[-1]))
 
 
@@ -171,7 +172,7 @@ class UtilityMLP(nn.Module):
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         x = _FrameFeatures(self.observation_shape, self.hidden, self.slope)(obs)
-        return _dense(1, 1.0)(x)[..., 0]
+        return orthogonal_dense(1, 1.0)(x)[..., 0]
 
 
 class UtilityLSTM(nn.Module):
@@ -189,7 +190,7 @@ class UtilityLSTM(nn.Module):
     def __call__(self, obs: jax.Array) -> jax.Array:
         x = _FrameFeatures(self.observation_shape, self.hidden, self.slope)(obs)
         x = nn.RNN(nn.OptimizedLSTMCell(self.lstm_size))(x)
-        return _dense(1, 1.0)(x)[..., 0]
+        return orthogonal_dense(1, 1.0)(x)[..., 0]
 
 
 # Classes of the annotation models: index 0 none, 1 progress, 2 regress.
@@ -220,7 +221,7 @@ class AnnotationLSTM(nn.Module):
     def setup(self):
         self.features = _FrameFeatures(self.observation_shape, self.hidden, self.slope)
         self.cell = nn.OptimizedLSTMCell(self.lstm_size)
-        self.head = _dense(3, 1.0)
+        self.head = orthogonal_dense(3, 1.0)
 
     def __call__(self, obs, previous_class):
         x = jnp.concatenate([self.features(obs), jax.nn.one_hot(previous_class, 3)], axis=-1)
