@@ -18,6 +18,12 @@ def linear_schedule(start: float, end: float, steps: int) -> Callable[[chex.Nume
     frames and fixed at 0.1 thereafter (Mnih et al. 2015, Methods):
     ``epsilon = linear_schedule(1.0, 0.1, 1_000_000)``.
 
+    Why not ``optax.linear_schedule``: it computes ``(start - end) (1 - n / steps) + end``,
+    which differs from this in the last bit of float32 on most steps (on 1.0 -> 0.1 over a
+    million steps, at 17,325 of 25,083 step counts compared, int32 or float32 alike), so
+    switching would change every run's exploration and ACER's learning rate, and runs
+    recorded before would no longer replay bit for bit.
+
     Args:
       start: the value at step 0.
       end: the value from ``steps`` on.
