@@ -9,7 +9,8 @@ sweep's members, vmapped on that device, share about one core. ``rlhf-jax sweep`
 members over every device (:mod:`rlhf_jax.sweep`), and
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` makes a CPU N devices.
 
-For each config, every round runs ``rlhf-jax sweep configs/<config>.yaml --seeds S`` as a
+For each config, every round runs ``rlhf-jax sweep configs/<config>.yaml --seeds S`` (for
+``rlhf_cartpole``, ``rlhf-jax sweep --seeds S``: the built-in default experiment) as a
 process of its own twice, in turn: on one device, then on one device per core this process
 may use (``os.sched_getaffinity``). The figure of a run is the median, over its chunks after
 each group's first (which compiles), of ``steps_per_second`` in its ``members.csv``: the whole
@@ -38,13 +39,20 @@ from benchmarks.common import Headline, Spread, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("trpo_pendulum", "a2c_cartpole", "rlhf_cartpole")
+DEFAULT = "rlhf_cartpole"  # the built-in default experiment: a sweep given no config file runs it
+
+
+def config_words(config: str) -> list[str]:
+    """How ``rlhf-jax sweep`` is told ``config``: ``configs/<config>.yaml``, or nothing for the
+    built-in default (its one copy is package data, ``rlhf_jax/configs/default.yaml``)."""
+    return [] if config == DEFAULT else [f"configs/{config}.yaml"]
 
 
 def sweep_steps_per_s(config: str, seeds: int, devices: int, overrides: list[str], directory: Path) -> float:
     """Env steps per second of ``rlhf-jax sweep`` on ``devices`` CPU devices, its first chunk left out."""
     flags = os.environ.get("XLA_FLAGS", "")
     env = {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={devices}".strip()}
-    command = [sys.executable, "-m", "rlhf_jax.cli", "sweep", str(ROOT / "configs" / f"{config}.yaml"),
+    command = [sys.executable, "-m", "rlhf_jax.cli", "sweep", *(str(ROOT / word) for word in config_words(config)),
                "--seeds", str(seeds), "--dir", str(directory), *overrides]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -93,7 +101,7 @@ def measure(config: str, seeds: int, rounds: int, overrides: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="TRPO on Pendulum alone, one round, 256k env steps a seed")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of configs/: {', '.join(CONFIGS)}")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated: {', '.join(CONFIGS)}")
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
@@ -108,7 +116,8 @@ def main() -> None:
 
 def headline(result: dict) -> list[Headline]:
     """One row per config: the sweep's env steps/s on one device per core over one device."""
-    return [Headline(f"rlhf-jax sweep configs/{config}.yaml --seeds {r['seeds']}: env steps/s on one CPU device "
+    return [Headline(f"{' '.join(['rlhf-jax sweep', *config_words(config)])} --seeds {r['seeds']}"
+                     f"{' (the built-in default)' if config == DEFAULT else ''}: env steps/s on one CPU device "
                      f"per core ({r['cores']}) over one device, alternated", r["device_per_core_steps_per_s"],
                      r["one_device_steps_per_s"], r["device_per_core_over_one"])
             for config, r in result["configs"].items()]

@@ -67,7 +67,7 @@ and the final return, the mean of the last tenth of each seed's curve) and the l
 
 **--quick** (figure 5: 7.4 min measured on 2 CPU cores shared with other work, 4.7 min of
 CPU time; compiling each config takes a good part of it): CartPole from
-gymnax with the default experiment's A2C (``configs/rlhf_cartpole.yaml``; RL is
+gymnax with the default experiment's A2C (``rlhf_jax/configs/default.yaml``; RL is
 ``configs/a2c_cartpole.yaml``), 153,600 env steps, one seed; figures 2 and 3 with 50 and
 200 labels, figures 5 and 6 with 200 labels and the three ablations that hurt most on
 CartPole (no online queries, no segments, target: see the README's ``labels_vs_return``;
@@ -104,7 +104,7 @@ import numpy as np
 
 from benchmarks.common import cpu_host, cpu_overrides, enable_compilation_cache
 from experiments.common import RESULTS, write_result
-from rlhf_jax.config import ExperimentConfig, flat_keys, load_config, to_dict
+from rlhf_jax.config import DEFAULT_EXPERIMENT_FILE, ExperimentConfig, flat_keys, load_config, to_dict
 from rlhf_jax.config_base import read_yaml
 from rlhf_jax.envs import make
 from rlhf_jax.reward.config import resolve
@@ -231,7 +231,7 @@ MUJOCO_TASKS = {slug: _mujoco(slug, title, unhealthy) for slug, title, unhealthy
     ("invertedpendulum", "InvertedPendulum", True), ("inverteddoublependulum", "InvertedDoublePendulum", True)]}
 
 
-QUICK_TASKS = {"cartpole": Task("CartPole (gymnax)", CONFIGS / "rlhf_cartpole.yaml",
+QUICK_TASKS = {"cartpole": Task("CartPole (gymnax)", Path(DEFAULT_EXPERIMENT_FILE),
                                 (Baseline("a2c", CONFIGS / "a2c_cartpole.yaml"),))}
 
 

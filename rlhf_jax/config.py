@@ -12,6 +12,7 @@ every section's dataclass into :class:`ExperimentConfig`, and so imports every a
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 from typing import Literal
 
 from rlhf_jax.agents.a2c import A2CConfig
@@ -21,7 +22,7 @@ from rlhf_jax.agents.trpo import TRPOConfig
 # The generic machinery lives in the jax-free config_base; imported here too, for callers of this module.
 from rlhf_jax.config_base import apply_overrides, build, flat_keys, load_config, read_yaml, to_dict  # noqa: F401
 from rlhf_jax.config_base import (INT32_MAX, NAME_MAX, byte_length, check_fields, check_path_field, non_negative,
-                                  positive)
+                                  parse_mapping, positive)
 from rlhf_jax.envs.options import MAX_ENVS, EnvConfig
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.config import PeopleConfig
@@ -140,18 +141,9 @@ def without_local_files(data: dict) -> dict:
     return data
 
 
-# What `rlhf-jax train` runs when given no config file (configs/rlhf_cartpole.yaml says the
-# same): A2C on CartPole learning from 500 synthetic preferences, a few minutes on 2 cores.
-DEFAULT_EXPERIMENT = {
-    "name": "rlhf-cartpole",
-    "agent": "a2c",
-    "reward": "preferences",
-    "env": {"id": "gymnax/CartPole-v1", "num_envs": 32, "hide_episode_end": True, "hidden_end": "reset"},
-    # 20 chunks; the paper's entropy bonus, the default; the rate decays over 1.6 times the run,
-    # as the paper's does (configs/rlhf_cartpole.yaml says why, for these and the scale below).
-    "a2c": {"total_env_steps": 1_024_000, "num_steps": 8, "learning_rate": 0.003, "lr_decay_env_steps": 1_638_400},
-    # Twice the paper's A2C reward scale (its Atari std 0.05): at std 1 A2C's values grow too large.
-    "reward_model": {"normalized_std": 0.1},
-    "preferences": {"labels": 500, "fit_pairs_per_env_step": 0.1},
-    "run": {"chunk_env_steps": 51_200},
-}
+# What `rlhf-jax train` and `rlhf-jax sweep` run when given no config file: A2C on CartPole
+# learning from 500 synthetic preferences, a few minutes on 2 cores. Its one copy is package
+# data (pyproject's package-data ships it in the wheel), whose comments say why each value is
+# what it is; DEFAULT_EXPERIMENT is that file's mapping, as a config file's would be.
+DEFAULT_EXPERIMENT_FILE = importlib.resources.files("rlhf_jax") / "configs" / "default.yaml"
+DEFAULT_EXPERIMENT = parse_mapping(DEFAULT_EXPERIMENT_FILE.read_text(encoding="utf-8"), "rlhf_jax/configs/default.yaml")

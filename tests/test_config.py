@@ -81,13 +81,25 @@ def test_every_shipped_config_loads():
         load_config(ExperimentConfig, path)
 
 
-def test_the_built_in_default_is_the_shipped_cartpole_config():
+def test_the_built_in_default_is_the_package_data_file_and_a_wheel_ships_it():
+    """DEFAULT_EXPERIMENT is read from its one copy, rlhf_jax/configs/default.yaml, and is the
+    documented run (A2C on CartPole from 500 preferences); pyproject's package-data covers the
+    file, so a non-editable install has it too (a wheel built without that line lacks it)."""
+    import fnmatch
+    import tomllib
     from pathlib import Path
 
-    from rlhf_jax.config import DEFAULT_EXPERIMENT, read_yaml
+    from rlhf_jax.config import DEFAULT_EXPERIMENT, DEFAULT_EXPERIMENT_FILE, read_yaml
 
-    shipped = read_yaml(Path(__file__).resolve().parent.parent / "configs" / "rlhf_cartpole.yaml")
-    assert build(ExperimentConfig, shipped) == build(ExperimentConfig, DEFAULT_EXPERIMENT)
+    package = Path(__file__).resolve().parent.parent / "rlhf_jax"
+    assert Path(DEFAULT_EXPERIMENT_FILE) == package / "configs" / "default.yaml"
+    assert DEFAULT_EXPERIMENT == read_yaml(DEFAULT_EXPERIMENT_FILE)
+    config = build(ExperimentConfig, DEFAULT_EXPERIMENT)
+    assert (config.agent, config.reward, config.env.id, config.preferences.labels) == (
+        "a2c", "preferences", "gymnax/CartPole-v1", 500)
+    pyproject = tomllib.loads((package.parent / "pyproject.toml").read_text())
+    shipped = pyproject["tool"]["setuptools"]["package-data"].get("rlhf_jax", [])
+    assert any(fnmatch.fnmatch("configs/default.yaml", pattern) for pattern in shipped), shipped
 
 
 def test_in_state_marks_are_read_by_dotted_key():
