@@ -119,6 +119,15 @@ class LabelledPairs(NamedTuple):
     oracle_return: jax.Array  # [P, 2] float32, NaN where the dataset does not know it
 
 
+class MarkedClips(NamedTuple):
+    """Clips with their IBT marks, without the dataset around them: what a label dataset gives
+    an IBT run to start from (``ibt.marks_from``; :func:`rlhf_jax.reward.ibt_learner.append`
+    stores them in the annotated clips D)."""
+
+    obs: jax.Array  # [N, T, *obs_shape]
+    marks: jax.Array  # [N, T] int32 in {-1, 0, +1}
+
+
 def pair_frames(obs: jax.Array, stack: int, history: int) -> tuple[jax.Array, jax.Array]:
     """``(frames, restart)`` as ``Labels`` stores pairs of segments ``obs [P, 2, k, *observation_shape]``
     (:func:`segment_frames` of each, cut to ``history`` frames before each segment by

@@ -19,12 +19,12 @@ from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.reward import ibt
 from rlhf_jax.reward.annotators import progress_increments, synthetic_marks
-from rlhf_jax.reward.data import Segments
+from rlhf_jax.reward.data import MarkedClips, Segments
+from rlhf_jax.reward.kinds import IBT, Marks
 from rlhf_jax.reward.learner import Budget, HeadStart, Queries, fit_steps, pearson, take_clips
 from rlhf_jax.reward.schedule import initial_labels
 from rlhf_jax.reward.segments import check_fits_episode
@@ -38,14 +38,6 @@ class Annotated(NamedTuple):
     obs: jax.Array  # [C, T, *obs_shape]
     marks: jax.Array  # [C, T] int32 in {-1, 0, +1}
     count: jax.Array  # () int32
-
-
-class MarkedClips(NamedTuple):
-    """Clips with their marks, without the dataset around them: what a label dataset gives a
-    run to start from (``ibt.marks_from``; :func:`append` stores them)."""
-
-    obs: jax.Array  # [N, T, *obs_shape]
-    marks: jax.Array  # [N, T] int32 in {-1, 0, +1}
 
 
 def append(annotated: Annotated, clips: MarkedClips, keep: jax.Array) -> Annotated:
@@ -62,15 +54,10 @@ class IBTLearnerState(NamedTuple):
     annotated: Annotated
 
 
-class Marks(NamedTuple):
-    """Answers to ``Q`` clips: one mark per frame; rows not ``answered`` are never stored."""
-
-    marks: jax.Array  # [Q, T] int32 in {-1, 0, +1}
-    answered: jax.Array  # [Q] bool
-
-
 class IBTLearner:
-    kind = "annotate"
+    """The IBT learner: everything on the host (people's marks, saving them) is :data:`~rlhf_jax.reward.kinds.IBT`'s."""
+
+    kind = IBT.name  # for callers that have not yet turned to the kind itself
 
     def __init__(self, config: ibt.IBTConfig, spec: EnvSpec, preloaded: int = 0):
         """``preloaded``: marked clips a label dataset gives the run at its start (``ibt.marks_from``)."""
@@ -151,23 +138,12 @@ class IBTLearner:
         return state._replace(model=model), metrics
 
     # ------------------------------------------------------------------ host side
-    @staticmethod
-    def unmeasured(row: dict) -> set[str]:
-        """Before the first annotated clip the fitting loss measures nothing."""
-        return set() if row.get("labels") else {"reward_fit_loss"}
+    # What callers of the learner called before the kind of feedback held them: each is the
+    # kind's (rlhf_jax.reward.kinds.IBT), and goes once they call it there.
+    unmeasured = staticmethod(IBT.unmeasured)
 
     def answers_from_people(self, answers: Sequence, size: int) -> Marks:
-        """People's marks (:class:`rlhf_jax.reward.people.Answer`), padded to ``size`` rows; a
-        clip skipped without marks (``marks is None``) and padding are not answers."""
-        marks = np.zeros((size, self.clip_length), np.int32)
-        answered = np.zeros(size, bool)
-        for i, answer in enumerate(answers):
-            if answer.marks is not None:
-                marks[i], answered[i] = answer.marks, True
-        return Marks(marks, answered)
+        return IBT.answers_from_people(answers, size, self.clip_length)
 
     def save(self, state: IBTLearnerState, path) -> None:
-        """The annotated clips and their marks, as a NumPy archive."""
-        annotated = jax.device_get(state.annotated)
-        n = int(annotated.count)
-        np.savez_compressed(path, obs=annotated.obs[:n], marks=annotated.marks[:n])
+        IBT.save_answers(state, path)

@@ -17,15 +17,17 @@ the answers it holds)::
     state, loss = learner.fit_step(state, key)           # one step of fitting
     state, metrics = learner.refresh(state, clips, key)  # after fitting: normalise, score
 
-People answer the same :class:`Queries` from the host (:mod:`rlhf_jax.reward.people`):
-``learner.answers_from_people`` turns what they said into the same typed answers the
-oracle gives, so one ``store`` serves both.
+People answer the same :class:`Queries` from the host (:mod:`rlhf_jax.reward.people`): the
+kind of feedback (:class:`~rlhf_jax.reward.kinds.FeedbackKind`, ``answers_from_people``)
+turns what they said into the same typed answers the oracle gives, so one ``store`` serves
+both. Everything else a kind of feedback means on the host (its files, its config keys, its
+words, saving a run's answers) is its :class:`~rlhf_jax.reward.kinds.FeedbackKind`'s too.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Literal, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -112,10 +114,10 @@ class HeadStart(NamedTuple):
     """What a run may start from besides an untrained model and no answers, given to the
     learner's ``head_start`` as arrays (``None``: not given): answers from a label dataset
     (``preferences.labels_from``: :class:`~rlhf_jax.reward.data.LabelledPairs`;
-    ``ibt.marks_from``: :class:`~rlhf_jax.reward.ibt_learner.MarkedClips`) and a reward
+    ``ibt.marks_from``: :class:`~rlhf_jax.reward.data.MarkedClips`) and a reward
     model fitted offline (``reward_model.init_from``: a
-    :class:`~rlhf_jax.reward.saved_model.SavedModel` or
-    :class:`~rlhf_jax.reward.saved_model.SavedUtility`)."""
+    :class:`~rlhf_jax.reward.kinds.SavedModel` or
+    :class:`~rlhf_jax.reward.kinds.SavedUtility`)."""
 
     answers: Any = None
     model: Any = None
@@ -126,11 +128,11 @@ class HeadStart(NamedTuple):
 
 
 class RewardLearner(Protocol):
-    """A reward model with the answers it learns from (module docstring). Every method is a
-    pure function of arrays (``num`` and sizes static) except ``answers_from_people`` and
-    ``save``, which run on the host."""
+    """A reward model with the answers it learns from (module docstring): its sizes, and pure
+    functions of arrays (``num`` and sizes static; ``fit_steps`` of a count). What runs on the
+    host, people's answers and saving them, is the kind of feedback's
+    (:class:`~rlhf_jax.reward.kinds.FeedbackKind`)."""
 
-    kind: Kind
     clip_length: int  # steps per clip cut from the agent's play
     clip_capacity: int  # recent clips kept to propose queries from
     budget: Budget
@@ -157,12 +159,6 @@ class RewardLearner(Protocol):
     def fit_step(self, state, key: jax.Array) -> tuple[Any, jax.Array]: ...
 
     def refresh(self, state, clips: Segments, key: jax.Array) -> tuple[Any, dict]: ...
-
-    def unmeasured(self, row: dict) -> set[str]: ...
-
-    def answers_from_people(self, answers: Sequence, size: int) -> Any: ...
-
-    def save(self, state, path) -> None: ...
 
 
 def fit_steps(examples_per_env_step: float, env_steps: int, batch_size: int) -> int:

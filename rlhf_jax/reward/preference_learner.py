@@ -16,12 +16,12 @@ from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.reward import ensemble as reward_model
 from rlhf_jax.reward.config import PreferenceConfig, resolve
-from rlhf_jax.reward.data import Labels, Segments, empty_labels, observations_on_host
+from rlhf_jax.reward.data import Labels, Segments, empty_labels
+from rlhf_jax.reward.kinds import PREFERENCES, Preferences
 from rlhf_jax.reward.labelers import add_labels, add_pairs, oracle_answers
 from rlhf_jax.reward.learner import Budget, HeadStart, Queries, fit_steps, pearson, take_clips
 from rlhf_jax.reward.queries import candidate_pairs, returns_of_rows, select_queries
@@ -35,15 +35,11 @@ class PreferenceState(NamedTuple):
     labels: Labels  # the database D
 
 
-class Preferences(NamedTuple):
-    """Answers to ``Q`` pairs: ``mu`` = P[first preferred] (1, 0 or 0.5); unanswered rows are never stored."""
-
-    mu: jax.Array  # [Q] float32
-    answered: jax.Array  # [Q] bool
-
-
 class PreferenceLearner:
-    kind = "compare"
+    """The preference learner: everything on the host (people's answers, saving the labels) is
+    :data:`~rlhf_jax.reward.kinds.PREFERENCES`'s."""
+
+    kind = PREFERENCES.name  # for callers that have not yet turned to the kind itself
 
     def __init__(self, prefs: PreferenceConfig, model: reward_model.RewardModelConfig, spec: EnvSpec,
                  preloaded: int = 0):
@@ -173,26 +169,12 @@ class PreferenceLearner:
         return {"reward_accuracy": accuracy, "reward_correlation": pearson(predicted, oracle)}
 
     # ------------------------------------------------------------------ host side
-    @staticmethod
-    def unmeasured(row: dict) -> set[str]:
-        """The losses a NaN in ``row`` leaves unmeasured rather than diverged: the validation
-        loss until some member holds a label out, the training loss before the first label."""
-        return {"reward_val_loss"} | ({"reward_train_loss"} if not row.get("labels") else set())
+    # What callers of the learner called before the kind of feedback held them: each is the
+    # kind's (rlhf_jax.reward.kinds.PREFERENCES), and goes once they call it there.
+    unmeasured = staticmethod(PREFERENCES.unmeasured)
 
     def answers_from_people(self, answers: Sequence, size: int) -> Preferences:
-        """People's answers (:class:`rlhf_jax.reward.people.Answer`), padded to ``size`` rows;
-        "can't tell" (``mu is None``) and padding are not answers."""
-        mu = np.zeros(size, np.float32)
-        answered = np.zeros(size, bool)
-        for i, answer in enumerate(answers):
-            answered[i] = answer.mu is not None
-            mu[i] = answer.mu if answer.mu is not None else 0.0
-        return Preferences(mu, answered)
+        return PREFERENCES.answers_from_people(answers, size, self.clip_length)
 
     def save(self, state: PreferenceState, path) -> None:
-        """The labels themselves, with the segments they compare, as a NumPy archive."""
-        obs = observations_on_host(state.labels)
-        labels = jax.device_get(state.labels)
-        n = int(labels.count)
-        np.savez_compressed(path, obs=obs[:n], action=labels.action[:n], mu=labels.mu[:n],
-                            oracle_return=labels.oracle_return[:n], holdout=labels.holdout[:n])
+        PREFERENCES.save_answers(state, path)
