@@ -29,7 +29,7 @@ from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.reward.config import PreferenceConfig
 from rlhf_jax.reward.ensemble import RewardModelConfig
 from rlhf_jax.reward.ibt import IBTConfig
-from rlhf_jax.reward.learner import FEEDBACK, MODEL_KEY
+from rlhf_jax.reward.kinds import KINDS, MODEL_KEY, feedback_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,19 +116,18 @@ class ExperimentConfig:
                               f"runs/<name>-<date>-<time>; got {byte_length(self.name)}")
         if self.labeler == "people" and self.reward == "env":
             raise ConfigError("labeler=people needs a learned reward: set reward to preferences or ibt")
-        for feedback in FEEDBACK.values():  # a dataset of one kind of answers starts that kind's model only
-            section, key = feedback.answers_from.split(".")
-            if getattr(getattr(self, section), key) and self.reward != feedback.reward:
-                raise ConfigError(f"{feedback.answers_from} gives {feedback.model} its start: it needs "
-                                  f"reward={feedback.reward}, this config has reward={self.reward}")
-        if self.reward_model.init_from and self.reward not in FEEDBACK:
+        for kind in KINDS:  # a dataset of one kind of answers starts that kind's model only
+            if kind.answers_path(self) and feedback_kind(self.reward) is not kind:
+                raise ConfigError(f"{kind.answers_key} gives {kind.model} its start: it needs "
+                                  f"reward={kind.reward}, this config has reward={self.reward}")
+        if self.reward_model.init_from and feedback_kind(self.reward) is None:
             raise ConfigError(f"{MODEL_KEY} gives a learned reward model its start: it needs reward="
-                              f"{' or '.join(FEEDBACK)}, this config has reward={self.reward}")
+                              f"{' or '.join(kind.reward for kind in KINDS)}, this config has reward={self.reward}")
 
 
 # The keys naming files on the machine a config was written on. A config that travels (the
 # one a label dataset keeps) carries none of them, so it never chooses what is read here.
-LOCAL_FILE_KEYS = ("run.dir", MODEL_KEY, *(feedback.answers_from for feedback in FEEDBACK.values()))
+LOCAL_FILE_KEYS = ("run.dir", MODEL_KEY, *(kind.answers_key for kind in KINDS))
 
 
 def without_local_files(data: dict) -> dict:

@@ -40,9 +40,7 @@ from rlhf_jax import label_datasets
 from rlhf_jax.head_start import HeadStartFiles
 from rlhf_jax.reward import saved_model
 from rlhf_jax.replay import frame_stack
-from rlhf_jax.reward.data import LabelledPairs, Segments, action_shape_dtype, stacks_on_host
-from rlhf_jax.reward.ibt_learner import MarkedClips
-from rlhf_jax.reward.learner import feedback_of
+from rlhf_jax.reward.data import LabelledPairs, MarkedClips, Segments, action_shape_dtype, stacks_on_host
 from rlhf_jax.trainer import make_learner, resolve_loop
 
 EPOCHS = 200  # over the dataset: the paper's Atari pretraining (appendix A.2), about a CartPole run's fitting
@@ -65,22 +63,20 @@ def fit_config(dataset_dir: str | Path, overrides: list[str]) -> ExperimentConfi
     """The experiment a fit runs as: the dataset's source run (else the built-in default on the
     dataset's environment) with ``overrides``, its labels from the dataset, every one held."""
     info = label_datasets.read_info(dataset_dir)
-    feedback = feedback_of(info.kind)
+    kind = info.feedback
     if not info.rows:
-        raise ConfigError(f"{dataset_dir} holds no {feedback.answers}: nothing to fit")
+        raise ConfigError(f"{dataset_dir} holds no {kind.answers}: nothing to fit")
     if info.run_config:  # a file's text, trusted no more than the file: it never names what is read here
         base = without_local_files(parse_mapping(info.run_config, f"{dataset_dir}: the config it was made with"))
     else:
         base = {**DEFAULT_EXPERIMENT, "env": to_dict(info.env)}
     data = apply_overrides(base, list(overrides))
-    data.update(reward=feedback.reward, labeler="synthetic")
-    section_name, budget_key = feedback.budget.split(".")
-    section = data.setdefault(section_name, {})
+    data.update(reward=kind.reward, labeler="synthetic")
+    section = data.setdefault(kind.section_name, {})
+    budget_key = kind.budget_key.split(".")[1]
     budget = max(int(section.get(budget_key, info.rows) or info.rows), info.rows)
-    section.update({feedback.answers_from.split(".")[1]: str(dataset_dir), budget_key: budget})
-    if feedback.kind == "compare":
-        section.update(initial_labels=-1, label_capacity=info.rows,
-                       score_pairs=0)  # no per-step oracle rewards to score against, only returns
+    section.update({kind.answers_key.split(".")[1]: str(dataset_dir), budget_key: budget},
+                   **kind.offline_settings(info.rows))
     data.setdefault("run", {})["dir"] = ""
     return build(ExperimentConfig, data)
 
@@ -148,10 +144,9 @@ def fit_reward(dataset_dir: str | Path, out: str | Path | None = None, overrides
             return state, jnp.stack(losses)
     else:
         fit = jax.jit(lambda state, keys: jax.lax.scan(learner.fit_step, state, keys))
-    what = (f"{config.reward_model.ensemble_size} reward models" if learner.kind == "compare"
-            else "the IBT utility")
-    say(f"fitting {what} to {labels} {head.feedback.answers} of {config.env.id}: {total} steps of {batch} "
-        f"{'pairs' if learner.kind == 'compare' else 'clips'}", flush=True)
+    kind = head.kind
+    say(f"fitting {kind.fitted(config)} to {labels} {kind.answers} of {config.env.id}: {total} steps of {batch} "
+        f"{kind.batch_unit}", flush=True)
     done, began, last_said = 0, time.perf_counter(), 0.0
     while done < total:
         size = min(per_epoch, total - done)
@@ -171,8 +166,8 @@ def fit_reward(dataset_dir: str | Path, out: str | Path | None = None, overrides
                        f"was written: fit again with a smaller learning rate, or look at the dataset's observations")
     info = saved_model.ModelInfo(
         env=to_dict(config.env), observation_shape=tuple(spec.observation_shape),
-        architecture=saved_model.architecture(head.model_config()), labels=labels, dataset=str(dataset_dir),
-        steps=total, train_loss=train_loss, val_loss=val_loss, kind=learner.kind)
+        architecture=kind.architecture_of(kind.model_config(config)), labels=labels, dataset=str(dataset_dir),
+        steps=total, train_loss=train_loss, val_loss=val_loss, kind=kind.name)
     try:
         write_atomically(out, lambda path: saved_model.save(path, model, info))
     except OSError as error:

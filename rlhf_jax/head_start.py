@@ -11,12 +11,12 @@
   (:mod:`rlhf_jax.reward.saved_model`) in place of the untrained one: a preference reward
   model for ``reward: preferences``, an IBT utility for ``reward: ibt``.
 
-What differs between the two kinds, the keys and their words, is the
-:class:`~rlhf_jax.reward.learner.Feedback` of the run's ``reward``; every rule below holds for
-both. :class:`HeadStartFiles` checks both files against the run when the run is built, so a
-wrong file stops it before anything is written, with a one-line error naming the key; it
-reads them when the run starts (:meth:`HeadStartFiles.arrays`), and not for a resumed run,
-whose checkpoint holds them already.
+What differs between the two kinds (the keys and their words, the dataset's answers, the
+model) is the :class:`~rlhf_jax.reward.kinds.FeedbackKind` of the run's ``reward``; every rule
+below holds for both. :class:`HeadStartFiles` checks both files against the run when the run
+is built, so a wrong file stops it before anything is written, with a one-line error naming
+the key; it reads them when the run starts (:meth:`HeadStartFiles.arrays`), and not for a
+resumed run, whose checkpoint holds them already.
 """
 from __future__ import annotations
 
@@ -31,12 +31,9 @@ from rlhf_jax.envs.options import EnvConfig, task_mismatch
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.replay import frame_stack
 from rlhf_jax.reward import saved_model
-from rlhf_jax.reward.config import resolve
-from rlhf_jax.reward.data import LabelledPairs, action_shape_dtype, stacks_on_host
-from rlhf_jax.reward.ensemble import init_ensemble
-from rlhf_jax.reward.ibt import init_ibt
-from rlhf_jax.reward.ibt_learner import MarkedClips
-from rlhf_jax.reward.learner import FEEDBACK, MODEL_KEY, HeadStart
+from rlhf_jax.reward.data import action_shape_dtype
+from rlhf_jax.reward.kinds import MODEL_KEY, feedback_kind
+from rlhf_jax.reward.learner import HeadStart
 
 
 class HeadStartFiles:
@@ -45,10 +42,9 @@ class HeadStartFiles:
 
     def __init__(self, config: ExperimentConfig, spec: EnvSpec):
         self.config, self.spec = config, spec
-        self.feedback = FEEDBACK[config.reward]
-        self.labels_key = self.feedback.answers_from
-        section, key = self.labels_key.split(".")
-        self.labels_path, self.model_path = getattr(getattr(config, section), key), config.reward_model.init_from
+        self.kind = feedback_kind(config.reward)
+        self.labels_key = self.kind.answers_key
+        self.labels_path, self.model_path = self.kind.answers_path(config), config.reward_model.init_from
         self.preloaded = 0  # answers the dataset gives
         self._info = None  # the dataset's DatasetInfo
         self._labels = None  # its LabelDataset, where reading the info read them too
@@ -65,51 +61,34 @@ class HeadStartFiles:
         if self.model_path:
             self._check_model(saved_model.read_info(self.model_path, MODEL_KEY))
 
-    @property
-    def compare(self) -> bool:
-        """Preferences between pairs (else IBT marks on single clips)."""
-        return self.feedback.kind == "compare"
-
-    def _settings(self) -> tuple[int, int]:
-        """This run's ``(steps per clip, answer budget)``: the keys ``feedback.length`` and ``feedback.budget`` name."""
-        if self.compare:
-            prefs = resolve(self.config.preferences, self.spec)
-            return prefs.segment_length, prefs.labels
-        return self.config.ibt.episode_length, self.config.ibt.episodes
-
     def _check_labels(self, info) -> None:
-        where, spec, feedback = f"{self.labels_key}: {self.labels_path}", self.spec, self.feedback
-        if info.kind != feedback.kind:
-            raise ConfigError(f"{where} holds {'IBT marks' if info.kind == 'annotate' else 'preferences'}, not "
-                              f"{'preferences between segments' if self.compare else 'IBT marks on clips'}")
+        where, spec, kind = f"{self.labels_key}: {self.labels_path}", self.spec, self.kind
+        if info.feedback is not kind:
+            raise ConfigError(f"{where} holds {info.feedback.learns_from}, not {kind.holds}")
         mismatch = task_mismatch(info.env, self.config.env)
         if mismatch:
             raise ConfigError(f"{where} was labelled on another environment than this run's: {mismatch}")
-        length, budget = self._settings()
+        length, budget = kind.clip_length(self.config, spec), kind.budget(self.config)
         if info.segment_length != length:
-            raise ConfigError(f"{where} {'compares segments' if self.compare else 'marks clips'} of "
-                              f"{info.segment_length} steps, this run's {feedback.length} makes {length}: "
-                              f"set it to {info.segment_length}")
+            raise ConfigError(f"{where} {kind.judges} of {info.segment_length} steps, this run's {kind.length_key} "
+                              f"makes {length}: set it to {info.segment_length}")
         if (info.observation_shape, info.observation_dtype, info.stack) != (
                 tuple(spec.observation_shape), str(np.dtype(spec.observation_dtype)), frame_stack(spec)):
             raise ConfigError(f"{where} holds observations {info.observation_dtype} {list(info.observation_shape)}, "
                               f"this run's environment gives {np.dtype(spec.observation_dtype)} "
                               f"{list(spec.observation_shape)}")
         shape, dtype = action_shape_dtype(spec)
-        if self.compare and (info.action_shape, info.action_dtype) != (tuple(shape), str(np.dtype(dtype))):
+        if kind.keeps_actions and (info.action_shape, info.action_dtype) != (tuple(shape), str(np.dtype(dtype))):
             raise ConfigError(f"{where} holds actions {info.action_dtype} {list(info.action_shape)}, this run's "
                               f"are {np.dtype(dtype)} {list(shape)}")
         if info.rows > budget:
-            raise ConfigError(f"{where} holds {info.rows} {feedback.answers}, more than the run's budget "
-                              f"{feedback.budget}={budget}: raise the budget to at least {info.rows}")
-
-    def model_config(self):
-        """The config section that makes this run's reward model: ``reward_model`` or ``ibt``."""
-        return self.config.reward_model if self.compare else self.config.ibt
+            raise ConfigError(f"{where} holds {info.rows} {kind.answers}, more than the run's budget "
+                              f"{kind.budget_key}={budget}: raise the budget to at least {info.rows}")
 
     def _check_model(self, info: saved_model.ModelInfo) -> None:
         where = f"{MODEL_KEY}: {self.model_path}"
-        saved_model.check_fits(info, self.model_config(), self.spec.observation_shape, MODEL_KEY, self.model_path)
+        saved_model.check_fits(info, self.kind, self.kind.model_config(self.config), self.spec.observation_shape,
+                               MODEL_KEY, self.model_path)
         mismatch = task_mismatch(build(EnvConfig, info.env, "env"), self.config.env)
         if mismatch:
             raise ConfigError(f"{where} was fitted on another environment than this run's: {mismatch}")
@@ -132,27 +111,15 @@ class HeadStartFiles:
 
     def _like(self):
         """The shapes of this run's reward model, the learner's ``reward_params`` (nothing allocated)."""
-        key = jax.random.PRNGKey(0)
-        if self.compare:
-            return jax.eval_shape(lambda: init_ensemble(key, self.config.reward_model, self.spec))
-        return jax.eval_shape(lambda: init_ibt(key, self.config.ibt, self.spec))
+        return jax.eval_shape(lambda: self.kind.untrained_model(jax.random.PRNGKey(0), self.config, self.spec))
 
     def _shapes(self) -> HeadStart:
         """The shapes and dtypes of :meth:`_read`'s arrays, from the files' descriptions alone."""
         answers = model = None
         if self.labels_path:
-            info, shape = self._info, jax.ShapeDtypeStruct
-            rows, k, frames = info.rows, info.segment_length, (info.frames_per_segment, *info.frame_shape)
-            if self.compare:
-                answers = LabelledPairs(shape((rows, 2, *frames), info.observation_dtype),
-                                        shape((rows, 2, k), bool),
-                                        shape((rows, 2, k, *info.action_shape), info.action_dtype),
-                                        shape((rows,), np.float32), shape((rows, 2), np.float32))
-            else:
-                answers = MarkedClips(shape((rows, k, *info.observation_shape), info.observation_dtype),
-                                      shape((rows, k), np.int32))
+            answers = self.kind.answer_shapes(self._info)
         if self.model_path:
-            model = saved_model.model_kind(self.feedback.kind).parts.of(self._like())
+            model = self.kind.saved_model.of(self._like())
         return HeadStart(answers, model)
 
     def _read(self) -> HeadStart:
@@ -165,18 +132,8 @@ class HeadStartFiles:
                 label_datasets.check_actions(dataset, self.spec.action_space, self.labels_path)
             except ConfigError as error:
                 raise ConfigError(f"{self.labels_key}: {error}") from None
-            rows, info = dataset.rows, self._info
-            if not self.compare:  # D keeps whole observations: stacks rebuilt from the frames
-                obs = stacks_on_host(rows.frames, rows.restart, info.stack)[:, 0]
-                answers = MarkedClips(obs.astype(info.observation_dtype), rows.marks.astype(np.int32))
-            elif self.config.reward_model.loss == "target" and np.isnan(rows.oracle_return).any():
-                raise ConfigError(f"{self.labels_key}: {self.labels_path} does not know the oracle's returns of "
-                                  f"every segment, which reward_model.loss=target regresses")
-            else:
-                answers = LabelledPairs(rows.frames.astype(info.observation_dtype), rows.restart.astype(bool),
-                                        rows.action.astype(info.action_dtype), rows.mu.astype(np.float32),
-                                        rows.oracle_return.astype(np.float32))
+            answers = self.kind.given_answers(dataset, self.config, f"{self.labels_key}: {self.labels_path}")
             self._labels = None  # the arrays live on in the head start
         if self.model_path:
-            model = saved_model.load(self.model_path, self._like(), MODEL_KEY)
+            model = saved_model.load(self.model_path, self._like(), self.kind, MODEL_KEY)
         return HeadStart(answers, model)
