@@ -9,7 +9,6 @@ import numpy as np
 from rlhf_jax.config_base import dump_yaml, parse_yaml, to_dict
 from rlhf_jax.envs.options import HOW_RUN
 from rlhf_jax.label_datasets.schema import DATA_DIR, LabelDataset, columns
-from rlhf_jax.reward.learner import feedback_of
 
 
 def size_category(rows: int) -> str:
@@ -24,14 +23,13 @@ def card(dataset: LabelDataset, license: str, nbytes: int) -> str:
     """The dataset card (``README.md``): YAML front matter, then what the dataset holds, how it
     was made, its fields and how to load it."""
     info, _, provenance = dataset
-    compare = info.kind == "compare"
-    what = "preferences between pairs of" if compare else "progress and regress marks on"
+    kind = info.feedback
+    words = kind.card
     front = {
         "license": license,
-        "pretty_name": f"{'Preference' if compare else 'IBT'} labels on {info.env.id} ({info.rows} labels)",
+        "pretty_name": f"{words.title} labels on {info.env.id} ({info.rows} labels)",
         "task_categories": ["reinforcement-learning"],
-        "tags": ["rlhf", "human-feedback", "preference-learning" if compare else "inter-temporal-bradley-terry",
-                 "rlhf-jax"],
+        "tags": ["rlhf", "human-feedback", words.tag, "rlhf-jax"],
         "size_categories": [size_category(info.rows)],
         "configs": [{"config_name": "default", "data_files": [{"split": "train", "path": f"{DATA_DIR}/*.parquet"}]}],
     }
@@ -42,20 +40,16 @@ def card(dataset: LabelDataset, license: str, nbytes: int) -> str:
     lines = [
         "---", dump_yaml(front).rstrip(), "---", "",
         f"# {front['pretty_name']}", "",
-        f"{info.rows} labels: {what} {info.segment_length}-step segments of `{info.env.id}`, "
-        f"{'answered' if compare else 'annotated'} by "
+        f"{info.rows} labels: {words.what} {info.segment_length}-step segments of `{info.env.id}`, "
+        f"{words.done} by "
         + (f"{len(people)} {'person' if len(people) == 1 else 'people'}" if info.labeler == "people"
            else f"a synthetic labeler ({', '.join(people) or 'unknown'})")
         + f". {nbytes / 2**20:.1f} MiB of Parquet.", "",
         "## How it was made", "",
         f"Exported with `rlhf-jax labels export` from `{info.source}`"
-        + (f", where {run.get('agent', '?')} learned from "
-           f"{'preferences' if compare else 'IBT marks'} ({run.get('name', 'a run')})" if run else "") + ". "
-        + ("Each segment was cut from the agent's recent play; the pairs were chosen as the run's queries "
-           "(Christiano et al. 2017, section 2.2) and the answer is the probability that the left segment is "
-           "the better one." if compare else
-           "Each clip was cut from the agent's recent play and marked step by step (the IBT paper, "
-           "DeepMind 2022).") + (f" {info.untrained()}" if info.after_last_fit else ""), "",
+        + (f", where {run.get('agent', '?')} learned from {kind.learns_from} ({run.get('name', 'a run')})"
+           if run else "") + ". "
+        + words.made + (f" {info.untrained()}" if info.after_last_fit else ""), "",
         f"* Environment: `{info.env.id}` with options `{json.dumps(env_options)}`",
         f"* Labeler: {info.labeler}"
         + (f" ({len(people)} named; {len(seconds)} answers timed, median {np.median(seconds):.1f} s)"
@@ -64,7 +58,7 @@ def card(dataset: LabelDataset, license: str, nbytes: int) -> str:
         + (f", stored as {info.frames_per_segment} frames of {list(info.frame_shape)} per segment "
            f"(each of the {info.stack}-frame stacks' frames once)" if info.stack > 1 else ""),
     ]
-    if compare:
+    if kind.keeps_actions:
         lines.append(f"* Actions: {info.action_dtype} {list(info.action_shape) or 'scalar'} per step")
     if info.run_config:
         lines += ["", "The source run's config:", "", "```yaml", info.run_config.rstrip(), "```"]
@@ -86,11 +80,6 @@ def card(dataset: LabelDataset, license: str, nbytes: int) -> str:
               "```bash",
               "rlhf-jax labels import THIS_DIR labels.npz              # the run format",
               "rlhf-jax fit-reward THIS_DIR --out reward_model.npz    # a reward model fitted offline",
-              f"rlhf-jax train CONFIG {feedback_of(info.kind).answers_from}=THIS_DIR  # a run starting from these "
-              f"{'labels' if compare else 'marks'}",
-              "```", "", "## Citation", "",
-              "Christiano, Leike, Brown, Martic, Legg and Amodei: Deep reinforcement learning from human "
-              "preferences. NeurIPS 2017." if compare else
-              "DeepMind Interactive Agents Team: Improving multimodal interactive agents with "
-              "reinforcement learning from human feedback. 2022.", ""]
+              f"rlhf-jax train CONFIG {kind.answers_key}=THIS_DIR  # a run starting from these {words.answers}",
+              "```", "", "## Citation", "", words.citation, ""]
     return "\n".join(lines)

@@ -33,19 +33,22 @@ def check_rows(dataset: LabelDataset, where) -> None:
         raise ConfigError(f"{where}: who holds {len(provenance.who)} names for {info.rows} rows")
 
     def refuse_unless(name: str, values: np.ndarray, ok: Callable, problem: str) -> None:
-        _refuse_unless(values, ok, problem, where, name, sided=info.kind == "compare" and name in SIDED)
+        # A pair's fields are in a column per segment (<name>_0, <name>_1); a single clip's in one.
+        _refuse_unless(values, ok, problem, where, name, sided=info.segments > 1 and name in SIDED)
 
+    # Each field the dataset's kind of answers holds (info.arrays(), checked above), in its range.
     if np.issubdtype(rows.frames.dtype, np.floating):
         refuse_unless("frames", rows.frames, np.isfinite, "not finite")
-    if info.kind == "compare":
+    if rows.mu is not None:
         refuse_unless("mu", rows.mu, lambda v: np.isin(v, list(CHOICE_NAMES)),
                       "not an answer: 1 (left), 0 (right) or 0.5 (a tie)")
+    if rows.oracle_return is not None:
         refuse_unless("oracle_return", rows.oracle_return, lambda v: ~np.isinf(v), "not finite (null if unknown)")
-        if np.issubdtype(rows.action.dtype, np.floating):
-            refuse_unless("action", rows.action, np.isfinite, "not finite")
-        elif np.issubdtype(rows.action.dtype, np.integer):
-            refuse_unless("action", rows.action, lambda v: v >= 0, "outside the action space")
-    else:
+    if rows.action is not None and np.issubdtype(rows.action.dtype, np.floating):
+        refuse_unless("action", rows.action, np.isfinite, "not finite")
+    elif rows.action is not None and np.issubdtype(rows.action.dtype, np.integer):
+        refuse_unless("action", rows.action, lambda v: v >= 0, "outside the action space")
+    if rows.marks is not None:
         refuse_unless("marks", rows.marks, lambda v: np.isin(v, MARKS), "not a mark: -1, 0 or 1")
     refuse_unless("seconds", provenance.seconds, lambda v: ~np.isinf(v) & ~(v < 0),
                   "not a time in seconds (null if unknown)")

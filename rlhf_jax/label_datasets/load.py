@@ -13,16 +13,13 @@ from rlhf_jax.config_base import CONFIG_FILE, build, dump_yaml, read_run_config
 from rlhf_jax.envs.options import EnvConfig
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.labeler import QUERIES_DIR
-from rlhf_jax.feedback.store import CHOICE_MU, STORE_FILE, read_answered
+from rlhf_jax.feedback.store import STORE_FILE, read_answered
 from rlhf_jax.label_datasets.check import check_rows
 from rlhf_jax.label_datasets.npz import array_names, from_npz, label_rows, read_arrays
 from rlhf_jax.label_datasets.parquet import read, read_info
-from rlhf_jax.label_datasets.schema import (DATA_DIR, KINDS, LABELS_FILE, DatasetInfo, LabelDataset, LabelRows,
-                                            Provenance)
-from rlhf_jax.reward.annotators import AnnotatorConfig
+from rlhf_jax.label_datasets.schema import DATA_DIR, LABELS_FILE, DatasetInfo, LabelDataset, LabelRows, Provenance
 from rlhf_jax.reward.data import frames_on_host
-from rlhf_jax.reward.labelers import TeacherConfig
-from rlhf_jax.reward.learner import feedback_of
+from rlhf_jax.reward.kinds import feedback_kind
 
 
 def load_labels(path: str | Path) -> LabelDataset:
@@ -63,17 +60,17 @@ def from_run(run_dir: str | Path) -> LabelDataset:
         raise ConfigError(f"{run_dir} has no {LABELS_FILE}: a run writes it when it finishes "
                           f"(rlhf-jax train --resume {run_dir} finishes it)")
     reward = config.get("reward", "env")
-    if reward not in KINDS:
+    kind = feedback_kind(reward)
+    if kind is None:
         raise ConfigError(f"{run_dir} learned from the environment's reward (reward: {reward}): it has no labels")
-    kind = KINDS[reward]
     labels = label_rows(read_arrays(path), kind, path)
     k = labels.restart.shape[2]
     info = DatasetInfo(
-        kind=kind, env=build(EnvConfig, config.get("env", {}), "env"), rows=labels.frames.shape[0],
+        kind=kind.name, env=build(EnvConfig, config.get("env", {}), "env"), rows=labels.frames.shape[0],
         segment_length=k, stack=labels.frames.shape[2] - k + 1, frame_shape=tuple(labels.frames.shape[3:]),
         observation_dtype=str(labels.frames.dtype),
-        action_shape=tuple(labels.action.shape[3:]) if kind == "compare" else (),
-        action_dtype=str(labels.action.dtype) if kind == "compare" else "",
+        action_shape=tuple(labels.action.shape[3:]) if labels.action is not None else (),
+        action_dtype=str(labels.action.dtype) if labels.action is not None else "",
         members=0 if labels.holdout is None else int(labels.holdout.shape[1]),
         # The run by its name and its config without this machine's paths: a dataset travels.
         labeler=config.get("labeler", "synthetic"), source=run_dir.resolve().name,
@@ -98,22 +95,6 @@ def _followed_by(dataset: LabelDataset, late: LabelDataset) -> LabelDataset:
                             np.concatenate([query_id, late_query_id]))
     info = dataclasses.replace(dataset.info, rows=dataset.info.rows + late.info.rows, after_last_fit=late.info.rows)
     return LabelDataset(info, joined, provenance)
-
-
-def synthetic_labeler(config: dict, kind: str) -> str:
-    """The name a synthetic labeler gives its labels: ``oracle`` (the paper's perfect one), or
-    ``teacher(...)`` / ``annotator(...)`` with the settings that differ from the defaults."""
-    if kind == "compare":
-        name, section = "oracle", build(TeacherConfig, config.get("preferences", {}).get("teacher", {}),
-                                        "preferences.teacher")
-    else:
-        name, section = "annotator", build(AnnotatorConfig, config.get("ibt", {}).get("annotator", {}),
-                                           "ibt.annotator")
-    changed = [f"{f.name}={getattr(section, f.name)}" for f in dataclasses.fields(section)
-               if getattr(section, f.name) != f.default]
-    if not changed:
-        return name
-    return f"{'teacher' if kind == 'compare' else name}({', '.join(changed)})"
 
 
 def _digest(*arrays: np.ndarray) -> bytes:
@@ -143,7 +124,7 @@ def _run_provenance(run_dir: Path, config: dict, info: DatasetInfo,
     who: list[str | None] = [None] * rows
     seconds, query_id = np.full(rows, np.nan), np.full(rows, -1, np.int64)
     found = np.zeros(rows, bool)
-    given_key = feedback_of(info.kind).answers_from
+    given_key = info.feedback.answers_key
     section, key = given_key.split(".")
     given = config.get(section, {}).get(key, "")
     sources, people = [], None
@@ -171,7 +152,7 @@ def _run_provenance(run_dir: Path, config: dict, info: DatasetInfo,
         if source is people:  # the answers no label matched, in the order they were given
             late = _subset(people, sorted(j for unmatched in index.values() for j in unmatched))
     if info.labeler == "synthetic":
-        name = synthetic_labeler(config, info.kind)
+        name = info.feedback.synthetic_labeler(config)
         who = [name if not found[i] else who[i] for i in range(rows)]
     return Provenance(tuple(who), seconds, query_id), late
 
@@ -189,27 +170,23 @@ def _people_labels(run_dir: Path, info: DatasetInfo) -> LabelDataset:
     order given (those "can't tell", never stored as labels, left out)."""
     answered = [(query, answer) for query, answer in read_answered(run_dir / STORE_FILE, info.kind)
                 if answer.choice != "cant_tell" and (run_dir / QUERIES_DIR / query.segments).is_file()]
-    obs, action, mu, oracle_return, marks = [], [], [], [], []
+    kind, rows = info.feedback, len(answered)
+    obs, values = [], {"action": [], "mu": [], "oracle_return": [], "marks": []}
     for query, answer in answered:
         with np.load(run_dir / QUERIES_DIR / query.segments, allow_pickle=False) as arrays:
             obs.append(arrays["obs"].astype(info.observation_dtype))
-            action.append(arrays["action"])
-            oracle_return.append(arrays["oracle_reward"].sum(-1))  # as the run stores a pair's
-        if info.kind == "compare":
-            mu.append(CHOICE_MU[answer.choice])
-        else:
-            row = np.zeros(query.frames, np.int32)
-            for step, sign in answer.marks:
-                row[step] = sign
-            marks.append(row)
+            values["action"].append(arrays["action"])
+            values["oracle_return"].append(arrays["oracle_reward"].sum(-1))  # as the run stores a pair's
+        mu, marks = kind.answer_of(answer.choice, answer.marks, query.frames)
+        values["mu"].append(mu)
+        values["marks"].append(marks)
     empty = (0, info.segments, info.segment_length, *info.observation_shape)
     frames, restart = frames_on_host(np.stack(obs) if obs else np.zeros(empty, info.observation_dtype), info.stack)
-    if info.kind == "compare":
-        labels = LabelRows(frames, restart, np.stack(action).astype(info.action_dtype) if action else None,
-                           np.asarray(mu, np.float32), np.asarray(oracle_return, np.float32).reshape(len(answered), 2),
-                           None, None)
-    else:
-        labels = LabelRows(frames, restart, None, None, None, None, np.stack(marks) if marks else None)
+    # The kind's answer fields, of the shapes and dtypes its dataset holds them in (LabelRows.empty's).
+    shapes = dataclasses.replace(info, rows=rows).arrays()
+    labels = LabelRows(**{**dict.fromkeys(LabelRows._fields), "frames": frames, "restart": restart,
+                          **{name: np.asarray(values[name], shapes[name][1]).reshape(shapes[name][0])
+                             for name in kind.answer_fields}})
     provenance = Provenance(tuple(answer.who for _, answer in answered),
                             np.array([np.nan if a.seconds is None else a.seconds for _, a in answered], np.float64),
                             np.array([query.id for query, _ in answered], np.int64))

@@ -19,9 +19,10 @@ from rlhf_jax.errors import ConfigError
 from rlhf_jax.files import refuse_to_overwrite
 from rlhf_jax.label_datasets.check import check_actions, check_rows
 from rlhf_jax.label_datasets.parquet import read
-from rlhf_jax.label_datasets.schema import KINDS, LABELS_FILE, DatasetInfo, LabelDataset, LabelRows, Provenance
+from rlhf_jax.label_datasets.schema import LABELS_FILE, DatasetInfo, LabelDataset, LabelRows, Provenance
 from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.reward.data import frames_on_host, stacks_on_host
+from rlhf_jax.reward.kinds import FeedbackKind, feedback_kind
 
 OBS_BYTES = 8 * 2**20  # whole-stack observations are written this many bytes at a time
 
@@ -45,25 +46,24 @@ def array_names(path: Path) -> list[str]:
         return list(archive.files)
 
 
-def label_rows(arrays: dict[str, np.ndarray], kind: str, path: Path) -> LabelRows:
+def label_rows(arrays: dict[str, np.ndarray], kind: FeedbackKind, path: Path) -> LabelRows:
     """The rows of a ``labels.npz``'s ``arrays`` holding labels of ``kind``, stacked frames
-    stored once (:func:`~rlhf_jax.reward.data.frames_on_host`)."""
-    needed = ("obs", "action", "mu", "oracle_return") if kind == "compare" else ("obs", "marks")
-    missing = [key for key in needed if key not in arrays]
+    stored once (:func:`~rlhf_jax.reward.data.frames_on_host`). The archive holds ``obs`` and
+    the kind's answer fields (:attr:`~rlhf_jax.reward.kinds.FeedbackKind.answer_fields`) by
+    their names, and ``holdout`` where it kept one."""
+    missing = [key for key in ("obs", *kind.answer_fields) if key not in arrays]
     if missing:
-        raise ConfigError(f"{path} holds no {', '.join(missing)}: it is not the labels of a "
-                          f"{'preferences' if kind == 'compare' else 'ibt'} run")
-    obs = arrays["obs"]
-    if obs.ndim < 3 + (kind == "compare") or (kind == "compare" and obs.shape[1] != 2):
-        raise ConfigError(f"{path}: its obs are {obs.dtype} {list(obs.shape)}, not "
-                          f"{'pairs of segments [N, 2, k, ...]' if kind == 'compare' else 'clips [N, k, ...]'}")
-    obs = obs if kind == "compare" else obs[:, None]
+        raise ConfigError(f"{path} holds no {', '.join(missing)}: it is not the labels of a {kind.reward} run")
+    obs = kind.from_npz_obs(arrays["obs"])
+    if obs is None:
+        raise ConfigError(f"{path}: its obs are {arrays['obs'].dtype} {list(arrays['obs'].shape)}, not "
+                          f"{kind.npz_obs}")
     stack = int(obs.shape[-1]) if is_atari_frames(obs.shape[3:]) else 1
     frames, restart = frames_on_host(obs, stack)
-    holdout = arrays.get("holdout")
-    if kind == "compare":
-        return LabelRows(frames, restart, arrays["action"], arrays["mu"], arrays["oracle_return"], holdout, None)
-    return LabelRows(frames, restart, None, None, None, holdout, arrays["marks"])
+    rows = dict.fromkeys(LabelRows._fields)  # the other kind's fields: None
+    rows.update({name: arrays[name] for name in kind.answer_fields}, frames=frames, restart=restart,
+                holdout=arrays.get("holdout"))
+    return LabelRows(**rows)
 
 
 def from_npz(path: Path) -> LabelDataset:
@@ -74,7 +74,7 @@ def from_npz(path: Path) -> LabelDataset:
                           f"a {LABELS_FILE} written by rlhf-jax labels import")
     info = DatasetInfo.from_json(str(arrays["dataset_info"]), path)
     info = dataclasses.replace(info, source=path.name)
-    labels = label_rows(arrays, info.kind, path)
+    labels = label_rows(arrays, info.feedback, path)
     if "who" not in arrays:
         provenance = Provenance.unknown(info.rows)
     else:
@@ -89,12 +89,9 @@ def write_labels_npz(dataset: LabelDataset, path: str | Path) -> Path:
     """``dataset`` as a run's ``labels.npz`` (the same arrays, observations as whole stacks), with
     its :class:`DatasetInfo` and who gave each label beside them, so that nothing is lost."""
     info, labels, provenance = dataset
-    if info.kind == "compare":
-        arrays = dict(action=labels.action, mu=labels.mu, oracle_return=labels.oracle_return)
-        if labels.holdout is not None:
-            arrays["holdout"] = labels.holdout
-    else:
-        arrays = dict(marks=labels.marks)
+    arrays = {name: getattr(labels, name) for name in info.feedback.answer_fields}
+    if labels.holdout is not None:
+        arrays["holdout"] = labels.holdout
     arrays.update(dataset_info=np.array(info.to_json()), who=np.array([w or "" for w in provenance.who], str),
                   seconds=provenance.seconds, query_id=provenance.query_id)
     path = Path(path)
@@ -118,8 +115,9 @@ def _write_observations(npz: zipfile.ZipFile, info: DatasetInfo, labels: LabelRo
     """``obs.npy``: every observation as a whole stack (:func:`~rlhf_jax.reward.data.stacks_on_host`),
     rebuilt and written :data:`OBS_BYTES` at a time: Atari's are 4 times the frames, which a
     dataset of zeros holds in a few kilobytes."""
-    shape = (info.rows, info.segments, info.segment_length, *info.observation_shape)
-    shape = shape if info.kind == "compare" else (info.rows, *shape[2:])
+    kind = info.feedback
+    every = (info.rows, info.segments, info.segment_length, *info.observation_shape)
+    shape = kind.to_npz_obs(np.broadcast_to(np.zeros((), np.uint8), every)).shape  # as labels.npz keeps them
     dtype = np.dtype(info.observation_dtype)
     step = max(1, OBS_BYTES // max(1, math.prod(shape[1:]) * dtype.itemsize))
     with npz.open("obs.npy", "w", force_zip64=True) as member:
@@ -127,7 +125,7 @@ def _write_observations(npz: zipfile.ZipFile, info: DatasetInfo, labels: LabelRo
         np.lib.format.write_array_header_1_0(member, header)
         for start in range(0, info.rows, step):
             part = stacks_on_host(labels.frames[start:start + step], labels.restart[start:start + step], info.stack)
-            member.write((part if info.kind == "compare" else part[:, 0]).tobytes())
+            member.write(kind.to_npz_obs(part).tobytes())
 
 
 def import_labels(dataset_dir: str | Path, target: str | Path) -> Path:
@@ -144,9 +142,9 @@ def import_labels(dataset_dir: str | Path, target: str | Path) -> Path:
     else:
         config = read_run_config(target)
         reward = config.get("reward", "env")
-        if KINDS.get(reward) != dataset.info.kind:
+        if feedback_kind(reward) is not dataset.info.feedback:
             raise ConfigError(f"{target} learns from reward: {reward}, but {dataset_dir} holds "
-                              f"{'preferences' if dataset.info.kind == 'compare' else 'IBT marks'}")
+                              f"{dataset.info.feedback.learns_from}")
         mismatch = task_mismatch(dataset.info.env, build(EnvConfig, config.get("env", {}), "env"))
         if mismatch:
             raise ConfigError(f"{dataset_dir} was labelled on another environment than {target}'s: {mismatch}")

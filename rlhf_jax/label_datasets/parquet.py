@@ -19,8 +19,8 @@ from rlhf_jax.files import refuse_to_overwrite
 from rlhf_jax.label_datasets.card import card
 from rlhf_jax.label_datasets.check import check_rows
 from rlhf_jax.label_datasets.checksums import check_sums, write_sums
-from rlhf_jax.label_datasets.schema import (CARD_FILE, CHOICE_NAMES, DATA_DIR, METADATA_KEY, SIDED, Column,
-                                            DatasetInfo, LabelDataset, LabelRows, Provenance, columns)
+from rlhf_jax.label_datasets.schema import (CARD_FILE, CHOICE_NAMES, DATA_DIR, METADATA_KEY, Column, DatasetInfo,
+                                            LabelDataset, LabelRows, Provenance, columns)
 
 SHARD_BYTES = 512 * 2**20  # rows per Parquet file: about this many bytes before compression
 ROW_GROUP_BYTES = 64 * 2**20  # rows per row group, likewise
@@ -59,39 +59,44 @@ def _nullable(values: np.ndarray, type_: pa.DataType, missing: np.ndarray) -> pa
 
 
 def _table(dataset: LabelDataset, start: int, stop: int) -> pa.Table:
+    """Rows ``start`` to ``stop`` of ``dataset``, column by column as :func:`columns` lists them:
+    a column of a :class:`LabelRows` field from that field (one segment's: ``field[:, side]``),
+    the others from the rows' label number, environment, answer (``choice``) and provenance."""
     pa = _arrow()[0]
     info, labels, provenance = dataset
     part = slice(start, stop)
     env_options = json.dumps({k: v for k, v in to_dict(info.env).items() if k not in ("id", *HOW_RUN)})
     count = stop - start
-    data = {"label": pa.array(np.arange(start, stop), pa.int64()),
-            "env_id": pa.array([info.env.id] * count, pa.string()),
-            "env_options": pa.array([env_options] * count, pa.string())}
-    if info.kind == "annotate":
-        data.update(frames=_nested(labels.frames[part, 0]), restart=_nested(labels.restart[part, 0]),
-                    marks=_nested(labels.marks[part].astype(np.int32)))
-    else:
-        for side in (0, 1):
-            data[f"frames_{side}"] = _nested(labels.frames[part, side])
-            data[f"restart_{side}"] = _nested(labels.restart[part, side])
-        for side in (0, 1):
-            data[f"action_{side}"] = _nested(labels.action[part, side])
-        mu = labels.mu[part].astype(np.float32)
-        data["mu"] = pa.array(mu, pa.float32())
-        data["choice"] = pa.array([CHOICE_NAMES.get(float(m)) for m in mu], pa.string())
-        for side in (0, 1):
-            values = labels.oracle_return[part, side].astype(np.float32)
-            data[f"oracle_return_{side}"] = _nullable(values, pa.float32(), np.isnan(values))
-        if info.members:
-            data["holdout"] = _nested(labels.holdout[part])
-    data["who"] = pa.array(list(provenance.who[part]), pa.string())
-    seconds = provenance.seconds[part]
-    data["seconds"] = _nullable(seconds, pa.float64(), np.isnan(seconds))
-    query_id = provenance.query_id[part]
-    data["query_id"] = _nullable(query_id, pa.int64(), query_id < 0)
+    seconds, query_id = provenance.seconds[part], provenance.query_id[part]
+    others = {"label": lambda: pa.array(np.arange(start, stop), pa.int64()),
+              "env_id": lambda: pa.array([info.env.id] * count, pa.string()),
+              "env_options": lambda: pa.array([env_options] * count, pa.string()),
+              "choice": lambda: pa.array([CHOICE_NAMES.get(float(m)) for m in labels.mu[part].astype(np.float32)],
+                                         pa.string()),
+              "who": lambda: pa.array(list(provenance.who[part]), pa.string()),
+              "seconds": lambda: _nullable(seconds, pa.float64(), np.isnan(seconds)),
+              "query_id": lambda: _nullable(query_id, pa.int64(), query_id < 0)}
+    data = {}
+    for column in columns(info):
+        if not column.field:
+            data[column.name] = others[column.name]()
+            continue
+        values = _field_of(labels, column)[part].astype(column.dtype, copy=False)
+        if column.shape:
+            data[column.name] = _nested(values)
+        elif column.name in NULLS:  # a float that may be unknown: NaN is null
+            data[column.name] = _nullable(values, arrow_type(column), np.isnan(values))
+        else:
+            data[column.name] = pa.array(values, arrow_type(column))
     table = pa.table(data)
     assert table.schema.equals(schema(info)), "the columns and their documentation differ"
     return table.replace_schema_metadata({METADATA_KEY: info.to_json().encode()})
+
+
+def _field_of(rows: LabelRows, column: Column) -> np.ndarray:
+    """The :class:`LabelRows` array that ``column`` holds: its field, or one segment's of it."""
+    array = getattr(rows, column.field)
+    return array if column.side is None else array[:, column.side]
 
 
 def arrow_type(column: Column) -> pa.DataType:
@@ -220,15 +225,11 @@ def read(dataset_dir: str | Path) -> LabelDataset:
         raise ConfigError(f"{dataset_dir} holds {held} rows, its metadata says {info.rows}")
     rows = LabelRows.empty(info)
     who, seconds, query_id = [None] * info.rows, np.full(info.rows, np.nan), np.full(info.rows, -1, np.int64)
-    if info.kind == "annotate":
-        places = {"frames": rows.frames[:, 0], "restart": rows.restart[:, 0], "marks": rows.marks}
-    else:
-        places = {f"{name}_{side}": getattr(rows, name)[:, side] for name in SIDED for side in (0, 1)}
-        places["mu"] = rows.mu
-        if info.members:
-            places["holdout"] = rows.holdout
-    places.update(seconds=seconds, query_id=query_id)  # column -> the rows it fills
-    described, seen = {column.name: column for column in columns(info)}, np.zeros(info.rows, bool)
+    described = {column.name: column for column in columns(info)}
+    # Column -> the rows it fills: its LabelRows field (one segment's of it), or a provenance array.
+    places = {column.name: _field_of(rows, column) for column in described.values() if column.field}
+    places.update(seconds=seconds, query_id=query_id)
+    seen = np.zeros(info.rows, bool)
     for path, parquet in zip(files, parquets):
         try:
             for batch in parquet.iter_batches(batch_size=max(1, BATCH_BYTES // info.row_bytes)):

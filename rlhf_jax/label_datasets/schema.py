@@ -12,8 +12,7 @@ import numpy as np
 from rlhf_jax.config_base import build, to_dict
 from rlhf_jax.envs.options import EnvConfig
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.feedback.store import CHOICE_MU
-from rlhf_jax.reward.learner import FEEDBACK
+from rlhf_jax.reward.kinds import CHOICE_MU, KINDS, Column, FeedbackKind, kind_named
 
 FORMAT = "rlhf_jax.label_dataset"
 VERSION = 1
@@ -21,7 +20,6 @@ METADATA_KEY = b"rlhf_jax.label_dataset"  # the Parquet schema metadata key of a
 DATA_DIR = "data"
 CARD_FILE = "README.md"
 LABELS_FILE = "labels.npz"  # what a run writes when it finishes
-KINDS = {feedback.reward: feedback.kind for feedback in FEEDBACK.values()}  # a run's reward -> its labels' kind
 CHOICE_NAMES = {mu: choice for choice, mu in CHOICE_MU.items() if mu is not None}  # an answer mu -> its word
 MARKS = (-1, 0, 1)  # an IBT mark: regress, none, progress
 NUMBER_DTYPES = {np.dtype(code).name for code in "?bhilqBHILQefd"}  # what observations and actions may be
@@ -32,7 +30,7 @@ SIDED = ("frames", "restart", "action", "oracle_return")  # a pair's fields, in 
 class DatasetInfo:
     """What a dataset holds beside its rows (:mod:`rlhf_jax.label_datasets`)."""
 
-    kind: str  # "compare": preferences between 2 segments a row; "annotate": IBT marks on 1
+    kind: str  # its FeedbackKind's name: "compare", preferences between 2 segments a row; "annotate", IBT marks on 1
     env: EnvConfig  # the environment the segments were played on (its config section)
     rows: int
     segment_length: int  # k: steps per segment
@@ -49,9 +47,14 @@ class DatasetInfo:
     after_last_fit: int = 0
 
     @property
+    def feedback(self) -> FeedbackKind:
+        """The kind of feedback its rows are (:mod:`rlhf_jax.reward.kinds`), which says what a row holds."""
+        return kind_named(self.kind)
+
+    @property
     def segments(self) -> int:
         """Segments a row: 2 compared, or 1 annotated."""
-        return 2 if self.kind == "compare" else 1
+        return self.feedback.segments
 
     @property
     def observation_shape(self) -> tuple[int, ...]:
@@ -65,15 +68,8 @@ class DatasetInfo:
         """The :class:`LabelRows` fields a dataset of this description holds, each as its
         ``(shape, dtype)``; the fields not named are None."""
         n, c, k = self.rows, self.segments, self.segment_length
-        arrays = {"frames": ((n, c, self.frames_per_segment, *self.frame_shape), self.observation_dtype),
-                  "restart": ((n, c, k), "bool")}
-        if self.kind == "annotate":
-            return {**arrays, "marks": ((n, k), "int32")}
-        arrays.update(action=((n, c, k, *self.action_shape), self.action_dtype), mu=((n,), "float32"),
-                      oracle_return=((n, c), "float32"))
-        if self.members:
-            arrays["holdout"] = ((n, self.members), "bool")
-        return arrays
+        return {"frames": ((n, c, self.frames_per_segment, *self.frame_shape), self.observation_dtype),
+                "restart": ((n, c, k), "bool"), **self.feedback.answer_arrays(self)}
 
     def untrained(self) -> str:
         """The sentence that the export prints and the card states of :attr:`after_last_fit` ("" for none)."""
@@ -122,8 +118,10 @@ class DatasetInfo:
 
     def _problem(self) -> str | None:
         """What makes this description one no dataset can have (as a file's metadata may say), or None."""
-        if self.kind not in tuple(feedback.kind for feedback in FEEDBACK.values()):
-            return f"kind is {self.kind!r}, not compare or annotate"
+        try:
+            kind_named(self.kind)
+        except ValueError:
+            return f"kind is {self.kind!r}, not {' or '.join(kind.name for kind in KINDS)}"
         for name, low in (("rows", 0), ("segment_length", 1), ("stack", 1), ("members", 0), ("after_last_fit", 0)):
             value = getattr(self, name)
             if type(value) is not int or value < low:
@@ -133,7 +131,7 @@ class DatasetInfo:
         for name in ("frame_shape", "action_shape"):
             if not all(type(size) is int and size >= 1 for size in getattr(self, name)):
                 return f"{name} is {list(getattr(self, name))}, not sizes of at least 1"
-        for name in ("observation_dtype", "action_dtype") if self.kind == "compare" else ("observation_dtype",):
+        for name in ("observation_dtype", "action_dtype") if self.feedback.keeps_actions else ("observation_dtype",):
             dtype = getattr(self, name)
             if not isinstance(dtype, str) or dtype not in NUMBER_DTYPES:
                 return f"{name} is {dtype!r}, not the name of a NumPy number type (uint8, int32, float32, ...)"
@@ -179,25 +177,9 @@ class LabelDataset(NamedTuple):
     provenance: Provenance
 
 
-class Column(NamedTuple):
-    """One column of a dataset: its Parquet type (an element type, nested in fixed-size lists
-    of ``shape``), and what the card says of it."""
-
-    name: str
-    dtype: str  # a NumPy dtype's name, or "string"
-    shape: tuple[int, ...]  # per row; () for one value a row
-    meaning: str
-
-    @property
-    def type(self) -> str:
-        """As the card shows it: ``float32 [75, 4]``."""
-        return f"{self.dtype} {list(self.shape)}" if self.shape else self.dtype
-
-
 def columns(info: DatasetInfo) -> list[Column]:
     """The columns of a dataset of ``info``, in their order: what the writer writes, the reader
     requires, type for type, and the card shows."""
-    k, frames = info.segment_length, (info.frames_per_segment, *info.frame_shape)
     frame_word = "stacked frames, each frame once" if info.stack > 1 else "observations"
     common = [Column("label", "int64", (), "the label's row in the run's label database (its order)"),
               Column("env_id", "string", (), "the environment, as rlhf-jax names it"),
@@ -207,24 +189,4 @@ def columns(info: DatasetInfo) -> list[Column]:
             Column("seconds", "float64", (), "seconds from the clips' showing to the answer; null for synthetic "
                                              "labels"),
             Column("query_id", "int64", (), "the query's id in the run's labels.sqlite; null for synthetic labels")]
-    if info.kind == "annotate":
-        return common + [
-            Column("frames", info.observation_dtype, frames, f"the clip's {frame_word}, oldest first"),
-            Column("restart", "bool", (k,), "step t's observation does not continue step t-1's (a new episode)"),
-            Column("marks", "int32", (k,), "+1 progress, -1 regress, 0 no mark, one per step"),
-        ] + tail
-    pair = []
-    for side, name in ((0, "left"), (1, "right")):
-        pair += [Column(f"frames_{side}", info.observation_dtype, frames,
-                        f"segment {side}'s {frame_word}, oldest first (shown {name})"),
-                 Column(f"restart_{side}", "bool", (k,), f"step t of segment {side} does not continue step t-1's")]
-    pair += [Column(f"action_{side}", info.action_dtype, (k, *info.action_shape), f"segment {side}'s actions")
-             for side in (0, 1)]
-    answer = [Column("mu", "float32", (), "the answer: P[segment 0 preferred], 1.0, 0.0 or 0.5 (tie)"),
-              Column("choice", "string", (), "the same in words: left, right or tie")]
-    answer += [Column(f"oracle_return_{side}", "float32", (), f"segment {side}'s summed true reward; null if unknown")
-               for side in (0, 1)]
-    if info.members:
-        answer.append(Column("holdout", "bool", (info.members,),
-                             "held out of reward-model member m's training, for its validation, in the source run"))
-    return common + pair + answer + tail
+    return common + info.feedback.columns(info, frame_word) + tail
