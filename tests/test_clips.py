@@ -125,7 +125,7 @@ def test_clip_plays_back(env_id, tmp_path, request):
 
 @pytest.mark.slow
 def test_a_clip_can_play_slower_than_real_time(tmp_path):
-    """An episode to annotate is slowed down (rlhf_jax.feedback.labeler.clip_fps): 50 CartPole
+    """An episode to annotate is slowed down (rlhf_jax.reward.kinds.IBT.clip_fps): 50 CartPole
     steps at CartPole's 50 fps lasted 1 s. The same frames, only timed differently."""
     spec, obs = spec_of("gymnax/CartPole-v1"), cartpole_obs(50)
     path = clips.render_clip(spec, obs, tmp_path / "slow.mp4", fps=5.0)

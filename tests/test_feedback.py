@@ -21,10 +21,11 @@ from starlette.testclient import TestClient
 from rlhf_jax.cli import main
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.config import PeopleConfig
-from rlhf_jax.feedback.labeler import ANNOTATE_MIN_SECONDS, PeopleLabeler
+from rlhf_jax.feedback.labeler import PeopleLabeler
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
 from rlhf_jax.feedback.webapp import (MAX_BODY, SECRET_FILE, SECRET_HEADER, STATIC, TOKEN_COOKIE, Limits,
                                       create_app, label_server, listen)
+from rlhf_jax.reward.kinds import ANNOTATE_MIN_SECONDS
 from rlhf_jax.reward.people import Query
 
 CLIP_BYTES = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 4  # stands in for an MP4

@@ -4,19 +4,13 @@ from __future__ import annotations
 import dataclasses
 
 from rlhf_jax.config_base import check_fields, positive
-
-DEFAULT_COMPARE_INSTRUCTION = (
-    "Watch both clips. Choose the one in which the agent does better at its task; call it a tie "
-    "when both do equally well, and 'can't tell' when you cannot judge (it will not be used).")
-DEFAULT_ANNOTATE_INSTRUCTION = (
-    "Play or scrub through the episode. Mark a moment of progress towards the task where it "
-    "happens, and a moment of regress (a step away from it) likewise; then submit the episode, "
-    "with no marks if nothing happened.")
+from rlhf_jax.reward.kinds import FeedbackKind
 
 
 @dataclasses.dataclass(frozen=True)
 class PeopleConfig:
-    # One paragraph shown above the clips (Christiano et al. appendix B); "" shows a generic one.
+    # One paragraph shown above the clips (Christiano et al. appendix B); "" shows a generic one
+    # (the kind of feedback's: rlhf_jax.reward.kinds).
     instruction: str = ""
     # A query shown to one person goes back to the pool if they have not answered by then.
     assignment_timeout_s: float = positive(300.0)
@@ -30,7 +24,6 @@ class PeopleConfig:
     def __post_init__(self):
         check_fields(self)
 
-    def instruction_for(self, kind: str) -> str:
-        if self.instruction:
-            return self.instruction
-        return DEFAULT_ANNOTATE_INSTRUCTION if kind == "annotate" else DEFAULT_COMPARE_INSTRUCTION
+    def instruction_for(self, kind: FeedbackKind) -> str:
+        """What the page of ``kind`` shows above its clips."""
+        return self.instruction or kind.instruction

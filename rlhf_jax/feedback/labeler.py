@@ -29,22 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhf_jax.feedback.store import CHOICE_MU, STORE_FILE, LabelStore, QueryRow
+from rlhf_jax.feedback.store import STORE_FILE, LabelStore, QueryRow
+from rlhf_jax.reward.kinds import kind_named
 from rlhf_jax.reward.people import Answer, Query
 
 CLIPS_DIR = "clips"
 QUERIES_DIR = "queries"
-# An episode to mark plays slowed down to last at least this long: at the environment's own
-# pace it can be over before a person has seen it (50 CartPole steps at 50 fps: 1 s).
-ANNOTATE_MIN_SECONDS = 10.0
-
-
-def clip_fps(kind: str, frames: int, fps: float) -> float:
-    """The frame rate of a query's clips: the environment's own ``fps`` for a comparison (the
-    paper's clips play in real time), slower for an episode to annotate if it would otherwise
-    last less than :data:`ANNOTATE_MIN_SECONDS`. The store records it with the query, so the
-    page maps a clip's time to frames by it."""
-    return min(fps, frames / ANNOTATE_MIN_SECONDS) if kind == "annotate" else fps
 
 
 def save_arrays(path: Path, **arrays) -> None:
@@ -60,7 +50,8 @@ class PeopleLabeler:
 
     ``render(obs [k, ...], path, fps)`` writes one clip at ``fps`` frames a second
     (:func:`rlhf_jax.feedback.clips.render_clip` for the run's environment); ``fps`` is the
-    environment's frame rate, from which :func:`clip_fps` sets each query's."""
+    environment's frame rate, from which each query's kind of feedback sets its clips'
+    (:meth:`~rlhf_jax.reward.kinds.FeedbackKind.clip_fps`)."""
 
     def __init__(self, run_dir: str | Path, render, fps: float):
         self.run_dir = Path(run_dir)
@@ -91,14 +82,8 @@ class PeopleLabeler:
             if row.query_id in self._delivered:
                 continue
             self._delivered.add(row.query_id)
-            if row.kind == "annotate":
-                frames = self.store.query(row.query_id).frames
-                marks = np.zeros(frames, np.int32)
-                for step, sign in row.marks:
-                    marks[step] = sign
-                arrived.append(Answer(row.query_id, None, marks))
-            else:
-                arrived.append(Answer(row.query_id, CHOICE_MU[row.choice]))
+            frames = self.store.query(row.query_id).frames
+            arrived.append(Answer(row.query_id, *kind_named(row.kind).answer_of(row.choice, row.marks, frames)))
         return arrived
 
     # --------------------------------------------------------- surviving restarts
@@ -152,16 +137,18 @@ class PeopleLabeler:
                 self._to_render.task_done()
 
     def _publish(self, query: Query, priority: int) -> None:
-        kind = query.kind
         arrays = f"q{query.id}.npz"  # saved by ask
         frames = query.obs.shape[1]
-        fps = clip_fps(kind, frames, self.fps)
+        # The environment's own rate for a comparison (the paper's clips play in real time), slower
+        # for an episode to mark (FeedbackKind.clip_fps). The store keeps it with the query, so the
+        # page maps a clip's time to frames by it.
+        fps = kind_named(query.kind).clip_fps(frames, self.fps)
         clips = []
         for side, obs in enumerate(query.obs):
             name = f"q{query.id}_{side}.mp4"
             self.render(np.asarray(obs), self.run_dir / CLIPS_DIR / name, fps)
             clips.append(name)
-        self.store.add_query(query.id, kind, clips, arrays, frames=frames, fps=fps, priority=priority)
+        self.store.add_query(query.id, query.kind, clips, arrays, frames=frames, fps=fps, priority=priority)
 
     def _load(self, row: QueryRow) -> Query:
         with np.load(self.run_dir / QUERIES_DIR / row.segments) as arrays:

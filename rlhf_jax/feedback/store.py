@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from rlhf_jax.feedback.config import PeopleConfig
+from rlhf_jax.reward.kinds import CHOICE_MU, IBT, PREFERENCES
+from rlhf_jax.reward.kinds import KINDS as FEEDBACK_KINDS
 
 STORE_FILE = "labels.sqlite"
-CHOICES = ("left", "right", "tie", "cant_tell")
-KINDS = ("compare", "annotate")
-# P[left segment preferred] for each answer; "can't tell" is never trained on.
-CHOICE_MU = {"left": 1.0, "right": 0.0, "tie": 0.5, "cant_tell": None}
+CHOICES = tuple(CHOICE_MU)  # a comparison's answers: left, right, tie, cant_tell
+KINDS = tuple(kind.name for kind in FEEDBACK_KINDS)  # a query's kind, as the store keeps it: its FeedbackKind's name
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS queries (
@@ -294,7 +294,7 @@ class LabelStore:
         query stores nothing and returns the first."""
         if choice not in CHOICES:
             raise BadAnswer(f"choice must be one of {', '.join(CHOICES)}, got {choice!r}")
-        return self._store_answer(query_id, "compare", choice, who, seconds, [])
+        return self._store_answer(query_id, PREFERENCES.name, choice, who, seconds, [])
 
     def submit_marks(self, query_id: int, marks, who: str, seconds: float | None = None) -> tuple[bool, AnswerRow]:
         """Store an annotated episode's marks ``[(step, sign)]`` (possibly none: nothing happened).
@@ -307,7 +307,7 @@ class LabelStore:
             raise BadAnswer("two marks on the same step")
         if any(sign not in (-1, 1) for _, sign in marks):
             raise BadAnswer("a mark's sign must be +1 (progress) or -1 (regress)")
-        return self._store_answer(query_id, "annotate", "marked", who, seconds, marks)
+        return self._store_answer(query_id, IBT.name, "marked", who, seconds, marks)
 
     def _store_answer(self, query_id, kind, choice, who, seconds, marks):
         check_who(who)

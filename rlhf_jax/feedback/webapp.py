@@ -57,7 +57,8 @@ from rlhf_jax.config_base import build, read_run_config
 from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.feedback.config import PeopleConfig
 from rlhf_jax.feedback.labeler import CLIPS_DIR
-from rlhf_jax.feedback.store import KINDS, STORE_FILE, BadAnswer, Counts, LabelStore, UnknownQuery
+from rlhf_jax.feedback.store import STORE_FILE, BadAnswer, Counts, LabelStore, UnknownQuery
+from rlhf_jax.reward.kinds import KINDS, PREFERENCES, FeedbackKind, feedback_kind, kind_named
 
 CLIP_NAME = re.compile(r"q\d{1,12}_\d\.mp4")
 TOKEN_COOKIE = "rlhf_jax_token"
@@ -65,7 +66,6 @@ SECRET_FILE = "label_secret"  # in the run directory
 SECRET_HEADER = "X-Label-Secret"
 MAX_BODY = 64 * 1024  # bytes; an answer is well under 1 KiB, an episode's marks a few KiB
 STATIC = resources.files("rlhf_jax.feedback") / "static"
-PAGE_TITLES = {"compare": "Which clip is better?", "annotate": "Mark progress and regress"}
 PORTS = range(0, 65536)  # 0: any free port
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 WILDCARD = ("0.0.0.0", "::", "")
@@ -140,11 +140,8 @@ def _query_json(row) -> dict:
 
 
 def _answer_json(row) -> dict:
-    answer = {"query_id": row.query_id, "choice": row.choice, "who": row.who, "answered_at": row.answered_at,
-              "seconds": row.seconds}
-    if row.kind == "annotate":
-        answer["marks"] = [{"step": step, "sign": sign} for step, sign in row.marks]
-    return answer
+    return {"query_id": row.query_id, "choice": row.choice, "who": row.who, "answered_at": row.answered_at,
+            "seconds": row.seconds, **kind_named(row.kind).answer_details(row.marks)}
 
 
 async def _json_body(request: Request) -> dict:
@@ -181,19 +178,20 @@ def _query_id(request: Request) -> int:
 
 
 def create_app(run_dir: str | Path, people: PeopleConfig = PeopleConfig(), token: str | None = None,
-               default_page: str = "compare", host: str = "127.0.0.1", port: int = 8000) -> Starlette:
+               default_page: str = PREFERENCES.name, host: str = "127.0.0.1", port: int = 8000) -> Starlette:
     """The labeling app over ``run_dir``'s label store (created if training has not yet), for a
-    server bound to ``host:port``."""
+    server bound to ``host:port``: a page for each kind of feedback, at ``/<its name>``
+    (``default_page``: where ``/`` leads)."""
     run_dir = Path(run_dir).resolve()
     store = LabelStore(run_dir / STORE_FILE, people)
     clips_dir = run_dir / CLIPS_DIR
     secret = run_secret(run_dir)
 
-    def page(kind: str):
-        template = (STATIC / f"{kind}.html").read_text()
+    def page(kind: FeedbackKind):
+        template = (STATIC / f"{kind.name}.html").read_text()
 
         async def endpoint(request: Request):
-            text = (template.replace("{{title}}", html.escape(PAGE_TITLES[kind]))
+            text = (template.replace("{{title}}", html.escape(kind.page_title))
                     .replace("{{instruction}}", html.escape(people.instruction_for(kind)))
                     .replace("{{secret}}", html.escape(secret))
                     .replace("{{renew_s}}", f"{people.heartbeat_timeout_s / 4:g}"))
@@ -210,7 +208,7 @@ def create_app(run_dir: str | Path, people: PeopleConfig = PeopleConfig(), token
 
     async def status(request: Request):
         who = request.query_params.get("who")
-        return JSONResponse({kind: _counts_json(store.counts(kind, who)) for kind in KINDS})
+        return JSONResponse({kind.name: _counts_json(store.counts(kind.name, who)) for kind in KINDS})
 
     async def next_query(request: Request):
         body = await _json_body(request)
@@ -260,8 +258,7 @@ def create_app(run_dir: str | Path, people: PeopleConfig = PeopleConfig(), token
 
     routes = [
         Route("/", home),
-        Route("/compare", page("compare")),
-        Route("/annotate", page("annotate")),
+        *(Route(f"/{kind.name}", page(kind)) for kind in KINDS),
         Route("/api/status", status),
         Route("/api/next", next_query, methods=["POST"]),
         Route("/api/queries/{query_id}/hold", hold, methods=["POST"]),
@@ -378,7 +375,7 @@ def run_settings(run_dir: str | Path) -> tuple[PeopleConfig, str]:
     if config.get("labeler") != "people":
         raise ConfigError(f"{run_dir} was not trained with labeler: people, so it asks no one; "
                           "train with labeler=people to ask people")
-    page = "annotate" if config.get("reward") == "ibt" else "compare"
+    page = (feedback_kind(config.get("reward")) or PREFERENCES).name
     return build(PeopleConfig, config.get("people", {}), "people"), page
 
 

@@ -17,12 +17,14 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from rlhf_jax.reward.kinds import kind_named
+
 
 class Query(NamedTuple):
     """Two segments to compare, or (IBT) one clip to mark: ``obs [2 or 1, k, *obs_shape]``."""
 
     id: int
-    kind: str  # "compare" (a pair) or "annotate" (one clip): rlhf_jax.reward.learner.Kind
+    kind: str  # its FeedbackKind's name (rlhf_jax.reward.kinds): "compare" (a pair) or "annotate" (one clip)
     obs: np.ndarray  # [2, k, *observation_shape]: the two segments ([1, k, ...]: the episode)
     action: np.ndarray  # [2, k, *action_shape]
     oracle_reward: np.ndarray  # [2, k]: for simulated people and metrics, never shown to a person
@@ -165,10 +167,4 @@ class SimulatedPerson:
             if self.cant_tell and self._count % self.cant_tell == 0:
                 self._answered.put(Answer(query.id, None))
                 continue
-            if query.kind == "annotate":  # a clip to mark: +1 / -1 on the frame after a reward above / below 0
-                reward = query.oracle_reward[0, :-1]
-                marks = np.concatenate([[0], np.sign(reward)]).astype(np.int32)
-                self._answered.put(Answer(query.id, None, marks))
-                continue
-            first, second = query.oracle_reward.sum(-1)
-            self._answered.put(Answer(query.id, 1.0 if first > second else 0.0 if first < second else 0.5))
+            self._answered.put(Answer(query.id, *kind_named(query.kind).simulated_answer(query.oracle_reward)))
