@@ -27,42 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Literal, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 
 from rlhf_jax.reward.data import Segments
 from rlhf_jax.reward.schedule import labels_due
-
-Kind = Literal["compare", "annotate"]  # what a person is shown: a pair to compare, or one clip to mark
-
-
-class Feedback(NamedTuple):
-    """One kind of feedback as a run's config names it: the keys that a label dataset, a
-    model fitted offline and the budget are checked against, each rule's message naming them."""
-
-    reward: str  # the config's `reward` that learns from it
-    kind: Kind
-    model: str  # what its reward model is, in words
-    answers: str  # what its answers are, in words
-    answers_from: str  # the key naming a label dataset to start from
-    budget: str  # the key of the answer budget
-    length: str  # the key of the steps per clip
-
-
-FEEDBACK = {
-    "preferences": Feedback("preferences", "compare", "a preference reward model", "labels",
-                            "preferences.labels_from", "preferences.labels", "preferences.segment_length"),
-    "ibt": Feedback("ibt", "annotate", "an IBT utility", "marked clips", "ibt.marks_from", "ibt.episodes",
-                    "ibt.episode_length"),
-}
-MODEL_KEY = "reward_model.init_from"  # a model fitted offline, for either kind
-
-
-def feedback_of(kind: str) -> Feedback:
-    """The :class:`Feedback` of a learner's (or a dataset's, or a saved model's) ``kind``."""
-    return next(feedback for feedback in FEEDBACK.values() if feedback.kind == kind)
 
 
 class Queries(NamedTuple):
