@@ -51,7 +51,7 @@ from rlhf_jax.agents import a2c, acer, dqn, trpo
 from rlhf_jax.config import ExperimentConfig, RunConfig
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.networks import apply_time_major
-from rlhf_jax.trainer import Training
+from rlhf_jax.driver import Driver
 
 # The settings that solve CartPole (configs/a2c_cartpole.yaml).
 A2C_CARTPOLE = a2c.A2CConfig(num_steps=8, learning_rate=3e-3)
@@ -103,15 +103,15 @@ def measure_training(agent, config, env_config: EnvConfig, seeds: int, env_steps
 
 def command_training_side(config: ExperimentConfig) -> Side:
     """One chunk as ``rlhf-jax train`` runs it (its loop, its compiled code). Units: env steps."""
-    training = Training(config)
-    runner = training.init_runner(jax.random.PRNGKey(config.seed))
+    driver = Driver(config)
+    runner = driver.init(jax.random.PRNGKey(config.seed))
 
     def run():
         nonlocal runner
-        runner, metrics = training.run_chunk(runner, 0)
+        runner, metrics, _ = driver.run_chunk(runner, 0)
         jax.block_until_ready(metrics)
 
-    return Side(run, training.chunk_length(0) * training.steps_per_iteration)
+    return Side(run, driver.loop.chunk_length(0) * driver.loop.steps_per_iteration)
 
 
 class NetworkWork(NamedTuple):

@@ -60,7 +60,8 @@ from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.envs.core import Environment, EnvSpec, TimeStep, clip_action
 from rlhf_jax.envs.envpool_envs import x64
 from rlhf_jax.reward.config import PreferenceConfig
-from rlhf_jax.trainer import compile_chunk, make_training, true_reward_env_config
+from rlhf_jax.dispatch import repeat
+from rlhf_jax.driver import Driver, true_reward_env_config
 
 
 PAPER_MUJOCO = Path(__file__).resolve().parent.parent / "configs" / "paper" / "mujoco"
@@ -102,26 +103,26 @@ class Raw:
 
 class TrpoChunk:
     """One chunk of TRPO on the true reward, compiled as ``rlhf-jax train`` compiles it
-    (:func:`rlhf_jax.trainer.compile_chunk` over the agent's iteration), that also hands back
+    (:func:`rlhf_jax.dispatch.repeat` over the agent's iteration), that also hands back
     the actions its environment took (clipped into the bounds, as :func:`env_step` gives them),
     for :class:`Replay`; the first call compiles."""
 
     def __init__(self, config: ExperimentConfig):
-        self.training = training = make_training(config)
-        space = training.env.spec.action_space
+        self.driver = driver = Driver(config)
+        space = driver.env.spec.action_space
 
         def step(runner):
-            runner, metrics, transitions = training.iteration(runner)
+            runner, metrics, transitions = driver.loop.iteration(runner)
             return runner, (metrics, clip_action(space, transitions.action))
 
-        self.run = compile_chunk(step, training.loop)
-        self.state = training.init_runner(jax.random.PRNGKey(0))
-        self.env_steps = training.chunk_iterations * training.steps_per_iteration
+        self.run = repeat(step, driver.compiled.dispatch)
+        self.state = driver.init(jax.random.PRNGKey(0))
+        self.env_steps = driver.loop.chunk_iterations * driver.loop.steps_per_iteration
         self.taken = []  # [chunk iterations, steps, num_envs, ...], one per chunk run
         self()
 
     def __call__(self):
-        self.state, (metrics, actions) = self.run(self.state, self.training.chunk_iterations)
+        self.state, (metrics, actions) = self.run(self.state, self.driver.loop.chunk_iterations)
         jax.block_until_ready((self.state, metrics))
         self.taken.append(actions)
 
@@ -133,10 +134,10 @@ class Replay:
     replayed at once, so that both pools stay step for step together."""
 
     def __init__(self, source: TrpoChunk):
-        config = true_reward_env_config(source.training.config)
+        config = true_reward_env_config(source.driver.config)
         self.source, self.env_steps, self.last_obs, self.replayed = source, source.env_steps, None, 0
         self.pool = envpool.make(config.name, env_type="gymnasium", num_envs=config.num_envs, seed=config.seed,
-                                 **source.training.env.pool_options)
+                                 **source.driver.env.pool_options)
         self.start()
         self.prepare()
         self()
@@ -193,8 +194,8 @@ class OurEnv:
     """Our environment, as the agents' rollouts step it: ``steps`` steps of uniform random
     actions in one jitted scan."""
 
-    def __init__(self, training, steps: int):
-        env = training.env
+    def __init__(self, driver, steps: int):
+        env = driver.env
         space = env.action_space
         shape = (env.num_envs, *space.shape)
 
@@ -220,13 +221,13 @@ class Chunk:
     """One chunk of a run, as ``rlhf-jax train`` runs it; the first call compiles."""
 
     def __init__(self, config: ExperimentConfig):
-        self.training = make_training(config)
-        self.state = self.training.init_runner(jax.random.PRNGKey(0))
-        self.env_steps = self.training.chunk_iterations * self.training.steps_per_iteration
+        self.driver = Driver(config)
+        self.state = self.driver.init(jax.random.PRNGKey(0))
+        self.env_steps = self.driver.loop.chunk_iterations * self.driver.loop.steps_per_iteration
         self()
 
     def __call__(self):
-        self.state, metrics = self.training.run_chunk(self.state, 1)
+        self.state, metrics, _ = self.driver.run_chunk(self.state, 1)
         jax.block_until_ready((self.state, metrics))
 
 
@@ -253,13 +254,13 @@ class CostlessEnv(Environment):
         return key, self._timestep(key)
 
 
-def agent_ms(training, repeats: int = 15) -> dict:
+def agent_ms(driver, repeats: int = 15) -> dict:
     """TRPO's own time per iteration, on a :class:`CostlessEnv` of the task's shapes: the whole
     iteration, its rollout (the policy's passes) and the difference, the update; medians, in ms."""
     from rlhf_jax.agents import trpo
     from rlhf_jax.agents.base import env_reward
 
-    config, env = training.agent_config, CostlessEnv(training.env.spec)
+    config, env = driver.agent_config, CostlessEnv(driver.env.spec)
     iteration = jax.jit(lambda r: trpo.make_iteration(config, env, env_reward)(r)[0], donate_argnums=0)
     rollout = trpo.make_rollout(config, env)
     rollout_only = jax.jit(lambda r: r._replace(**dict(zip(("env_state", "obs", "key"), rollout(
@@ -290,7 +291,7 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int, fit_rat
     # trpo first in every round, so that raw replays the actions of the round's own chunk
     sides = {"trpo": trpo, "raw": Replay(trpo), "raw_random": Raw(trpo_config.env.name, num_envs, steps),
              "raw_xla": ReplayXla(trpo),
-             "env": OurEnv(make_training(trpo_config), steps), "rlhf": Chunk(rlhf_config), **slower_fits}
+             "env": OurEnv(Driver(trpo_config), steps), "rlhf": Chunk(rlhf_config), **slower_fits}
     rates = {name: [] for name in sides}
     seconds = {name: 0.0 for name in sides}
     loads = []
@@ -314,7 +315,7 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int, fit_rat
         "rlhf_over_trpo": [h / t for h, t in zip(rates["rlhf"], rates["trpo"])],
         **{f"{name}_over_trpo": [h / t for h, t in zip(rates[name], rates["trpo"])] for name in slower_fits},
     }
-    flops = flops_per_env_step(sides["rlhf"].training, sides["trpo"].training)
+    flops = flops_per_env_step(sides["rlhf"].driver, sides["trpo"].driver)
     drift = max(sides["raw"].max_obs_diff(), sides["raw_xla"].max_obs_diff())
     if drift >= REPLAY_TOLERANCE:
         print(f"{task}: the replays left TRPO's trajectories (observations {drift:.2g} apart): raw is not the same "
@@ -334,9 +335,9 @@ def measure(task: str, num_envs: int, rounds: int, chunk_env_steps: int, fit_rat
         "trpo_over_raw_random_all_rounds": round(seconds["raw_random"] / seconds["trpo"], 4),
         "rlhf_over_trpo_all_rounds": round(seconds["trpo"] / seconds["rlhf"], 4),
         **{f"{name}_range": [round(min(v), 4), round(max(v), 4)] for name, v in ratios.items()},
-        **{f"{name}_iteration_ms": round(1e3 * sides["trpo"].training.steps_per_iteration / float(np.median(rates[name])), 2)
+        **{f"{name}_iteration_ms": round(1e3 * sides["trpo"].driver.loop.steps_per_iteration / float(np.median(rates[name])), 2)
            for name in ("trpo", "raw", "raw_random")},
-        **{f"trpo_{k}": round(v, 2) for k, v in agent_ms(sides["trpo"].training).items()},
+        **{f"trpo_{k}": round(v, 2) for k, v in agent_ms(sides["trpo"].driver).items()},
         **{f"flops_per_env_step_{k}": round(v) for k, v in flops.items()},
     }
     print(f"{task}: {result}", flush=True)

@@ -25,28 +25,28 @@ import jax.numpy as jnp
 
 from benchmarks.common import Headline, Target, enable_compilation_cache, write_result
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
-from rlhf_jax.trainer import make_training
+from rlhf_jax.driver import Driver
 
 
 def chunk_rates(configs: dict[str, ExperimentConfig], chunks: int) -> tuple[dict[str, float], dict]:
     """Env steps/s of each config's chunks: best of ``chunks`` chunks after a first, compiling
     one, the configs taking turns chunk by chunk so that load from elsewhere falls on all alike.
-    Returns the rates and the trainings that ran them, by the configs' names."""
+    Returns the rates and the drivers that ran them, by the configs' names."""
     runs = {}
     for name, config in configs.items():
-        training = make_training(config)
-        state = training.init_runner(jax.random.PRNGKey(0))
-        state, _ = training.run_chunk(state, 0)
-        runs[name] = [training, jax.block_until_ready(state), float("inf")]
+        driver = Driver(config)
+        state = driver.init(jax.random.PRNGKey(0))
+        state, _, _ = driver.run_chunk(state, 0)
+        runs[name] = [driver, jax.block_until_ready(state), float("inf")]
     for chunk in range(1, chunks + 1):
         for run in runs.values():
-            training, state, best = run
+            driver, state, best = run
             start = time.perf_counter()
-            state, _ = training.run_chunk(state, chunk)
+            state, _, _ = driver.run_chunk(state, chunk)
             jax.block_until_ready(state)
             run[1:] = [state, min(best, time.perf_counter() - start)]
-    rates = {name: t.chunk_iterations * t.steps_per_iteration / best for name, (t, _, best) in runs.items()}
-    return rates, {name: training for name, (training, _, _) in runs.items()}
+    rates = {name: d.loop.chunk_iterations * d.loop.steps_per_iteration / best for name, (d, _, best) in runs.items()}
+    return rates, {name: driver for name, (driver, _, _) in runs.items()}
 
 
 def xla_flops(function, *args) -> float:
@@ -55,14 +55,14 @@ def xla_flops(function, *args) -> float:
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
-def flops_per_env_step(training, agent) -> dict[str, float]:
-    """Arithmetic per env step: the agent's iteration on the true reward (``agent``, a
-    ``Training``); the loop's (``training``, a ``LearnedRewardTraining``) iteration on r̂ with its recording,
+def flops_per_env_step(learned, true) -> dict[str, float]:
+    """Arithmetic per env step: the agent's iteration on the true reward (``true``, a
+    :class:`~rlhf_jax.driver.Driver` on it); the loop's (``learned``'s) iteration on r̂ with its recording,
     its share of the fitting steps, and of the per-chunk queries, l2 adaptation and scoring.
     Loop bodies are counted once, so each piece is one iteration or step. Only shapes are
     needed: nothing is run."""
-    runner = jax.eval_shape(agent.init_runner, jax.random.PRNGKey(0))
-    loop = training.rlhf
+    runner = true.abstract_state()
+    loop = learned.loop
     state = jax.eval_shape(loop.init, jax.random.PRNGKey(0))
     chunk_steps = loop.chunk_iterations * loop.steps_per_iteration
     fitting = xla_flops(loop.fit_one, state) * loop.fit_steps / chunk_steps
@@ -70,7 +70,7 @@ def flops_per_env_step(training, agent) -> dict[str, float]:
     # scoring would then count for nothing.
     rest = xla_flops(lambda s: loop.refresh(loop.ask(s, jnp.int32(1), loop.max_queries)), state) / chunk_steps
     playing = xla_flops(lambda s: loop.collect(s)[0], state) / loop.steps_per_iteration
-    return {"agent_on_true_reward": xla_flops(lambda r: agent.iteration(r)[0], runner) / agent.steps_per_iteration,
+    return {"agent_on_true_reward": xla_flops(lambda r: true.loop.iteration(r)[0], runner) / true.loop.steps_per_iteration,
             "rlhf_loop": playing + fitting + rest, "rlhf_fitting": fitting}
 
 

@@ -39,7 +39,7 @@ from rlhf_jax.envs import Discrete, make
 from rlhf_jax.evaluation import evaluate
 from rlhf_jax.statistics import (CONFIDENCE, REPLICATIONS, IntervalEstimate, PerformanceProfile, draw_intervals,
                                  draw_profiles, interval_estimate, normalize, performance_profile, require_rliable)
-from rlhf_jax.trainer import AgentRun, make_training
+from rlhf_jax.driver import Driver
 
 # Each task: overrides of the built-in default (A2C on CartPole from preferences).
 TASKS = {
@@ -82,10 +82,10 @@ def evaluation_env(env_config):
                                     seed=env_config.seed + 10_000))
 
 
-def evaluate_seeds(training, params, seed: int) -> list[float]:
+def evaluate_seeds(driver, params, seed: int) -> list[float]:
     """Each seed's mean true return over ``EVAL_EPISODES`` whole episodes of the unmodified task."""
-    env = evaluation_env(training.config.env)
-    return score_seeds(env, training.agent.make_policy(training.agent_config, env.spec), params, seed)
+    env = evaluation_env(driver.config.env)
+    return score_seeds(env, driver.agent.make_policy(driver.agent_config, env.spec), params, seed)
 
 
 def score_seeds(env, act, params, seed: int) -> list[float]:
@@ -96,34 +96,34 @@ def score_seeds(env, act, params, seed: int) -> list[float]:
     return [float(s / max(n, 1)) for s, n in zip(result.return_sum, result.episodes)]
 
 
-def chunk_curves(training, metrics, learned) -> dict:
+def chunk_curves(loop, metrics, learned) -> dict:
     """Per chunk, for each seed: the true return of the episodes that ended in the chunk
     (NaN where none did), the labels so far, and the predictor's accuracy and correlation."""
     def per_chunk(x):  # [seeds, iterations] -> [seeds, chunks], summed within each chunk
-        edges = np.arange(0, x.shape[1], training.chunk_iterations)
+        edges = np.arange(0, x.shape[1], loop.chunk_iterations)
         return np.add.reduceat(np.asarray(x, np.float64), edges, axis=1)
     episodes = per_chunk(metrics["episodes"])
     returns = np.where(episodes > 0, per_chunk(metrics["episode_return_sum"]) / np.maximum(episodes, 1), np.nan)
     def rounded(x):  # NaN as null, which strict JSON readers accept
         return [[None if np.isnan(v) else v for v in row] for row in np.round(np.asarray(x, np.float64), 3).tolist()]
-    ends = np.minimum(np.arange(1, returns.shape[1] + 1) * training.chunk_iterations, training.total_iterations)
-    return {"env_steps": (ends * training.steps_per_iteration).tolist(),
+    ends = np.minimum(np.arange(1, returns.shape[1] + 1) * loop.chunk_iterations, loop.total_iterations)
+    return {"env_steps": (ends * loop.steps_per_iteration).tolist(),
             "true_return": rounded(returns), "labels": np.asarray(learned["labels"]).tolist(),
             "reward_accuracy": rounded(learned["reward_accuracy"]),
             "reward_correlation": rounded(learned["reward_correlation"])}
 
 
 def rlhf_cell(overrides: list[str], seed: int = 0) -> dict:
-    training = make_training(experiment(overrides))
+    driver = Driver(experiment(overrides))
     start = time.perf_counter()
-    state, metrics, learned = jax.device_get(jax.jit(jax.vmap(training.rlhf.make_train().from_state))(
-        stacked_runners(training.init_runner, SEEDS, seed)))
-    returns = evaluate_seeds(training, state.runner.params, seed)
+    state, metrics, learned = jax.device_get(jax.jit(jax.vmap(driver.loop.make_train().from_state))(
+        stacked_runners(driver.init, SEEDS, seed)))
+    returns = evaluate_seeds(driver, state.runner.params, seed)
     return {"returns": returns, "mean": float(np.mean(returns)), "labels": int(learned["labels"][0, -1]),
             # None when every fresh pair tied at the end (a policy that never fails).
             "reward_accuracy": None if np.isnan(learned["reward_accuracy"][:, -1]).all()
             else float(np.nanmean(learned["reward_accuracy"][:, -1])),
-            "seconds": round(time.perf_counter() - start, 1), "curves": chunk_curves(training, metrics, learned)}
+            "seconds": round(time.perf_counter() - start, 1), "curves": chunk_curves(driver.loop, metrics, learned)}
 
 
 def without_curves(cell: dict) -> dict:
@@ -135,11 +135,11 @@ def true_reward_cell(overrides: list[str], seed: int = 0, visible_ends: bool = T
     with ``visible_ends=False``, on the oracle's reward under the task's own treatment (ends
     hidden, a penalty per failure), as it is: not normalised as r̂ is."""
     config = experiment([*overrides, "reward=env", *(["env.hide_episode_end=false"] if visible_ends else [])])
-    training = AgentRun(config, config.env)
-    train = training.agent.make_train(training.agent_config, training.env, env_reward)
+    driver = Driver(config)
+    train = driver.agent.make_train(driver.agent_config, driver.env, env_reward)
     start = time.perf_counter()
     runner, _ = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(seed), SEEDS))
-    returns = evaluate_seeds(training, runner.params, seed)
+    returns = evaluate_seeds(driver, runner.params, seed)
     return {"returns": returns, "mean": float(np.mean(returns)), "seconds": round(time.perf_counter() - start, 1)}
 
 

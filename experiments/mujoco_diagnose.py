@@ -7,7 +7,7 @@
 For each cell (a sweep directory of ``experiments/reproduce.py --backend cpu``, or the
 directory of one ``rlhf-jax train`` run on an ``envpool/`` MuJoCo task) the newest
 checkpoint is restored and each seed's policy plays ``--episodes`` whole episodes of the
-unmodified task on EnvPool (sampling, as in training). Per seed: the true (Gymnasium v5)
+unmodified task on EnvPool (sampling, as in driver). Per seed: the true (Gymnasium v5)
 return, the torque cost inside it, the return without it, and the episode length; beside
 them the reward model's last accuracy on fresh pairs and its correlation with the oracle's
 reward (from ``members.csv``). Printed as a table and written to
@@ -51,12 +51,12 @@ def one_seed(tree, s: int):
     return jax.tree.map(lambda x: x[s], tree)
 
 
-def play(training, params, episodes: int, seed: int) -> dict:
+def play(driver, params, episodes: int, seed: int) -> dict:
     """Each seed's policy (``params`` stacked over seeds) on ``episodes`` copies of the plain task,
     each copy's first whole episode: return, torque cost, length (means over the copies)."""
-    config = training.config.env
+    config = driver.config.env
     env = make(EnvConfig(id=config.id, num_envs=episodes, seed=config.seed + 10_000))
-    act = training.agent.make_policy(training.agent_config, env.spec)
+    act = driver.agent.make_policy(driver.agent_config, env.spec)
     weight = float(getattr(envpool.make_spec(config.name, num_envs=1).config, "ctrl_cost_weight", 0.0))
     steps = env.spec.max_episode_steps + 1
 
@@ -88,13 +88,14 @@ def play(training, params, episodes: int, seed: int) -> dict:
 
 def diagnose_run(directory: Path, episodes: int) -> dict:
     """One ``rlhf-jax train`` run: its one seed, as a cell of one."""
-    from rlhf_jax.trainer import load_run_config, make_training, restore_latest
+    from rlhf_jax.driver import Driver
+    from rlhf_jax.run_dir import load_run_config
 
     config = load_run_config(directory)
-    training = make_training(config)
-    _, runner = restore_latest(training, directory)
-    params = jax.tree.map(lambda x: x[None], training.policy_params(runner))
-    rows = play(training, params, episodes, seed=0)
+    driver = Driver(config)
+    _, runner = driver.restore_latest(directory)
+    params = jax.tree.map(lambda x: x[None], driver.policy_params(runner))
+    rows = play(driver, params, episodes, seed=0)
     rows[0]["seed"] = config.seed
     with open(directory / "metrics.csv") as file:
         last = list(csv.DictReader(file))[-1]
@@ -110,11 +111,11 @@ def restore_cell(directory: Path):
     return sweep, *sweep.restore_group(0)
 
 
-def training_task_player(env, training):
-    """``play(params, key)``, compiled once: a policy of ``training`` on ``env`` (a cell's training
+def training_task_player(env, driver):
+    """``play(params, key)``, compiled once: a policy of ``driver``'s run on ``env`` (a cell's training
     task) for one of its fixed-length episodes, ``(obs, action, timestep)`` of every step, time-major,
-    the action as the policy drew it (as r̂ was handed it in training)."""
-    act = training.agent.make_policy(training.agent_config, env.spec)
+    the action as the policy drew it (as r̂ was handed it in driver)."""
+    act = driver.agent.make_policy(driver.agent_config, env.spec)
     observe = lambda obs, action, timestep: (obs, action, timestep)
     steps = env.spec.max_episode_steps
     return jax.jit(lambda params, key: evaluation.play(act, params, env, key, steps, observe))
@@ -130,24 +131,24 @@ def rank_against(program: GroupProgram, state, other: Path, episodes: int) -> di
     """``--against``: each seed's r̂ of a restored cell (``program``, ``state``) judging its own
     policy's clips against those of ``other``'s policies."""
     _, other_program, _, other_state = restore_cell(other)
-    training, other_training = program.training, other_program.training
-    env = make(dataclasses.replace(training.config.env, num_envs=episodes))
-    length = training.learner.clip_length
+    driver, other_driver = program.driver, other_program.driver
+    env = make(dataclasses.replace(driver.config.env, num_envs=episodes))
+    length = driver.learner.clip_length
     seeds = [config.seed for config in program.configs]
-    play_cell, play_other = training_task_player(env, training), training_task_player(env, other_training)
-    plays = {("cell", s): play_cell(training.policy_params(one_seed(state, i)), jax.random.PRNGKey(s))
+    play_cell, play_other = training_task_player(env, driver), training_task_player(env, other_driver)
+    plays = {("cell", s): play_cell(driver.policy_params(one_seed(state, i)), jax.random.PRNGKey(s))
              for i, s in enumerate(seeds)}
     for i, config in enumerate(other_program.configs):
-        params = other_training.policy_params(one_seed(other_state, i))
+        params = other_driver.policy_params(one_seed(other_state, i))
         plays[("other", config.seed)] = play_other(params, jax.random.PRNGKey(100 + i))
     policies = {f"{side} seed {s}": {
         "oracle_reward_per_step": float(np.mean(timestep.reward)),
         "unhealthy_share": float(np.mean(timestep.info.get("unhealthy", np.zeros_like(timestep.reward))))}
         for (side, s), (_, _, timestep) in plays.items()}
-    reward = jax.jit(lambda params, o, a, t: rollout_rewards(training.learner.reward_fn, params, o, a, t))
+    reward = jax.jit(lambda params, o, a, t: rollout_rewards(driver.learner.reward_fn, params, o, a, t))
     judges = []
     for i, s in enumerate(seeds):
-        learned = training.learned_reward(one_seed(state, i))
+        learned = driver.learned_reward(one_seed(state, i))
         sums = {who: (clip_sums(np.asarray(t.reward), length), clip_sums(np.asarray(reward(learned.params, o, a, t)), length))
                 for who, (o, a, t) in plays.items()}
         own_oracle, own_rhat = sums[("cell", s)]
@@ -164,8 +165,8 @@ def diagnose(directory: Path, episodes: int, against: Path | None = None) -> dic
     if not (directory / "group0").exists():
         return diagnose_run(directory, episodes)
     sweep, program, chunk, state = restore_cell(directory)
-    training = program.training
-    rows = play(training, training.policy_params(state), episodes, seed=0)
+    driver = program.driver
+    rows = play(driver, driver.policy_params(state), episodes, seed=0)
     last = {}
     for row in sweep.rows():
         if int(row["chunk"]) == chunk:
@@ -175,7 +176,7 @@ def diagnose(directory: Path, episodes: int, against: Path | None = None) -> dic
         for key in ("reward_accuracy", "reward_correlation", "episode_return"):
             if key in last[seed]:
                 row[f"last_chunk_{key}"] = last[seed][key]
-    result = {"chunk": chunk, "env_steps": training.steps_per_iteration * training.chunk_iterations * (chunk + 1),
+    result = {"chunk": chunk, "env_steps": driver.steps_per_iteration * driver.chunk_iterations * (chunk + 1),
               "seeds": rows}
     if against:
         result["ranked_against"] = rank_against(program, state, against, episodes)

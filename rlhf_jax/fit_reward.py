@@ -33,6 +33,8 @@ import numpy as np
 from rlhf_jax.checkpoints import write_atomically
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build, to_dict, without_local_files
 from rlhf_jax.config_base import parse_mapping
+from rlhf_jax.dispatch import dispatch_of, repeat_over
+from rlhf_jax.driver import make_learner
 from rlhf_jax.envs import make
 from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.files import refuse_to_overwrite
@@ -41,7 +43,6 @@ from rlhf_jax.head_start import HeadStartFiles
 from rlhf_jax.reward import saved_model
 from rlhf_jax.replay import frame_stack
 from rlhf_jax.reward.data import LabelledPairs, MarkedClips, Segments, action_shape_dtype, stacks_on_host
-from rlhf_jax.trainer import make_learner, resolve_loop
 
 EPOCHS = 200  # over the dataset: the paper's Atari pretraining (appendix A.2), about a CartPole run's fitting
 
@@ -133,17 +134,7 @@ def fit_reward(dataset_dir: str | Path, out: str | Path | None = None, overrides
                                                                  jax.random.fold_in(key, 1)))
     state = start(init_key, clips, given)
     refresh = jax.jit(learner.refresh)
-    if resolve_loop(config.run.loop, spec) == "python":  # CNNs on a CPU: one step a dispatch (trainer.resolve_loop)
-        one = jax.jit(learner.fit_step)
-
-        def fit(state, keys):
-            losses = []
-            for step_key in keys:
-                state, loss = one(state, step_key)
-                losses.append(loss)
-            return state, jnp.stack(losses)
-    else:
-        fit = jax.jit(lambda state, keys: jax.lax.scan(learner.fit_step, state, keys))
+    fit = repeat_over(learner.fit_step, dispatch_of(config.run.loop, spec))  # (state, keys) -> (state, losses)
     kind = head.kind
     say(f"fitting {kind.fitted(config)} to {labels} {kind.answers} of {config.env.id}: {total} steps of {batch} "
         f"{kind.batch_unit}", flush=True)

@@ -20,7 +20,9 @@ inside clips: everything that differs is the :class:`~rlhf_jax.reward.learner.Re
 
 :meth:`Loop.chunk` is 2 scanned over a chunk's iterations, then 3 and 4 (:meth:`learn`);
 :meth:`Loop.make_train` is the whole run as one function of a key, for ``jit`` and ``vmap``.
-The host driver (:mod:`rlhf_jax.trainer`) calls these same functions between chunks.
+On the environment's own reward (no learner) the same class is just the agent: its state the
+agent's runner, a chunk its iterations. The host driver (:mod:`rlhf_jax.driver`) calls these same
+functions, one compiled chunk at a time.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhf_jax.agents.base import env_reward
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.data import Segments, empty_segments
 from rlhf_jax.reward.learner import HeadStart, Queries, RewardLearner
@@ -59,15 +62,25 @@ class TrainFunctions(NamedTuple):
 
 
 class Loop:
-    """One agent, one environment and one reward learner: the loop's pure functions and sizes."""
+    """One agent on one environment, and the reward learner it learns from (``None``: the
+    environment's own reward): the loop's pure functions and its sizes.
 
-    def __init__(self, agent, agent_config, env, learner: RewardLearner, total_iterations: int, chunk_iterations: int):
+    On the true reward the loop's state is the agent's runner itself and a chunk is its
+    iterations alone; with a learner it is a :class:`LoopState`."""
+
+    def __init__(self, agent, agent_config, env, learner: RewardLearner | None, chunk_env_steps: int):
+        """``chunk_env_steps``: env steps per chunk, rounded down to whole iterations (at least one)."""
         self.agent, self.agent_config, self.env, self.learner = agent, agent_config, env, learner
-        self.iteration = agent.make_iteration(agent_config, env, learner.reward_fn)
-        self.total_iterations, self.chunk_iterations = total_iterations, chunk_iterations
-        self.num_chunks = math.ceil(total_iterations / chunk_iterations)
+        reward_fn = env_reward if learner is None else learner.reward_fn
+        self.iteration = agent.make_iteration(agent_config, env, reward_fn)
         self.steps_per_iteration = agent.env_steps_per_iteration(agent_config, env)
-        self.total_env_steps = total_iterations * self.steps_per_iteration
+        self.total_iterations = agent.num_iterations(agent_config, env)
+        self.chunk_iterations = max(1, min(self.total_iterations, chunk_env_steps // self.steps_per_iteration))
+        self.num_chunks = math.ceil(self.total_iterations / self.chunk_iterations)
+        self.total_env_steps = self.total_iterations * self.steps_per_iteration
+        if learner is None:
+            self.wanted = np.zeros(self.num_chunks, np.int32)
+            return
         k = learner.clip_length
         steps_per_env = self.steps_per_iteration // env.num_envs
         self.window = k + steps_per_env
@@ -80,10 +93,21 @@ class Loop:
                               f"ibt.episode_capacity): keep more, or take fewer steps per iteration")
         # Before RL: enough play to fill the clip buffer.
         self.warm_iterations = math.ceil(learner.clip_capacity / self.clips_per_iteration) + math.ceil(k / steps_per_env)
-        self.fit_steps = learner.fit_steps(chunk_iterations * self.steps_per_iteration)
+        self.fit_steps = learner.fit_steps(self.chunk_iterations * self.steps_per_iteration)
         self.wanted = self._wanted_per_chunk()
         # The most answers any chunk asks for: every chunk's share of the schedule fits.
         self.max_queries = max(1, int(self.wanted.max()))
+
+    def runner_of(self, state):
+        """The agent's runner in the loop's ``state``."""
+        return state if self.learner is None else state.runner
+
+    def reset_env(self, state, key):
+        """``state`` with its environments freshly reset (after restoring an EnvPool run, whose pool died)."""
+        runner = self.runner_of(state)
+        env_state, timestep = self.env.reset(key)
+        runner = runner._replace(env_state=env_state, obs=timestep.obs)
+        return runner if self.learner is None else state._replace(runner=runner)
 
     # -------------------------------------------------------------- the schedule
     def chunk_length(self, chunk: int) -> int:
@@ -107,9 +131,11 @@ class Loop:
         return recent, cut_segments(recent, clips, key, self.clips_per_iteration)
 
     def start(self, key, given: HeadStart = HeadStart()) -> LoopState:
-        """A fresh run before any answer asked: the agent, and the learner initialised on the untrained
-        policy's clips (it plays ``warm_iterations`` iterations, its parameters put back after each),
+        """A fresh run before any answer asked (on the true reward: the agent's runner): the agent,
+        and the learner initialised on the untrained policy's clips (it plays ``warm_iterations`` iterations, its parameters put back after each),
         then given its head start, if any (``given``'s arrays)."""
+        if self.learner is None:
+            return self.agent.init_runner(key, self.agent_config, self.env)
         spec = self.env.spec
         agent_key, learner_key, warm_key, key = jax.random.split(key, 4)
         runner = self.agent.init_runner(agent_key, self.agent_config, self.env)
@@ -133,7 +159,10 @@ class Loop:
         return LoopState(runner, learner, recent, clips, key, jnp.zeros((), jnp.int32))
 
     def collect(self, state: LoopState) -> tuple[LoopState, dict]:
-        """One agent iteration on the learned reward, its steps recorded and cut into clips."""
+        """One agent iteration on the learned reward, its steps recorded and cut into clips (on
+        the true reward: the iteration alone)."""
+        if self.learner is None:
+            return self.iteration(state)[:2]
         key, cut_key = jax.random.split(state.key)
         runner, metrics, transitions = self.iteration(state.runner, self.learner.reward_params(state.learner))
         recent, clips = self._record_and_cut(state.recent, state.clips, cut_key, transitions)
@@ -180,7 +209,10 @@ class Loop:
         return state, {**metrics, "reward_fit_loss": loss}
 
     def learn(self, state: LoopState, wanted) -> tuple[LoopState, dict]:
-        """The end of a chunk: ``wanted`` answers from the synthetic labeler, fitting, refresh."""
+        """The end of a chunk: ``wanted`` answers from the synthetic labeler, fitting, refresh
+        (on the true reward: nothing)."""
+        if self.learner is None:
+            return state, {}
         return self.fit_and_refresh(self.ask(state, wanted, self.max_queries), self.fit_steps)
 
     def chunk(self, state: LoopState, length: int, wanted) -> tuple[LoopState, dict, dict]:
@@ -192,7 +224,9 @@ class Loop:
 
     def pretrain(self, state: LoopState) -> tuple[LoopState, dict]:
         """Before RL: the initial answers from the synthetic labeler (those a dataset did not
-        give), and fitting on every answer held."""
+        give), and fitting on every answer held (on the true reward: nothing)."""
+        if self.learner is None:
+            return state, {}
         budget = self.learner.budget
         if budget.initial_asked:
             state = self.ask(state, budget.initial_asked, budget.initial_asked)

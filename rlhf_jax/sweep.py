@@ -6,7 +6,7 @@ A *member* is one run: one seed and one value of every swept key. Members that d
 in seeds and in hyper-parameters held in the training state (config fields marked with
 ``config_base.in_state``: the learning rates ``optax.inject_hyperparams`` keeps in the optimiser
 state) share one compiled program: their states are stacked and the run's pure chunk
-(``sweep_chunk``) is vmapped over them. A swept key that changes the program (a shape, a loop
+(``Loop.chunk``) is vmapped over them. A swept key that changes the program (a shape, a loop
 length, an entropy coefficient compiled into the loss) makes one such *group* per value, run
 one after another.
 
@@ -41,7 +41,6 @@ import csv
 import dataclasses
 import itertools
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +53,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
 from rlhf_jax.config_base import dump_yaml, is_in_state, parse_value
+from rlhf_jax.driver import Driver
 from rlhf_jax.errors import ConfigError, RunError
+from rlhf_jax.host_loop import ChunkDone, run_chunks, summarize
 from rlhf_jax.metrics_log import judged_return
+from rlhf_jax.run_control import StopRequests, check_finite
 from rlhf_jax.statistics import (CONFIDENCE, IntervalEstimate, draw_intervals, draw_profiles, interval_estimate,
                                  performance_profile, require_rliable)
 from rlhf_jax.wandb_log import WandbRun, logging_to_wandb, require_wandb
@@ -140,9 +142,9 @@ def member_config(base: dict, member: Member) -> ExperimentConfig:
 class GroupProgram:
     """One group's members as one sharded, vmapped program over ``mesh``."""
 
-    def __init__(self, base: dict, members: list[Member], mesh: Mesh):
-        from rlhf_jax.trainer import make_training
+    people = None  # a sweep's labels come from the synthetic labeler
 
+    def __init__(self, base: dict, members: list[Member], mesh: Mesh):
         self.members = members
         self.configs = [member_config(base, m) for m in members]
         # Atari: the members step one EnvPool pool together instead of vmapped environments.
@@ -151,22 +153,21 @@ class GroupProgram:
             mesh = Mesh(np.array(jax.local_devices()[:1]), ("members",))
         self.padded = math.ceil(len(members) / mesh.devices.size) * mesh.devices.size
         self.sharding = NamedSharding(mesh, PartitionSpec("members"))
-        self._trainings = {}  # a config without its seed -> its training, to initialise members with
+        self._drivers = {}  # a config without its seed -> its driver, to initialise members with
         self._chunks = {}  # chunk length -> the compiled, vmapped chunk
         # Whose chunk every member runs; on Atari with the pool they share.
-        self.training = (make_training(self.configs[0], members=self.padded) if self.shared_pool
-                         else self._training_for(self.configs[0]))
+        self.driver = (Driver(self.configs[0], members=self.padded) if self.shared_pool
+                       else self._driver_for(self.configs[0]))
+        self.num_chunks = self.driver.num_chunks
 
-    def _training_for(self, config: ExperimentConfig):
-        from rlhf_jax.trainer import make_training
-
+    def _driver_for(self, config: ExperimentConfig) -> Driver:
         key = dataclasses.replace(config, seed=0)
-        if key not in self._trainings:
-            self._trainings[key] = make_training(config)
-        return self._trainings[key]
+        if key not in self._drivers:
+            self._drivers[key] = Driver(config)
+        return self._drivers[key]
 
     def abstract_state(self):
-        one = jax.eval_shape(self.training.init_runner, jax.random.PRNGKey(0))
+        one = self.driver.abstract_state()
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.padded, *x.shape), x.dtype, sharding=self.sharding), one)
 
     def init_state(self):
@@ -177,7 +178,7 @@ class GroupProgram:
         states = {}
         for i in local:
             config = self.configs[min(i, len(self.members) - 1)]  # padding repeats the last member
-            states[i] = jax.device_get(self._training_for(config).init_runner(jax.random.PRNGKey(config.seed)))
+            states[i] = jax.device_get(self._driver_for(config).init(jax.random.PRNGKey(config.seed)))
         leaves_by_member = {i: jax.tree.leaves(s) for i, s in states.items()}
         abstract = self.abstract_state()
         treedef = jax.tree.structure(abstract)
@@ -196,15 +197,18 @@ class GroupProgram:
         if not self.shared_pool:
             return state
         keys = jax.random.split(jax.random.PRNGKey(self.configs[0].seed), self.padded)
-        reset = jax.jit(jax.vmap(self.training.reset_env), out_shardings=self.sharding, donate_argnums=0)
+        reset = jax.jit(jax.vmap(self.driver.loop.reset_env), out_shardings=self.sharding, donate_argnums=0)
         return reset(state, keys)
 
     def run_chunk(self, state, chunk: int):
-        length, wanted = self.training.chunk_inputs(chunk)
+        """Chunk ``chunk`` of every member: :meth:`Loop.chunk <rlhf_jax.loop.Loop.chunk>` vmapped,
+        ``(state, metrics [members, iterations], learned [members])``."""
+        loop = self.driver.loop
+        length = loop.chunk_length(chunk)
         if length not in self._chunks:
-            vmapped = jax.vmap(lambda s, w: self.training.sweep_chunk(s, length, w), in_axes=(0, None))
+            vmapped = jax.vmap(lambda s, w: loop.chunk(s, length, w), in_axes=(0, None))
             self._chunks[length] = jax.jit(vmapped, out_shardings=self.sharding, donate_argnums=0)
-        return self._chunks[length](state, jnp.int32(wanted))
+        return self._chunks[length](state, jnp.int32(loop.wanted[chunk]))
 
 
 def device_mesh() -> Mesh:
@@ -302,16 +306,12 @@ class Sweep:
     # ------------------------------------------------------------- the run
     def run(self, progress: bool = True) -> Path:
         """Run (or go on with) every group; Ctrl-C and SIGTERM stop it after the chunk in
-        flight, saved, as they stop ``rlhf-jax train`` (:class:`rlhf_jax.trainer.StopRequests`)."""
-        from rlhf_jax.trainer import StopRequests
-
+        flight, saved, as they stop ``rlhf-jax train`` (:class:`rlhf_jax.run_control.StopRequests`)."""
         with StopRequests() as stop:
             return self._run(progress, stop)
 
-    def _run(self, progress: bool, stop) -> Path:
+    def _run(self, progress: bool, stop: StopRequests) -> Path:
         from tqdm import tqdm
-
-        from rlhf_jax.trainer import SaveSchedule, check_finite, summarize
 
         mesh = device_mesh()
         rows = self.rows()
@@ -321,13 +321,13 @@ class Sweep:
               f"{jax.device_count()} device(s)", flush=True)
         for g, members in enumerate(self.groups):
             program = GroupProgram(self.base, members, mesh)
-            training = program.training
-            score = training.task_scorer()
+            driver = program.driver
+            score = driver.task_scorer()
             checkpoints = Checkpoints(self.directory / f"group{g}",
                                       resume_command=f"rlhf-jax sweep --resume {self.directory}")
             stop.hint = checkpoints.resume_hint
             done = {int(r["chunk"]) for r in rows if int(r["group"]) == g}
-            if len(done) == training.num_chunks:
+            if len(done) == program.num_chunks:
                 continue
             if checkpoints.latest() is None:
                 state, first = program.init_state(), 0
@@ -335,47 +335,39 @@ class Sweep:
                 saved, state = checkpoints.restore(program.abstract_state())
                 state, first = program.start_pool(state), saved + 1
             rows = [r for r in rows if int(r["group"]) != g or int(r["chunk"]) < first]
-            schedule = SaveSchedule(training.config.run, training.chunk_iterations, training.num_chunks)
-            bar = tqdm(total=training.num_chunks, initial=first, unit="chunk", disable=not progress,
+            bar = tqdm(total=program.num_chunks, initial=first, unit="chunk", disable=not progress,
                        desc=f"group {g + 1}/{len(self.groups)} ({len(members)} runs)", dynamic_ncols=True)
             with contextlib.ExitStack() as open_runs:
                 wandb_runs = self.wandb_runs(program, open_runs)
-                stopping = False
-                for chunk in range(first, training.num_chunks):
-                    start = time.perf_counter()
-                    state, metrics = program.run_chunk(state, chunk)
-                    metrics = gather(metrics)
-                    seconds = time.perf_counter() - start
-                    policies = gather(training.policy_params(state)) if score is not None else None
+
+                def report(chunk_done: ChunkDone) -> None:
+                    chunk = chunk_done.chunk
+                    metrics, learned = gather((chunk_done.metrics, chunk_done.learned))
+                    policies = gather(driver.policy_params(chunk_done.state)) if score is not None else None
+                    env_steps = len(members) * driver.loop.chunk_length(chunk) * driver.loop.steps_per_iteration
                     for m, member in enumerate(members):
-                        row = summarize(jax.tree.map(lambda x: x[m], metrics))
+                        row = summarize(*jax.tree.map(lambda x: x[m], (metrics, learned)))
                         row = {"group": g, "chunk": chunk, "member": member.index, "seed": member.seed,
-                               "label": member.label(), **row,
-                               "steps_per_second": len(members) * training.chunk_inputs(chunk)[0]
-                               * training.steps_per_iteration / seconds}
+                               "label": member.label(), **row, "steps_per_second": env_steps / chunk_done.seconds}
                         if policies is not None:
                             row["task_return"] = score(jax.tree.map(lambda x: x[m], policies))
                         rows.append(row)
                         if member.index in wandb_runs:
                             wandb_runs[member.index].log_row(row)
                         try:
-                            check_finite(row, chunk, training.unmeasured(row))
+                            check_finite(row, chunk, driver.unmeasured(row))
                         except RunError as error:  # one diverging learning rate need not stop the others
                             if member.index not in warned:
                                 warned.add(member.index)
                                 print(f"warning: run {member.index} ({member.label()}, seed {member.seed}): {error}",
                                       flush=True)
                     self.write_rows(rows)
-                    due, stopping = agree(schedule.due(chunk), stop.requested())
-                    if due or stopping:
-                        started = schedule.clock()
-                        checkpoints.save(chunk, state)
-                        schedule.saved(started)
                     returns = [judged_return(r) for r in rows if int(r["group"]) == g and int(r["chunk"]) == chunk]
                     bar.set_postfix(true_return=f"{np.nanmean(returns):.4g}")
                     bar.update()
-                    if stopping:
-                        break
+
+                _, _, stopping = run_chunks(program, state, first, checkpoints, stop, driver.config.run,
+                                            driver.loop.chunk_iterations, report, agree)
                 bar.close()
                 checkpoints.close()
             if stopping:

@@ -178,7 +178,7 @@ def ibt_run(tmp_path_factory):
 def test_a2c_learns_cartpole_from_ibt_marks(ibt_run):
     (run_dir, ibt_return), (_, true_return) = ibt_run["ibt"], ibt_run["true"]
     # At least 80% of what the same budget gives on the true reward (500 here); random play ~20.
-    # In a sweep, 10 of seeds 0-11 of this config passed 400 by the end of training.
+    # In a sweep, 10 of seeds 0-11 of this config passed 400 by the end of driver.
     assert ibt_return >= 0.8 * true_return, (ibt_return, true_return)
     with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
@@ -204,24 +204,25 @@ def test_people_mark_episodes_at_their_own_pace():
     """A host annotator (the web page's interface) in place of the device's: marks arrive late,
     training goes on meanwhile, and an episode returned without marks is never stored."""
     from rlhf_jax.reward.people import SimulatedPerson
-    from rlhf_jax.trainer import make_training
+    from rlhf_jax.driver import Driver
+    from rlhf_jax.people_seam import attach_people
 
     config = build(ExperimentConfig, apply_overrides(yaml.safe_load(CONFIG.read_text()), [
         "a2c.total_env_steps=20480", "run.chunk_env_steps=4096", "ibt.episodes=40", "ibt.episode_capacity=64",
         "ibt.batch_episodes=8", "ibt.annotator.signal=reward"]))
     person = SimulatedPerson(delay=0.05, cant_tell=5)
-    training = make_training(config)
-    training.attach_people(person)
-    state = training.init_runner(jax.random.PRNGKey(0))
+    driver = Driver(config)
+    attach_people(driver, person)
+    state = driver.init(jax.random.PRNGKey(0))
     annotated = lambda state: state.learner.annotated
     assert int(annotated(state).count) == 0  # people mark the initial episodes too
-    state = training.prepare(state, 0)  # sends 25% of the budget before RL, waits for the marks
+    state = driver.people.prepare(state, 0)  # sends 25% of the budget before RL, waits for the marks
     assert int(state.asked) == 10 and int(annotated(state).count) == 10 - 2  # 5th, 10th: unmarked
-    for chunk in range(training.num_chunks):
-        state, metrics = training.run_chunk(state, chunk)
+    for chunk in range(driver.num_chunks):
+        state, metrics, learned = driver.run_chunk(state, chunk)
     time.sleep(0.3)
-    state = training.people.exchange(state, 0)
-    assert int(state.asked) == 40 and not training.people.host.pending
+    state = driver.people.exchange(state, 0)
+    assert int(state.asked) == 40 and not driver.people.host.pending
     assert int(annotated(state).count) == 40 - 40 // 5  # every 5th came back unmarked
     marks = np.asarray(annotated(state).marks[:int(annotated(state).count)])
     # CartPole's reward is +1 on every step of a clip: each frame after the first is marked progress.

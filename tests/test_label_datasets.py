@@ -28,7 +28,7 @@ from rlhf_jax.reward.ensemble import RewardModelConfig
 from rlhf_jax.reward.ibt import IBTConfig
 from rlhf_jax.reward.ibt_learner import Annotated, IBTLearner, IBTLearnerState
 from rlhf_jax.reward.preference_learner import PreferenceLearner, PreferenceState
-from rlhf_jax.trainer import make_training
+from rlhf_jax.driver import Driver
 
 # A2C on CartPole from 40 synthetic preferences, tiny (4 chunks of 1024 env steps); the run
 # started from its labels has a budget of 60, so the label database holds 60 in both.
@@ -267,7 +267,7 @@ def test_answers_after_a_people_runs_last_fit_are_exported_counted_and_trained_o
     np.testing.assert_array_equal(dataset.rows.mu, [1, 1, 1, 1, 0, 0.5, 1, 0])
     assert said in (tmp_path / "dataset" / "README.md").read_text()
 
-    continued = make_training(load_config(ExperimentConfig, "configs/rlhf_cartpole_people.yaml",
+    continued = Driver(load_config(ExperimentConfig, "configs/rlhf_cartpole_people.yaml",
                                           [*overrides, "labeler=synthetic", f"preferences.labels_from={run_dir}"]))
     assert continued.learner.budget.preloaded == 8
 
@@ -303,19 +303,19 @@ def test_a_people_runs_atari_labels_are_matched_to_their_answers_without_the_fra
 
 @pytest.mark.slow
 def test_a_run_from_a_dataset_asks_only_for_the_rest_of_its_budget(cartpole_dataset):
-    training = make_training(experiment([f"preferences.labels={BUDGET}",
+    driver = Driver(experiment([f"preferences.labels={BUDGET}",
                                          f"preferences.labels_from={cartpole_dataset}"]))
-    assert training.learner.budget.preloaded == SOURCE_LABELS
-    assert training.rlhf.due_after(-1) == 0  # 25% of 60 is 15, fewer than the 40 given: none asked before RL
-    assert int(training.rlhf.wanted.sum()) == BUDGET - SOURCE_LABELS
-    state = training.init_runner(jax.random.PRNGKey(0))
+    assert driver.learner.budget.preloaded == SOURCE_LABELS
+    assert driver.loop.due_after(-1) == 0  # 25% of 60 is 15, fewer than the 40 given: none asked before RL
+    assert int(driver.loop.wanted.sum()) == BUDGET - SOURCE_LABELS
+    state = driver.init(jax.random.PRNGKey(0))
     held = jax.device_get(state.learner.labels)
     assert int(state.asked) == 0 and int(held.count) == SOURCE_LABELS
     given = label_datasets.read(cartpole_dataset).rows
     np.testing.assert_array_equal(held.frames[:SOURCE_LABELS], given.frames)
     np.testing.assert_array_equal(held.mu[:SOURCE_LABELS], given.mu)
-    for chunk in range(training.num_chunks):
-        state, _ = training.run_chunk(state, chunk)
+    for chunk in range(driver.num_chunks):
+        state, _, _ = driver.run_chunk(state, chunk)
     assert int(state.asked) == BUDGET - SOURCE_LABELS  # the oracle answered only the rest
     assert int(state.learner.labels.count) == BUDGET
 
@@ -328,9 +328,9 @@ def test_a_reward_model_fitted_offline_starts_a_run(cartpole_dataset, tmp_path, 
     info = saved_model.read_info(path)
     assert info.labels == SOURCE_LABELS and info.steps == 3
     # No initial labels: nothing is fitted before RL, so the run starts with the model as saved.
-    training = make_training(experiment([f"preferences.labels={SOURCE_LABELS}", "preferences.initial_labels=0",
+    driver = Driver(experiment([f"preferences.labels={SOURCE_LABELS}", "preferences.initial_labels=0",
                                          f"reward_model.init_from={path}"]))
-    ensemble = training.init_runner(jax.random.PRNGKey(0)).learner.ensemble
+    ensemble = driver.init(jax.random.PRNGKey(0)).learner.ensemble
     with np.load(path) as archive:  # the file as written, leaf by leaf under its path
         for name in ("params", "obs_mean", "obs_std", "l2"):
             for where, leaf in jax.tree_util.tree_leaves_with_path(getattr(ensemble, name)):
@@ -350,8 +350,8 @@ def test_an_ibt_utility_fitted_offline_starts_an_ibt_run(ibt_dataset, tmp_path, 
     assert (info.kind, info.labels, info.steps) == ("annotate", IBT_CLIPS, 2)
     assert info.architecture == saved_model.architecture(IBTConfig(batch_episodes=8))
     # No initial marks: nothing is fitted before RL, so the run starts with the utility as saved.
-    training = make_training(experiment([*IBT_SMALL, "ibt.initial_episodes=0", f"reward_model.init_from={path}"]))
-    model = training.init_runner(jax.random.PRNGKey(0)).learner.model
+    driver = Driver(experiment([*IBT_SMALL, "ibt.initial_episodes=0", f"reward_model.init_from={path}"]))
+    model = driver.init(jax.random.PRNGKey(0)).learner.model
     with np.load(path) as archive:  # the file as written, leaf by leaf under its path
         for name in ("params", "obs_mean", "obs_std"):
             for where, leaf in jax.tree_util.tree_leaves_with_path(getattr(model, name)):
@@ -361,18 +361,18 @@ def test_an_ibt_utility_fitted_offline_starts_an_ibt_run(ibt_dataset, tmp_path, 
 
 @pytest.mark.slow
 def test_an_ibt_run_from_marks_asks_only_for_the_rest_of_its_budget(ibt_dataset):
-    training = make_training(experiment([*IBT_SMALL, f"ibt.episodes={IBT_BUDGET}", f"ibt.marks_from={ibt_dataset}"]))
-    assert training.learner.budget.preloaded == IBT_CLIPS
-    assert training.rlhf.due_after(-1) == 0  # 25% of 8 is 2, fewer than the 3 given: none asked before RL
-    assert int(training.rlhf.wanted.sum()) == IBT_BUDGET - IBT_CLIPS
-    state = training.init_runner(jax.random.PRNGKey(0))
+    driver = Driver(experiment([*IBT_SMALL, f"ibt.episodes={IBT_BUDGET}", f"ibt.marks_from={ibt_dataset}"]))
+    assert driver.learner.budget.preloaded == IBT_CLIPS
+    assert driver.loop.due_after(-1) == 0  # 25% of 8 is 2, fewer than the 3 given: none asked before RL
+    assert int(driver.loop.wanted.sum()) == IBT_BUDGET - IBT_CLIPS
+    state = driver.init(jax.random.PRNGKey(0))
     held = jax.device_get(state.learner.annotated)
     assert int(state.asked) == 0 and int(held.count) == IBT_CLIPS
     given = np.load(ibt_dataset.parent / "ibt" / "labels.npz")
     np.testing.assert_array_equal(held.obs[:IBT_CLIPS], given["obs"])
     np.testing.assert_array_equal(held.marks[:IBT_CLIPS], given["marks"])
-    for chunk in range(training.num_chunks):
-        state, _ = training.run_chunk(state, chunk)
+    for chunk in range(driver.num_chunks):
+        state, _, _ = driver.run_chunk(state, chunk)
     assert int(state.asked) == IBT_BUDGET - IBT_CLIPS  # the annotator marked only the rest
     assert int(state.learner.annotated.count) == IBT_BUDGET
 

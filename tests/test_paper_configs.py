@@ -13,7 +13,7 @@ from experiments import reproduce
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.envs.core import Box, Discrete, EnvSpec
 from rlhf_jax.reward.config import resolve
-from rlhf_jax.trainer import true_reward_env_config
+from rlhf_jax.driver import true_reward_env_config
 
 PAPER = Path(__file__).resolve().parent.parent / "configs" / "paper"
 GAMES = {"beamrider": "BeamRider", "breakout": "Breakout", "enduro": "Enduro", "pong": "Pong",

@@ -28,8 +28,10 @@ from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, RunConfig, load_config
 from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.reward.preference_learner import PreferenceLearner
-from rlhf_jax.trainer import (SaveSchedule, Training, check_finite, load_run_config, make_training, restore_latest,
-                              train)
+from rlhf_jax.driver import Driver
+from rlhf_jax.run_control import SaveSchedule, check_finite
+from rlhf_jax.run_dir import load_run_config
+from rlhf_jax.trainer import train
 from small_runs import SMALL_LEARNERS, SMALL_RUN
 
 
@@ -86,8 +88,8 @@ def config_of(argv) -> ExperimentConfig:
 
 def final_states(*run_dirs):
     """(chunk, state) of each run's newest checkpoint; the runs share one config but their dir."""
-    training = make_training(load_run_config(run_dirs[0]))
-    return [restore_latest(training, run_dir) for run_dir in run_dirs]
+    driver = Driver(load_run_config(run_dirs[0]))
+    return [driver.restore_latest(run_dir) for run_dir in run_dirs]
 
 
 def final_state(run_dir):
@@ -259,15 +261,15 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(dqn
 
 
 def test_a_diverged_loss_stops_before_its_state_is_saved(tmp_path, monkeypatch, capsys):
-    run_chunk = Training.run_chunk
+    run_chunk = Driver.run_chunk
 
-    def inf_in_chunk_3(self, runner, chunk):
-        runner, metrics = run_chunk(self, runner, chunk)
+    def inf_in_chunk_3(self, state, chunk):
+        state, metrics, learned = run_chunk(self, state, chunk)
         if chunk == 3:
             metrics["loss"] = metrics["loss"].at[-1].set(np.inf)
-        return runner, metrics
+        return state, metrics, learned
 
-    monkeypatch.setattr(Training, "run_chunk", inf_in_chunk_3)
+    monkeypatch.setattr(Driver, "run_chunk", inf_in_chunk_3)
     run_dir = tmp_path / "diverged"
     assert main(["train", *DQN, f"run.dir={run_dir}"]) == 1
     err = capsys.readouterr().err
@@ -378,17 +380,17 @@ def test_a_run_saved_by_the_clock_alone_resumes_after_sigkill(dqn_whole, tmp_pat
 # ----------------------------------------------------------------- damaged checkpoints
 def train_killed_in_chunk_3(run_dir: Path, monkeypatch) -> None:
     """The DQN run in ``run_dir``, killed while it runs chunk 3 (checkpoints 1 and 2 saved)."""
-    run_chunk = Training.run_chunk
+    run_chunk = Driver.run_chunk
 
-    def killed_in_chunk_3(self, runner, chunk):
+    def killed_in_chunk_3(self, state, chunk):
         if chunk == 3:
             raise Killed
-        return run_chunk(self, runner, chunk)
+        return run_chunk(self, state, chunk)
 
-    monkeypatch.setattr(Training, "run_chunk", killed_in_chunk_3)
+    monkeypatch.setattr(Driver, "run_chunk", killed_in_chunk_3)
     with pytest.raises(Killed):
         train(config_of([*DQN, f"run.dir={run_dir}"]), progress=False)
-    monkeypatch.setattr(Training, "run_chunk", run_chunk)
+    monkeypatch.setattr(Driver, "run_chunk", run_chunk)
 
 
 def damage(checkpoint: Path, how: str) -> None:

@@ -14,7 +14,9 @@ from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.config import resolve
-from rlhf_jax.trainer import make_training, summarize
+from rlhf_jax.driver import Driver
+from rlhf_jax.host_loop import summarize
+from rlhf_jax.people_seam import attach_people
 from small_runs import SMALL_LEARNERS, SMALL_RUN, trained
 
 
@@ -36,17 +38,17 @@ def answers(state):
 
 
 @pytest.fixture(scope="module")
-def small_training():
-    """Each learner's SMALL_RUN training, made once per module: a training's compiled chunks
+def small_driver():
+    """Each learner's SMALL_RUN driver, made once per module: a driver's compiled chunks
     are its own, so the tests that share one trace and load them once."""
     made = {}
 
-    def training(learner):
-        if learner not in made:  # not setdefault, whose default would build a training every call
-            made[learner] = make_training(experiment([*SMALL_RUN, *SMALL_LEARNERS[learner]]))
+    def driver(learner):
+        if learner not in made:  # not setdefault, whose default would build a driver every call
+            made[learner] = Driver(experiment([*SMALL_RUN, *SMALL_LEARNERS[learner]]))
         return made[learner]
 
-    return training
+    return driver
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +114,7 @@ def test_the_run_keeps_its_labels_and_reward_metrics(default_run):
     (["reward_model.loss=target"], lambda t: t.model.loss == "target"),
 ])
 def test_each_ablation_is_one_switch(overrides, check):
-    assert check(make_training(experiment(overrides)).learner)
+    assert check(Driver(experiment(overrides)).learner)
 
 
 def test_paper_defaults_resolve_by_domain():
@@ -144,21 +146,21 @@ def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
 
     config = experiment(["a2c.total_env_steps=4096", "run.chunk_env_steps=1024", *SMALL_LEARNERS["preferences"]])
     person = SimulatedPerson(delay=0.2, cant_tell=3)
-    training = make_training(config)
-    training.attach_people(person)
-    state = training.init_runner(jax.random.PRNGKey(0))
+    driver = Driver(config)
+    attach_people(driver, person)
+    state = driver.init(jax.random.PRNGKey(0))
     assert int(state.learner.labels.count) == 0  # people answer the initial queries too
-    state = training.prepare(state, 0)  # asks the untrained policy's 25%, waits for the answers
+    state = driver.people.prepare(state, 0)  # asks the untrained policy's 25%, waits for the answers
     assert int(state.asked) == 10 and int(state.learner.labels.count) == 10 - 3  # answers 3, 6, 9: can't tell
     initial = int(state.learner.labels.count)
-    state, metrics = training.run_chunk(state, 0)
+    state, metrics, learned = driver.run_chunk(state, 0)
     assert int(state.asked) > 10 and int(state.learner.labels.count) == initial  # none answered yet: training went on
     time.sleep(1.0)
-    for chunk in range(1, training.num_chunks):
-        state, metrics = training.run_chunk(state, chunk)
+    for chunk in range(1, driver.num_chunks):
+        state, metrics, learned = driver.run_chunk(state, chunk)
     time.sleep(1.0)
-    state = training.people.exchange(state, 0)
-    assert int(state.asked) == 40 and not training.people.host.pending  # the whole budget, all answered
+    state = driver.people.exchange(state, 0)
+    assert int(state.asked) == 40 and not driver.people.host.pending  # the whole budget, all answered
     stored = int(state.learner.labels.count)
     assert stored == 40 - 40 // 3  # every third answer was "can't tell"
     labels = jax.device_get(state.learner.labels)
@@ -169,20 +171,20 @@ def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("learner", sorted(SMALL_LEARNERS))
-def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner, small_training):
+def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner, small_driver):
     """``make_train`` (what vmapped sweeps and benchmarks run) computes what ``rlhf-jax train`` does,
     including a last, shorter chunk (5 chunks of 1024 steps, then 512), for either learner."""
-    training = small_training(learner)
-    loop = training.rlhf
-    assert training.num_chunks == loop.num_chunks == 6 and training.chunk_length(5) == 2
+    driver = small_driver(learner)
+    loop = driver.loop
+    assert driver.num_chunks == loop.num_chunks == 6 and driver.loop.chunk_length(5) == 2
     key = jax.random.PRNGKey(3)
     whole, metrics, learned = jax.jit(loop.make_train().whole)(key)
-    state = training.init_runner(key)
-    for chunk in range(training.num_chunks):
-        state, _ = training.run_chunk(state, chunk)
+    state = driver.init(key)
+    for chunk in range(driver.num_chunks):
+        state, _, _ = driver.run_chunk(state, chunk)
     assert int(whole.asked) == int(state.asked) == 40
     np.testing.assert_array_equal(learned["labels"], np.cumsum([10, *loop.wanted])[1:])
-    assert metrics["episodes"].shape == (training.total_iterations,)
+    assert metrics["episodes"].shape == (driver.loop.total_iterations,)
     for a, b in zip(jax.tree.leaves(whole.runner.params), jax.tree.leaves(state.runner.params)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(answers(whole), answers(state))
@@ -190,23 +192,23 @@ def test_the_whole_run_as_one_function_equals_the_host_driven_chunks(learner, sm
 
 @pytest.mark.slow
 @pytest.mark.parametrize("learner", sorted(SMALL_LEARNERS))
-def test_seeds_vmapped_as_a_sweep_runs_them_equal_each_run_alone(learner, small_training):
-    """What ``rlhf-jax sweep`` compiles for a group (``sweep_chunk`` vmapped over stacked
+def test_seeds_vmapped_as_a_sweep_runs_them_equal_each_run_alone(learner, small_driver):
+    """What ``rlhf-jax sweep`` compiles for a group (``Loop.chunk`` vmapped over stacked
     states) computes each seed's run as ``rlhf-jax train`` drives it alone (its first three chunks)."""
-    training = small_training(learner)
+    driver = small_driver(learner)
     chunks = range(3)
     keys = [jax.random.PRNGKey(seed) for seed in (0, 1)]
     alone = []
     for key in keys:
-        state = training.init_runner(key)
+        state = driver.init(key)
         for chunk in chunks:
-            state, _ = training.run_chunk(state, chunk)
+            state, _, _ = driver.run_chunk(state, chunk)
         alone.append(state)
-    together = jax.tree.map(lambda *xs: jnp.stack(xs), *[training.init_runner(key) for key in keys])
+    together = jax.tree.map(lambda *xs: jnp.stack(xs), *[driver.init(key) for key in keys])
     for chunk in chunks:
-        length, wanted = training.chunk_inputs(chunk)
-        chunk_fn = jax.vmap(lambda s, w: training.sweep_chunk(s, length, w), in_axes=(0, None))
-        together, _ = jax.jit(chunk_fn)(together, jnp.int32(wanted))
+        length, wanted = driver.loop.chunk_length(chunk), driver.loop.wanted[chunk]
+        chunk_fn = jax.vmap(lambda s, w: driver.loop.chunk(s, length, w), in_axes=(0, None))
+        together, _, _ = jax.jit(chunk_fn)(together, jnp.int32(wanted))
     for seed, state in enumerate(alone):
         member = jax.tree.map(lambda x: x[seed], together)
         assert int(member.asked) == int(state.asked)
@@ -224,16 +226,16 @@ def test_fitting_from_python_equals_the_compiled_loop(learner):
              "ibt.episodes=20", "ibt.pretrain_epochs=30", "ibt.batch_episodes=64", "ibt.fit_episodes_per_env_step=0.125"]
     ends = []
     for loop in ("scan", "python"):
-        training = make_training(experiment([*small, f"run.loop={loop}"]))
-        assert training.fit_from_python == (loop == "python") and training.learner.pretrain_steps == 3
-        state = training.init_runner(jax.random.PRNGKey(5))
-        for chunk in range(training.num_chunks):
-            state, metrics = training.run_chunk(state, chunk)
+        driver = Driver(experiment([*small, f"run.loop={loop}"]))
+        assert driver.compiled.dispatch == loop and driver.learner.pretrain_steps == 3
+        state = driver.init(jax.random.PRNGKey(5))
+        for chunk in range(driver.num_chunks):
+            state, metrics, learned = driver.run_chunk(state, chunk)
         ends.append(state)
     scan, python = ends
-    assert int(training.learner.answers_held(python.learner)) == int(training.learner.answers_held(scan.learner)) == 20
-    model = lambda state: training.learner.reward_params(state.learner)
-    assert training.rlhf.fit_steps == 2
+    assert int(driver.learner.answers_held(python.learner)) == int(driver.learner.answers_held(scan.learner)) == 20
+    model = lambda state: driver.learner.reward_params(state.learner)
+    assert driver.loop.fit_steps == 2
     steps = 3 + 2 * 2  # pretraining, then 2 per chunk
     assert adam_steps(model(python).opt_state) == adam_steps(model(scan).opt_state) == steps
     # Compiled differently, the two differ by rounding, which Adam magnifies where it divides a
@@ -241,7 +243,7 @@ def test_fitting_from_python_equals_the_compiled_loop(learner):
     # (it adds the same to both clips' sums), so its gradient is nearly zero, rounding decides its
     # sign, and each of the 7 Adam steps may move the bias by up to lr (3e-4) either way; every other
     # weight agrees closely.
-    lr = training.config.reward_model.learning_rate
+    lr = driver.config.reward_model.learning_rate
     theirs = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(model(python).params)}
     for path, a in jax.tree_util.tree_leaves_with_path(model(scan).params):
         name = jax.tree_util.keystr(path)
@@ -250,17 +252,17 @@ def test_fitting_from_python_equals_the_compiled_loop(learner):
 
 
 @pytest.mark.slow
-def test_scoring_the_reward_model_is_monitoring_only(small_training):
+def test_scoring_the_reward_model_is_monitoring_only(small_driver):
     """``preferences.score_pairs`` sets how many fresh pairs score r̂ against the oracle; 0
     scores none (NaN in the curves) and the run is otherwise the same, bit for bit (two chunks)."""
     ends = {}
     for pairs in (0, 256):  # 256, the default, is the other tests' run
-        training = (small_training("preferences") if pairs == 256 else
-                    make_training(experiment([*SMALL_RUN, *SMALL_LEARNERS["preferences"], f"preferences.score_pairs={pairs}"])))
-        state = training.init_runner(jax.random.PRNGKey(1))
+        driver = (small_driver("preferences") if pairs == 256 else
+                    Driver(experiment([*SMALL_RUN, *SMALL_LEARNERS["preferences"], f"preferences.score_pairs={pairs}"])))
+        state = driver.init(jax.random.PRNGKey(1))
         for chunk in range(2):
-            state, metrics = training.run_chunk(state, chunk)
-        ends[pairs] = state, summarize(metrics)
+            state, metrics, learned = driver.run_chunk(state, chunk)
+        ends[pairs] = state, summarize(metrics, learned)
     (none, unscored), (some, scored) = ends[0], ends[256]
     assert np.isnan(unscored["reward_accuracy"]) and np.isnan(unscored["reward_correlation"])
     assert np.isfinite(scored["reward_correlation"])

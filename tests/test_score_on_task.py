@@ -14,7 +14,8 @@ from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.evaluation import Score, evaluate
 from rlhf_jax.metrics_log import judged_return
 from rlhf_jax.sweep import Sweep
-from rlhf_jax.trainer import evaluate_run, make_training, restore_latest, scoring_env_config, train
+from rlhf_jax.driver import Driver, scoring_env_config
+from rlhf_jax.trainer import evaluate_run, train
 
 ROOT = Path(__file__).resolve().parent.parent
 EPISODES = 8
@@ -53,7 +54,7 @@ def test_a_run_logs_its_policy_scored_on_the_task(run):
     config, directory = run
     rows = rows_of(directory / "metrics.csv")
     assert len(rows) == 2 and all(r["episode_return"] <= 20 for r in rows)  # the training episodes
-    _, runner = restore_latest(make_training(config), directory)
+    _, runner = Driver(config).restore_latest(directory)
     assert rows[-1]["task_return"] == pytest.approx(task_return(config, runner.params), rel=1e-6)
     assert rows[-1]["task_return"] > 20  # longer than any training episode could be
     assert evaluate_run(directory, episodes=EPISODES)["mean_true_return"] > 20  # `rlhf-jax eval` scores the task too
@@ -65,7 +66,7 @@ def test_a_sweep_scores_each_member_on_the_task(tmp_path):
     directory = tmp_path / "sweep"
     Sweep.create(directory, base_config(), {}, seeds=2).run(progress=False)
     program, _, state = Sweep.load(directory).restore_group(0)
-    params = program.training.policy_params(state)
+    params = program.driver.policy_params(state)
     config = build(ExperimentConfig, base_config())
     rows = [r for r in rows_of(directory / "members.csv") if r["chunk"] == 1]
     assert len(rows) == 2

@@ -21,7 +21,8 @@ from rlhf_jax.config_base import is_in_state
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.statistics import interval_estimate
 from rlhf_jax.sweep import Sweep, make_groups, member_config, split_sweep_words, write_results
-from rlhf_jax.trainer import restore_latest, train
+from rlhf_jax.driver import Driver
+from rlhf_jax.trainer import train
 
 # A2C on CartPole, 3 chunks of 2048 steps: the learning rate swept, 2 seeds each.
 OVERRIDES = ["env.num_envs=8", "a2c.total_env_steps=6144", "run.chunk_env_steps=2048",
@@ -186,9 +187,8 @@ def test_each_member_is_the_run_rlhf_jax_train_makes(local_sweep, tmp_path):
     assert member["opt_state"][1]["hyperparams"]["learning_rate"] == np.float32(0.001)  # the rate is in the state
     config = build(ExperimentConfig, apply_overrides(base_config(), [
         "a2c.learning_rate=0.001", "seed=1", f"run.dir={tmp_path / 'alone'}"]))
-    from rlhf_jax.trainer import make_training
 
-    _, alone = restore_latest(make_training(config), train(config, progress=False))
+    _, alone = Driver(config).restore_latest(train(config, progress=False))
     # One member alone and four vmapped are compiled for different shapes: XLA may sum in
     # another order, so equal up to float32 rounding.
     assert_same(member["params"], jax.device_get(alone.params), rtol=1e-4, atol=1e-6)

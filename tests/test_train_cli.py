@@ -18,7 +18,8 @@ from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.cli import main
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.trainer import Training, load_run_config
+from rlhf_jax.driver import Driver
+from rlhf_jax.run_dir import load_run_config
 
 # The A2C CartPole example on the true reward, made small.
 SMALL = [
@@ -33,7 +34,7 @@ def experiment(overrides):
 
 
 def final_params(run_dir):
-    _, runner = Training(load_run_config(run_dir)).restore_latest(run_dir)
+    _, runner = Driver(load_run_config(run_dir)).restore_latest(run_dir)
     return runner
 
 
@@ -141,11 +142,11 @@ def test_python_loop_runs_the_same_iterations_as_the_scan():
     small = ["env.num_envs=4", "a2c.total_env_steps=320", "run.chunk_env_steps=160"]
     results = {}
     for loop in ("scan", "python"):
-        training = Training(experiment([*small, f"run.loop={loop}"]))
-        assert training.loop == loop
-        runner = training.init_runner(jax.random.PRNGKey(0))
-        for chunk in range(training.num_chunks):
-            runner, metrics = training.run_chunk(runner, chunk)
+        driver = Driver(experiment([*small, f"run.loop={loop}"]))
+        assert driver.compiled.dispatch == loop
+        runner = driver.init(jax.random.PRNGKey(0))
+        for chunk in range(driver.num_chunks):
+            runner, metrics, _ = driver.run_chunk(runner, chunk)
         results[loop] = (runner.params, metrics["loss"])
     assert results["python"][1].shape == results["scan"][1].shape == (160 // (4 * 8),)  # a chunk of iterations of 4 envs x 8 steps
     for a, b in zip(jax.tree.leaves(results["scan"]), jax.tree.leaves(results["python"])):
@@ -159,7 +160,7 @@ def test_python_loop_runs_the_same_iterations_as_the_scan():
     (["agent=a2c"], False),
 ])
 def test_dqn_on_atari_ends_episodes_at_life_loss_on_the_true_reward(overrides, life_episodes):
-    from rlhf_jax.trainer import true_reward_env_config
+    from rlhf_jax.driver import true_reward_env_config
 
     config = experiment(["env.id=envpool/Breakout-v5", *overrides])
     assert true_reward_env_config(config).episodic_life is life_episodes

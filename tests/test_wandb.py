@@ -18,7 +18,7 @@ from rlhf_jax.errors import ConfigError  # noqa: E402
 from rlhf_jax.feedback.store import LabelStore  # noqa: E402
 from rlhf_jax.metrics_log import MetricsLog  # noqa: E402
 from rlhf_jax.sweep import Sweep  # noqa: E402
-from rlhf_jax.trainer import load_run_config  # noqa: E402
+from rlhf_jax.run_dir import load_run_config  # noqa: E402
 from rlhf_jax.wandb_log import ID_FILE, logging_to_wandb  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "a2c_cartpole.yaml"

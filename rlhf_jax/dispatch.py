@@ -1,0 +1,57 @@
+"""How a run's repeated steps reach the device (``run.loop``), decided here and only here.
+
+* ``"scan"``: the steps are one compiled ``lax.scan``, a single call from the host.
+* ``"python"``: a Python loop calls one compiled step per dispatch. XLA:CPU runs convolution
+  gradients inside a loop about ten times slower than outside one (jax-ml/jax#12868), so
+  Atari's CNNs train faster this way on a CPU; the steps, keys and values are those of the
+  scan, up to rounding.
+* ``"auto"`` (the default): ``"python"`` for Atari frames on a CPU, ``"scan"`` elsewhere.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.networks import is_atari_frames
+
+
+def dispatch_of(option: str, spec) -> str:
+    """``run.loop`` resolved for an environment of ``spec``: ``"scan"`` or ``"python"``."""
+    if option != "auto":
+        return option
+    return "python" if is_atari_frames(spec.observation_shape) and jax.default_backend() == "cpu" else "scan"
+
+
+def repeat(step, dispatch: str):
+    """``run(state, length) -> (state, outputs stacked over the steps)`` from ``step(state) -> (state, output)``:
+    one compiled ``lax.scan``, or a Python loop over one compiled step (``length`` static, ``state`` donated)."""
+    if dispatch == "scan":
+        return jax.jit(lambda state, length: jax.lax.scan(lambda s, _: step(s), state, None, length),
+                       static_argnums=1, donate_argnums=0)
+    step = jax.jit(step, donate_argnums=0)
+
+    def run(state, length):
+        outputs = []
+        for _ in range(length):
+            state, output = step(state)
+            outputs.append(output)
+        return state, jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
+
+    return run
+
+
+def repeat_over(step, dispatch: str):
+    """``run(state, xs) -> (state, outputs stacked)`` from ``step(state, x) -> (state, output)``,
+    over the leading axis of ``xs``: one compiled ``lax.scan``, or one compiled step per ``x``."""
+    if dispatch == "scan":
+        return jax.jit(lambda state, xs: jax.lax.scan(step, state, xs))
+    step = jax.jit(step)
+
+    def run(state, xs):
+        outputs = []
+        for x in xs:
+            state, output = step(state, x)
+            outputs.append(output)
+        return state, jax.tree.map(lambda *ys: jnp.stack(ys), *outputs)
+
+    return run
