@@ -44,6 +44,7 @@ from rlhf_jax.reward import (
     oracle_answers,
     select_queries,
     set_input_statistics,
+    take_clips,
     update_normalization,
 )
 
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         first, second = select_queries(query_key, segments, returns, args.labels)
         mu, answered = oracle_answers(answer_key, segments.oracle_reward[first], segments.oracle_reward[second],
                                       TeacherConfig())
-        return add_labels(labels, segments, first, second, mu, answered, store_key, model.validation_fraction)
+        return add_labels(labels, take_clips(segments, first, second), mu, answered, store_key, model.validation_fraction)
 
     fit_round = jax.jit(fit, static_argnums=(1, 2, 5))
     normalize = jax.jit(lambda ensemble, segments: update_normalization(ensemble, model, spec, segments.obs,

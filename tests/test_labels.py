@@ -13,6 +13,7 @@ from rlhf_jax.reward import ensemble
 from rlhf_jax.reward.data import (Labels, LabelledPairs, Segments, empty_labels, frames_on_host, labels_nbytes,
                                   observations_on_host)
 from rlhf_jax.reward.labelers import add_labels, add_pairs
+from rlhf_jax.reward.learner import take_clips
 
 ATARI = EnvSpec(id="envpool/Pong-v5", backend="envpool-atari", num_envs=1, observation_shape=(84, 84, 4),
                 observation_dtype="uint8", action_space=Discrete(6), fps=15.0, max_episode_steps=27_000)
@@ -34,8 +35,8 @@ def segments_of(stacks, seed=0) -> Segments:
 def add_all(labels, segments, index_1, index_2, key=0):
     """Every pair answered (mu 1), into rows next, next+1, ..."""
     n = len(index_1)
-    return add(labels, segments, jnp.asarray(index_1, jnp.int32), jnp.asarray(index_2, jnp.int32),
-               jnp.ones(n, jnp.float32), jnp.ones(n, bool), jax.random.key(key), 1 / math.e)
+    pairs = take_clips(segments, jnp.asarray(index_1, jnp.int32), jnp.asarray(index_2, jnp.int32))
+    return add(labels, pairs, jnp.ones(n, jnp.float32), jnp.ones(n, bool), jax.random.key(key), 1 / math.e)
 
 
 # ---------------------------------------------------------------- a hand-worked example

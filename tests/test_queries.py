@@ -11,6 +11,7 @@ import pytest
 from rlhf_jax.envs.core import Discrete, EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward import labelers, queries, schedule, segments
+from rlhf_jax.reward.learner import take_clips
 from rlhf_jax.reward.data import Segments, empty_labels, empty_segments
 
 N, W, K, CHUNK, S, NUM = 3, 7, 3, 2, 10, 4  # envs, window, segment length, steps per record, capacity, cut
@@ -289,7 +290,9 @@ def test_bad_teacher_config_is_a_config_error(field, value):
 
 @pytest.fixture(scope="module")
 def add():
-    return jax.jit(labelers.add_labels)
+    """``add_labels`` of the pairs ``(segs[index_1], segs[index_2])``."""
+    store = jax.jit(labelers.add_labels)
+    return lambda labels, segs, index_1, index_2, *rest: store(labels, take_clips(segs, index_1, index_2), *rest)
 
 
 def check_rows(labels, segs, rows, index_1, index_2, mu):

@@ -18,6 +18,8 @@ _EXPORTS = {
     "oracle_answers": "rlhf_jax.reward.labelers",
     "teacher_returns": "rlhf_jax.reward.labelers",
     "add_labels": "rlhf_jax.reward.labelers",
+    "Queries": "rlhf_jax.reward.learner",
+    "take_clips": "rlhf_jax.reward.learner",
     "Segments": "rlhf_jax.reward.data",
     "Labels": "rlhf_jax.reward.data",
     "empty_labels": "rlhf_jax.reward.data",

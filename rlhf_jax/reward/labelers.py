@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.config_base import check_fields, in_range, non_negative
-from rlhf_jax.reward.data import Labels, LabelledPairs, Segments, drop_history, pair_frames
+from rlhf_jax.reward.data import Labels, LabelledPairs, drop_history, pair_frames
+from rlhf_jax.reward.learner import Queries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,15 +95,15 @@ def oracle_answers(
 
 def add_labels(
     labels: Labels,
-    segments: Segments,
-    index_1: chex.Array,
-    index_2: chex.Array,
+    pairs: Queries,
     mu: chex.Array,
     answered: chex.Array,
     key: jax.Array,
     validation_fraction: chex.Numeric = 1.0 / math.e,
 ) -> Labels:
-    """Store the answered pairs ``(segments[index_1], segments[index_2], mu)`` in the ring D.
+    """Store the answered ``pairs`` (``P`` queries of two segments each, ``obs [P, 2, k, ...]``;
+    :func:`~rlhf_jax.reward.learner.take_clips` makes them from a segment buffer) with their
+    answers ``mu [P]`` in the ring D.
 
     Answered pairs take rows ``next, next+1, ...`` (mod capacity) in order, unanswered
     ones take none: pair ``p`` goes to ``next + (number answered before p)``. Should more
@@ -112,15 +113,12 @@ def add_labels(
     1/e of the data is held out ... for each predictor", section 2.2.3). Atari stacks are
     written as their frames, each once (:func:`~rlhf_jax.reward.data.pair_frames`).
     """
-    chex.assert_shape([index_1, index_2, mu, answered], (index_1.shape[0],))
-
-    def pair(x):
-        return jnp.stack([x[index_1], x[index_2]], axis=1)  # [P, 2, ...]
-
-    frames, restart = pair_frames(pair(segments.obs), labels.stack, labels.history)
-    holdout = jax.random.bernoulli(key, validation_fraction, (index_1.shape[0], labels.holdout.shape[1]))
-    pairs = LabelledPairs(frames, restart, pair(segments.action), mu, pair(segments.oracle_reward.sum(axis=-1)))
-    return _write(labels, pairs, answered.astype(bool), holdout)
+    count = pairs.obs.shape[0]
+    chex.assert_shape([mu, answered], (count,))
+    frames, restart = pair_frames(pairs.obs, labels.stack, labels.history)
+    holdout = jax.random.bernoulli(key, validation_fraction, (count, labels.holdout.shape[1]))
+    labelled = LabelledPairs(frames, restart, pairs.action, mu, pairs.oracle_reward.sum(axis=-1))
+    return _write(labels, labelled, answered.astype(bool), holdout)
 
 
 def add_pairs(labels: Labels, pairs: LabelledPairs, key: jax.Array,

@@ -107,12 +107,7 @@ class PreferenceLearner:
                                            self.prefs.teacher))
 
     def store(self, state: PreferenceState, queries: Queries, answers: Preferences, key) -> PreferenceState:
-        num = answers.mu.shape[0]
-        # The pairs side by side as one buffer of 2Q segments: pair q is rows q and Q + q.
-        both = Segments(*(jnp.concatenate([x[:, 0], x[:, 1]]) for x in queries),
-                        count=jnp.int32(2 * num), next=jnp.int32(0))
-        labels = add_labels(state.labels, both, jnp.arange(num), num + jnp.arange(num), answers.mu,
-                            answers.answered, key, self.model.validation_fraction)
+        labels = add_labels(state.labels, queries, answers.mu, answers.answered, key, self.model.validation_fraction)
         return state._replace(labels=labels)
 
     def fit_step(self, state: PreferenceState, key) -> tuple[PreferenceState, jax.Array]:
