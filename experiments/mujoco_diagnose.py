@@ -7,7 +7,7 @@
 For each cell (a sweep directory of ``experiments/reproduce.py --backend cpu``, or the
 directory of one ``rlhf-jax train`` run on an ``envpool/`` MuJoCo task) the newest
 checkpoint is restored and each seed's policy plays ``--episodes`` whole episodes of the
-unmodified task on EnvPool (sampling, as in driver). Per seed: the true (Gymnasium v5)
+unmodified task on EnvPool (sampling, as in training). Per seed: the true (Gymnasium v5)
 return, the torque cost inside it, the return without it, and the episode length; beside
 them the reward model's last accuracy on fresh pairs and its correlation with the oracle's
 reward (from ``members.csv``). Printed as a table and written to
@@ -114,7 +114,7 @@ def restore_cell(directory: Path):
 def training_task_player(env, driver):
     """``play(params, key)``, compiled once: a policy of ``driver``'s run on ``env`` (a cell's training
     task) for one of its fixed-length episodes, ``(obs, action, timestep)`` of every step, time-major,
-    the action as the policy drew it (as r̂ was handed it in driver)."""
+    the action as the policy drew it (as r̂ was handed it in training)."""
     act = driver.agent.make_policy(driver.agent_config, env.spec)
     observe = lambda obs, action, timestep: (obs, action, timestep)
     steps = env.spec.max_episode_steps
