@@ -176,7 +176,7 @@ def diagnose(directory: Path, episodes: int, against: Path | None = None) -> dic
         for key in ("reward_accuracy", "reward_correlation", "episode_return"):
             if key in last[seed]:
                 row[f"last_chunk_{key}"] = last[seed][key]
-    result = {"chunk": chunk, "env_steps": driver.steps_per_iteration * driver.chunk_iterations * (chunk + 1),
+    result = {"chunk": chunk, "env_steps": driver.loop.steps_per_iteration * driver.loop.chunk_iterations * (chunk + 1),
               "seeds": rows}
     if against:
         result["ranked_against"] = rank_against(program, state, against, episodes)
