@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from rlhf_jax.feedback.config import PeopleConfig
+from rlhf_jax.reward import kinds
 from rlhf_jax.reward.kinds import CHOICE_MU, IBT, PREFERENCES
-from rlhf_jax.reward.kinds import KINDS as FEEDBACK_KINDS
 
 STORE_FILE = "labels.sqlite"
 CHOICES = tuple(CHOICE_MU)  # a comparison's answers: left, right, tie, cant_tell
-KINDS = tuple(kind.name for kind in FEEDBACK_KINDS)  # a query's kind, as the store keeps it: its FeedbackKind's name
+KINDS = tuple(kind.name for kind in kinds.KINDS)  # a query's kind, as the store keeps it: its FeedbackKind's name
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS queries (
