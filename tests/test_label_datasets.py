@@ -17,17 +17,15 @@ import yaml
 from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 from rlhf_jax.config_base import dump_yaml
-from rlhf_jax.envs.core import Discrete, EnvSpec
 from rlhf_jax import label_datasets
 from rlhf_jax.feedback.labeler import QUERIES_DIR
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
 from rlhf_jax.reward import saved_model
-from rlhf_jax.reward.config import PreferenceConfig
 from rlhf_jax.reward.data import Labels, observations_on_host, stacks_on_host
-from rlhf_jax.reward.ensemble import RewardModelConfig
 from rlhf_jax.reward.ibt import IBTConfig
-from rlhf_jax.reward.ibt_learner import Annotated, IBTLearner, IBTLearnerState
-from rlhf_jax.reward.preference_learner import PreferenceLearner, PreferenceState
+from rlhf_jax.reward.ibt_learner import Annotated, IBTLearnerState
+from rlhf_jax.reward.kinds import IBT, PREFERENCES
+from rlhf_jax.reward.preference_learner import PreferenceState
 from rlhf_jax.driver import Driver
 
 # A2C on CartPole from 40 synthetic preferences, tiny (4 chunks of 1024 env steps); the run
@@ -38,8 +36,6 @@ SOURCE_LABELS, BUDGET = 40, 60
 # IBT on CartPole: the hand-made run's 3 marked clips of 6 steps; a run from them has a budget of 8.
 IBT_CLIPS, IBT_BUDGET = 3, 8
 IBT_SMALL = ["reward=ibt", "ibt.episode_length=6", "ibt.episode_capacity=64", "ibt.batch_episodes=8"]
-PONG = EnvSpec(id="envpool/Pong-v5", backend="envpool-atari", num_envs=1, observation_shape=(84, 84, 4),
-               observation_dtype="uint8", action_space=Discrete(6), fps=15.0, max_episode_steps=27_000)
 
 
 def experiment(overrides=()):
@@ -95,27 +91,24 @@ def atari_labels():
 @pytest.fixture(scope="module")
 def atari_run(atari_labels, tmp_path_factory):
     """A finished preference run on Pong (made by hand: no Atari run), its labels.npz written
-    by the learner's own save."""
+    as a run writes it (PREFERENCES.save_answers)."""
     run_dir = tmp_path_factory.mktemp("labels") / "pong"
     write_run(run_dir, {"name": "pong", "agent": "a2c", "reward": "preferences", "env": {"id": "envpool/Pong-v5"}})
-    learner = PreferenceLearner(PreferenceConfig(labels=3, segment_length=5), RewardModelConfig(), PONG)
-    learner.save(PreferenceState(None, atari_labels), run_dir / "labels.npz")
+    PREFERENCES.save_answers(PreferenceState(None, atari_labels), run_dir / "labels.npz")
     return run_dir
 
 
 @pytest.fixture(scope="module")
 def ibt_run(tmp_path_factory):
-    """A finished IBT run on CartPole (made by hand), its labels.npz written by the learner's save."""
-    from rlhf_jax.envs import EnvConfig, make
-
+    """A finished IBT run on CartPole (made by hand), its labels.npz written as a run writes it
+    (IBT.save_answers)."""
     run_dir = tmp_path_factory.mktemp("labels") / "ibt"
     write_run(run_dir, {"name": "ibt", "agent": "a2c", "reward": "ibt", "env": {**DEFAULT_EXPERIMENT["env"]},
                         "ibt": {"episodes": 4, "episode_length": 6, "batch_episodes": 8}})
-    learner = IBTLearner(IBTConfig(episodes=4, episode_length=6), make(EnvConfig(num_envs=1)).spec)
     rng = np.random.default_rng(1)
     annotated = Annotated(rng.normal(size=(4, 6, 4)).astype(np.float32), rng.integers(-1, 2, (4, 6), np.int32),
                           np.int32(3))  # the fourth row was never annotated: not saved
-    learner.save(IBTLearnerState(None, annotated), run_dir / "labels.npz")
+    IBT.save_answers(IBTLearnerState(None, annotated), run_dir / "labels.npz")
     return run_dir
 
 
@@ -294,8 +287,7 @@ def test_a_people_runs_atari_labels_are_matched_to_their_answers_without_the_fra
                     action=jnp.asarray(action), mu=jnp.asarray([1.0, 0.5], jnp.float32),
                     oracle_return=jnp.zeros((rows, 2), jnp.float32), holdout=jnp.zeros((rows, 3), bool),
                     count=jnp.int32(rows), next=jnp.int32(0), stack=4, history=0)
-    learner = PreferenceLearner(PreferenceConfig(labels=rows, segment_length=k), RewardModelConfig(), PONG)
-    learner.save(PreferenceState(None, labels), run_dir / "labels.npz")
+    PREFERENCES.save_answers(PreferenceState(None, labels), run_dir / "labels.npz")
     dataset = label_datasets.from_run(run_dir)
     assert dataset.info.rows == rows and dataset.info.after_last_fit == 0
     assert dataset.provenance.who == ("ann", "ann") and list(dataset.provenance.query_id) == [0, 1]

@@ -27,7 +27,7 @@ from rlhf_jax.checkpoints import DAMAGED_SUFFIX, TMP_SUFFIX, Checkpoints, config
 from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, RunConfig, load_config
 from rlhf_jax.errors import ConfigError, RunError
-from rlhf_jax.reward.preference_learner import PreferenceLearner
+from rlhf_jax.reward.kinds import PREFERENCES
 from rlhf_jax.driver import Driver
 from rlhf_jax.run_control import SaveSchedule, check_finite
 from rlhf_jax.run_dir import load_run_config
@@ -284,7 +284,7 @@ def test_a_diverged_loss_stops_before_its_state_is_saved(tmp_path, monkeypatch, 
 def test_check_finite_tells_divergence_from_nothing_to_measure():
     good = {"env_steps": 512.0, "episode_return": math.nan, "loss": 0.5, "labels": 0.0,
             "reward_train_loss": math.nan, "reward_val_loss": math.nan}
-    unmeasured = PreferenceLearner.unmeasured  # which NaNs the preference learner calls "nothing to measure"
+    unmeasured = PREFERENCES.unmeasured  # which NaNs the preference learner's metrics call "nothing to measure"
     check_finite(good, 0, unmeasured(good))  # no episode ended, no label yet, none held out: nothing diverged
     row = {**good, "labels": 12.0, "reward_train_loss": 0.6}
     check_finite(row, 1, unmeasured(row))
