@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import rlhf_jax
 from rlhf_jax.errors import ConfigError, RunError
 
 
@@ -168,6 +169,8 @@ def split_config_and_overrides(args) -> None:
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf-jax", description="Reinforcement learning from human feedback in JAX.")
+    parser.add_argument("--version", action="version", version=f"rlhf-jax {rlhf_jax.__version__}",
+                        help="print the installed version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     envs = commands.add_parser("envs", help="list every environment id with its spaces")
     envs.add_argument("--backend", choices=("gymnax", "envpool", "mjx"), help="only this back end")
