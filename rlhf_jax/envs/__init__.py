@@ -5,12 +5,42 @@ Ids are ``<backend>/<name>``:
 * ``gymnax/...``  classic control and MinAtar, pure JAX (vmap over seeds works);
 * ``envpool/...`` Atari through EnvPool's XLA interface, and EnvPool's C MuJoCo
   (the CPU back end for MuJoCo);
-* ``mjx/...``     MuJoCo tasks in pure JAX over ``mujoco.mjx`` (the accelerator back end).
+* ``mjx/...``     MuJoCo tasks in pure JAX over ``mujoco.mjx`` (the accelerator back end);
+* ``<yours>/...`` an environment of your own, registered with :func:`register` and wrapped in
+  an adapter: :class:`GymnaxEnv` (any gymnax environment), :class:`BraxEnv` (a Brax / MuJoCo
+  Playground ``Env``), :class:`GymnasiumEnv` (a Gymnasium environment stepped on the host),
+  or a subclass of :class:`Environment` of your own (docs: "Your own task").
+
+The adapters are loaded on first use, as the back ends are: each pulls in its library.
 """
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, EnvState, TimeStep, check_action
 from rlhf_jax.envs.options import ATARI_NAMES, ENV_IDS, GYMNAX_NAMES, MUJOCO_NAMES, EnvConfig
+from rlhf_jax.envs.registry import factory_of, register, registered_ids, unregister
+from rlhf_jax.errors import ConfigError
+
+# Adapters of your own environments, by the module that holds each (loaded on first use).
+ADAPTERS = {"GymnaxEnv": "gymnax_envs", "BraxEnv": "brax_envs", "GymnasiumEnv": "gymnasium_envs"}
+
+
+def _made_by_factory(config: EnvConfig, members: int) -> Environment:
+    """A registered id's environment, checked against what its config asked for."""
+    factory = factory_of(config.id)
+    if factory is None:
+        raise ConfigError(f"{config.id!r} is no longer registered (rlhf_jax.envs.unregister)")
+    env = factory(config, members)
+    if not isinstance(env, Environment):
+        raise TypeError(f"the factory of {config.id!r} returned {type(env).__name__}, not an "
+                        f"rlhf_jax.envs.Environment (wrap your environment in an adapter: docs/your-own-task.md)")
+    if env.spec.id != config.id or env.spec.num_envs != config.num_envs:
+        raise ValueError(f"the factory of {config.id!r} built {env.spec.id!r} with {env.spec.num_envs} copies; "
+                         f"its config asked for {config.id!r} with env.num_envs={config.num_envs}")
+    return env
+
 
 def make(config: EnvConfig | str, members: int = 1) -> Environment:
     """Build the environment named by ``config.id`` (a bare id string takes default options).
@@ -21,11 +51,13 @@ def make(config: EnvConfig | str, members: int = 1) -> Environment:
     if isinstance(config, str):
         config = EnvConfig(id=config)  # an unknown id fails here, listing the known ones
     backend, name = config.backend, config.name
+    if config.id not in ENV_IDS:  # an environment of your own (EnvConfig found its factory)
+        return _made_by_factory(config, members)
     # Back ends are imported on demand: each pulls in a heavy library.
     if backend == "gymnax":
-        from rlhf_jax.envs.gymnax_envs import GymnaxEnv
+        from rlhf_jax.envs.gymnax_envs import make_gymnax
 
-        return GymnaxEnv(name, config)
+        return make_gymnax(name, config)
     if backend == "envpool":
         from rlhf_jax.envs.envpool_envs import AtariEnv, MujocoPoolEnv
 
@@ -36,6 +68,18 @@ def make(config: EnvConfig | str, members: int = 1) -> Environment:
 
 
 __all__ = [
-    "Box", "Discrete", "ENV_IDS", "EnvConfig", "EnvSpec", "EnvState", "Environment", "TimeStep",
-    "check_action", "make",
+    "BraxEnv", "Box", "Discrete", "ENV_IDS", "EnvConfig", "EnvSpec", "EnvState", "Environment", "GymnasiumEnv",
+    "GymnaxEnv", "TimeStep", "check_action", "make", "register", "registered_ids", "unregister",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ADAPTERS:
+        value = getattr(importlib.import_module(f"rlhf_jax.envs.{ADAPTERS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,4 +1,14 @@
-"""gymnax back end: classic control and MinAtar, pure JAX, vmapped over ``num_envs`` copies.
+"""gymnax back end: any gymnax environment object, pure JAX, vmapped over ``num_envs`` copies.
+
+:class:`GymnaxEnv` adapts a ``gymnax.environments.environment.Environment`` and its params
+(the listed ids, ``gymnax/<name>``, are ``gymnax.make(name)`` through it: :func:`make_gymnax`;
+one of your own goes through the same class, :mod:`rlhf_jax.envs.registry`). It maps
+
+* ``reset_env`` of ``num_envs`` copies, each from its own key, to ``reset``;
+* ``step_env`` to the step, ``terminated`` its done flag and ``truncated`` the env's
+  ``is_truncated`` (its ``max_steps_in_episode``; ``env.max_episode_steps`` replaces it), the
+  oracle's reward the env's reward or ``oracle(obs, action, next_obs, reward)`` of the step;
+* the ends, under the episode-end options, as :func:`rlhf_jax.envs.auto_reset.end_rules` says.
 
 A step resets a finished copy within the step; ``TimeStep.final_obs`` is the observation
 the copy reached before that reset. With ``hide_episode_end`` and ``hidden_end="reset"`` a
@@ -8,12 +18,13 @@ nor truncated for the agent.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import gymnax
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.envs.auto_reset import Oracle, check_fps, end_rules, oracle_reward, restart_where
 from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 
@@ -33,22 +44,47 @@ GYMNAX_FPS = {
 
 
 class GymnaxInner(NamedTuple):
-    env_state: Any
+    env_state: Any  # the copies' gymnax state; with an oracle, Observed(state, its observation)
     key: jax.Array
     # True once a copy has reached a terminal state in this (fixed-length) episode:
     # from then on the unmodified environment would have paid no reward.
     failed: jax.Array
 
 
+class Observed(NamedTuple):
+    """A copy's gymnax state and the observation it gave: what an oracle of the step reads as ``obs``."""
+
+    state: Any
+    obs: jax.Array
+
+
+def make_gymnax(name: str, config: EnvConfig) -> "GymnaxEnv":
+    """A listed gymnax environment (``gymnax/<name>``): ``gymnax.make(name)`` through :class:`GymnaxEnv`."""
+    env, params = gymnax.make(name)
+    return GymnaxEnv(env, params, config, fps=GYMNAX_FPS[name])
+
+
 class GymnaxEnv(Environment):
-    def __init__(self, name: str, config: EnvConfig):
+    """Any gymnax environment object and its params as an :class:`~rlhf_jax.envs.core.Environment`
+    of ``config.num_envs`` copies (the mapping is in the module docstring).
+
+    ``fps``: frames per second of real time, which sizes the 1.5 s segments (45 steps at 30) and
+    plays clips. ``oracle``: the reward a synthetic labeler judges by and the true return is
+    scored by, ``oracle(obs, action, next_obs, reward)`` of one copy's step (None: the env's
+    reward); with one, ``info["env_reward"]`` keeps the env's own. Options that do not apply to
+    gymnax (Atari's, MuJoCo's) are refused.
+    """
+
+    def __init__(self, env: gymnax.environments.environment.Environment, params, config: EnvConfig,
+                 *, fps: float = 30.0, oracle: Optional[Oracle] = None):
         reject_options(config, "gymnax", hide_score=False, episodic_life=False, noop_max=30, control_cost=True,
                        oracle="penalty")
-        self._env, params = gymnax.make(name)
+        self._env = env
         if config.max_episode_steps:
             params = params.replace(max_steps_in_episode=config.max_episode_steps)
         self._params = params
         self._config = config
+        self._oracle = oracle
         space = self._env.action_space(params)
         if isinstance(space, gymnax.environments.spaces.Discrete):
             action_space = Discrete(int(space.n))
@@ -61,63 +97,48 @@ class GymnaxEnv(Environment):
             observation_shape=tuple(self._env.observation_space(params).shape),
             observation_dtype="float32",
             action_space=action_space,
-            fps=GYMNAX_FPS[name],
+            fps=check_fps(fps),
             max_episode_steps=int(params.max_steps_in_episode),
         )
 
     def _reset_copies(self, key):
         keys = jax.random.split(key, self.num_envs)
         obs, env_state = jax.vmap(self._env.reset_env, in_axes=(0, None))(keys, self._params)
-        return obs.astype(jnp.float32), env_state
+        obs = obs.astype(jnp.float32)
+        return obs, (env_state if self._oracle is None else Observed(env_state, obs))
+
+    def _info(self, true_reward, true_done, env_reward) -> dict:
+        info = {"true_reward": true_reward, "true_done": true_done}
+        return info if self._oracle is None else dict(info, env_reward=env_reward)
 
     def _reset(self, key):
         key, reset_key = jax.random.split(key)
         obs, env_state = self._reset_copies(reset_key)
         n = self.num_envs
         inner = GymnaxInner(env_state, key, jnp.zeros((n,), bool))
-        info = {"true_reward": jnp.zeros((n,)), "true_done": jnp.zeros((n,), bool)}
+        info = self._info(jnp.zeros((n,)), jnp.zeros((n,), bool), jnp.zeros((n,)))
         return inner, first_timestep(obs, info)
 
     def _step(self, inner: GymnaxInner, action):
         key, step_key, reset_key = jax.random.split(inner.key, 3)
         step_keys = jax.random.split(step_key, self.num_envs)
-        obs, env_state, reward, terminated, _ = jax.vmap(self._env.step_env, in_axes=(0, 0, 0, None))(
-            step_keys, inner.env_state, action, self._params
+        env_state = inner.env_state if self._oracle is None else inner.env_state.state
+        obs, env_state, env_reward, terminated, _ = jax.vmap(self._env.step_env, in_axes=(0, 0, 0, None))(
+            step_keys, env_state, action, self._params
         )
-        obs, reward = obs.astype(jnp.float32), reward.astype(jnp.float32)
+        obs, env_reward = obs.astype(jnp.float32), env_reward.astype(jnp.float32)
         truncated = jax.vmap(self._env.is_truncated, in_axes=(0, None))(env_state, self._params)
-
-        if self._config.hide_episode_end and self._config.hidden_end == "reset":
-            # Appendix A's Atari treatment: the copy restarts at once, the agent is not told
-            # (only the time limit of a life that lasts ends its episode), the oracle pays
-            # the penalty on the failing step.
-            agent_terminated, agent_truncated = jnp.zeros_like(terminated), truncated & ~terminated
-            true_reward, failed = reward, inner.failed
-            reward = reward - self._config.termination_penalty * terminated
-            true_done = terminated | truncated
-            restart = terminated | truncated
-        elif self._config.hide_episode_end:
-            # Appendix A: the copy runs on to its time limit; every step in a terminal
-            # state costs the oracle `termination_penalty`, and the unmodified return
-            # stops counting at the first failure.
-            agent_terminated, agent_truncated = jnp.zeros_like(terminated), truncated
-            true_reward = jnp.where(inner.failed, 0.0, reward)
-            reward = reward - self._config.termination_penalty * terminated
-            failed = inner.failed | terminated
-            true_done = restart = truncated
+        if self._oracle is None:
+            reward = env_reward
         else:
-            agent_terminated, agent_truncated = terminated, truncated & ~terminated
-            true_reward, failed = reward, inner.failed
-            true_done = restart = terminated | truncated
+            reward = oracle_reward(self._oracle, inner.env_state.obs, action, obs, env_reward)
+            env_state = Observed(env_state, obs)
+        ends = end_rules(self._config, reward, terminated, truncated, inner.failed)
 
         reset_obs, reset_state = self._reset_copies(reset_key)
-        env_state = jax.tree.map(
-            lambda fresh, old: jnp.where(restart.reshape((-1,) + (1,) * (old.ndim - 1)), fresh, old),
-            reset_state,
-            env_state,
-        )
-        next_obs = jnp.where(restart.reshape((-1,) + (1,) * (obs.ndim - 1)), reset_obs, obs)
-        inner = GymnaxInner(env_state, key, failed & ~restart)
-        info = {"true_reward": true_reward, "true_done": true_done}
+        env_state = restart_where(ends.restart, reset_state, env_state)
+        next_obs = restart_where(ends.restart, reset_obs, obs)
+        inner = GymnaxInner(env_state, key, ends.failed & ~ends.restart)
+        info = self._info(ends.true_reward, ends.true_done, env_reward)
         ignored = jnp.zeros_like(terminated)
-        return inner, TimeStep(next_obs, reward, agent_terminated, agent_truncated, obs, ignored, info)
+        return inner, TimeStep(next_obs, ends.reward, ends.terminated, ends.truncated, obs, ignored, info)

@@ -6,6 +6,7 @@ from typing import Literal
 
 from rlhf_jax.config_base import INT32_MAX, check_fields, in_range, non_negative, positive
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.envs.registry import factory_of, registered_ids
 
 
 # The environments every back end offers, by the names their libraries give them.
@@ -33,6 +34,7 @@ MAX_ENVS = 65_536
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
     # "<backend>/<name>", e.g. gymnax/CartPole-v1, envpool/Pong-v5, mjx/Hopper-v5; `rlhf-jax envs` lists them.
+    # Or an id registered with rlhf_jax.envs.register (an environment of your own, envs/registry.py).
     id: str = "gymnax/CartPole-v1"
     num_envs: int = positive(16, MAX_ENVS)
     # EnvPool seeds its pool when it is built; the JAX back ends use the key given to reset instead.
@@ -67,9 +69,10 @@ class EnvConfig:
     max_episode_steps: int = non_negative(0, INT32_MAX)
 
     def __post_init__(self):
-        if self.id not in ENV_IDS:
-            known = "\n  ".join(ENV_IDS)
-            raise ConfigError(f"unknown environment id {self.id!r}; known ids:\n  {known}")
+        if self.id not in ENV_IDS and factory_of(self.id) is None:
+            known = "\n  ".join(ENV_IDS + registered_ids())
+            raise ConfigError(f"unknown environment id {self.id!r}; known ids:\n  {known}\n"
+                              f"(an environment of your own: rlhf_jax.envs.register(id, factory), docs/your-own-task.md)")
         check_fields(self)
 
     @property
