@@ -1,7 +1,18 @@
-"""rlhf_jax: agents trained from human (or synthetic) feedback, as pure JAX functions."""
+"""rlhf_jax: agents trained from human (or synthetic) feedback, as pure JAX functions.
+
+``rlhf_jax.train(config)`` trains a run and returns its directory; ``rlhf_jax.load_run(run_dir)``
+reads one back (its config, policy, learned reward and metrics: :mod:`rlhf_jax.api`). They are
+loaded on first use: importing ``rlhf_jax`` imports no JAX.
+"""
 from __future__ import annotations
 
+import importlib
 from typing import Any
+
+# The Python API (rlhf_jax.api), by name; loaded on first use.
+_API = ("train", "load_run", "resolve_config", "Run", "Policy")
+
+__all__ = [*_API, "__version__"]
 
 
 def _version() -> str:
@@ -27,4 +38,12 @@ def __getattr__(name: str) -> Any:
     if name == "__version__":
         globals()[name] = value = _version()
         return value
+    if name in _API:
+        # By its name, not an import statement: the package's modules import rlhf_jax, not it them.
+        globals()[name] = value = getattr(importlib.import_module("rlhf_jax.api"), name)
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
