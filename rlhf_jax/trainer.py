@@ -97,6 +97,9 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
 
         from tqdm import tqdm
 
+        if first_chunk < driver.num_chunks:
+            # XLA compiles a chunk when it is first run: say so, or the bar sits at its start in silence.
+            print("compiling the first chunk (this can take a minute) ...", flush=True)
         bar = tqdm(total=driver.loop.total_env_steps, initial=int(state.env_steps), unit="step", unit_scale=True,
                    disable=not progress, dynamic_ncols=True)
         score = driver.task_scorer()
