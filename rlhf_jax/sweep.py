@@ -95,7 +95,11 @@ def split_sweep_words(words: list[str]) -> tuple[str | None, list[str], dict[str
         if "," in text:
             if key in swept:
                 raise ConfigError(f"{key} is swept twice")
-            swept[key] = [parse_value(part, f"swept key {key}") for part in text.split(",")]
+            values = [parse_value(part, f"swept key {key}") for part in text.split(",")]
+            twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if twice is not None:  # its runs would run twice
+                raise ConfigError(f"{word} gives {twice} twice")
+            swept[key] = values
         else:
             overrides.append(word)
     if "seed" in swept:
@@ -126,6 +130,43 @@ def make_groups(base: dict, swept: dict[str, list], seeds: int) -> list[list[Mem
                 index += 1
         groups.append(group)
     return groups
+
+
+# Keys a sweep cannot vary. Those that choose a section: each value's runs would take that
+# section's settings, its run budget among them, from a base config written for one value (DQN's
+# default 50M env steps under a sweep of agent=a2c,dqn). Those that change no run: each value
+# would run the same runs again (a sweep's labels come from the synthetic labeler, so people.*
+# is read by none of them).
+SECTION_CHOOSERS = {"agent": "a2c, acer, dqn or trpo", "reward": "preferences, ibt or reward_model"}
+UNCHANGING = ("name", "run.dir", "run.tensorboard", "run.checkpoint_every_updates", "run.checkpoint_every_minutes",
+              "run.wandb", "run.wandb_project", "run.wandb_entity", "run.wandb_tags", "run.wandb_mode", "people.")
+
+
+def refuse_unsweepable(base: dict, swept: dict[str, list]) -> None:
+    """A ConfigError naming the first swept key whose values would not make different runs of
+    one base config: a key that chooses a section, one that changes no run, or one in a section
+    the base config's agent or reward never reads."""
+    from rlhf_jax.agents import AGENTS
+    from rlhf_jax.reward.kinds import KINDS, MODEL_KEY, feedback_kind
+
+    agent = base.get("agent", ExperimentConfig.agent)
+    reward = base.get("reward", ExperimentConfig.reward)
+    kind = feedback_kind(reward)
+    read = {kind.section_name, kind.model_section} if kind else set()
+    for key in swept:
+        section = key.split(".")[0]
+        if key in SECTION_CHOOSERS:
+            raise ConfigError(f"{key} cannot be swept: it chooses the section ({SECTION_CHOOSERS[key]}) whose settings, "
+                              f"run budget among them, every run takes from the one base config; run one sweep per {key}")
+        if key in UNCHANGING or key.startswith(UNCHANGING[-1]):
+            where = " (a sweep's directory is --dir)" if key == "run.dir" else ""
+            raise ConfigError(f"{key} cannot be swept: it does not change what a run computes, so each value would "
+                              f"run the same runs again; give it one value{where}")
+        if section in AGENTS and section != agent:
+            raise ConfigError(f"{key} cannot be swept: this sweep's agent is {agent}, which never reads {section}.*")
+        unread = {s for k in KINDS for s in (k.section_name, k.model_section)} - read
+        if section in unread and not (key == MODEL_KEY and kind is not None):
+            raise ConfigError(f"{key} cannot be swept: this sweep's reward is {reward}, which never reads {section}.*")
 
 
 def member_config(base: dict, member: Member) -> ExperimentConfig:
@@ -243,6 +284,7 @@ class Sweep:
     @classmethod
     def create(cls, directory: Path, base: dict, swept: dict, seeds: int) -> "Sweep":
         sweep = cls(directory, base, swept, seeds)
+        refuse_unsweepable(base, swept)
         for group in sweep.groups:  # every member's config is checked before anything runs
             for member in group:
                 member_config(base, member)

@@ -162,6 +162,35 @@ def test_runs_a_sweep_cannot_vmap_are_refused():
         member_config(people, make_groups(people, {}, 1)[0][0])
 
 
+@pytest.mark.parametrize("swept, named", [
+    # agent=a2c,dqn ran its DQN group for DQN's default 50M env steps: the budget is the agent's own.
+    ({"agent": ["a2c", "dqn"]}, "agent cannot be swept: it chooses the section"),
+    ({"reward": ["preferences", "ibt"]}, "reward cannot be swept: it chooses the section"),
+    # Keys that do not change the work ran the same runs once per value.
+    ({"run.dir": ["a", "b"]}, "run.dir cannot be swept: it does not change what a run computes"),
+    ({"run.tensorboard": [True, False]}, "run.tensorboard cannot be swept"),
+    ({"name": ["a", "b"]}, "name cannot be swept"),
+    ({"dqn.learning_rate": [1e-3, 3e-3]}, "dqn.learning_rate cannot be swept: this sweep's agent is a2c"),
+    ({"ibt.learning_rate": [1e-3, 3e-3]}, "ibt.learning_rate cannot be swept: this sweep's reward is env"),
+])
+def test_sweeping_a_key_that_chooses_a_section_or_changes_no_run_is_refused(swept, named, tmp_path):
+    with pytest.raises(ConfigError, match=f"^{named}"):
+        Sweep.create(tmp_path / "sweep", base_config(), swept, seeds=1)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_value_swept_twice_is_refused():
+    with pytest.raises(ConfigError, match="a2c.learning_rate=0.001,1e-3 gives 0.001 twice"):
+        split_sweep_words(["a2c.learning_rate=0.001,1e-3"])
+
+
+def test_a_refused_sweep_is_a_one_line_error(tmp_path, capsys):
+    assert main(["sweep", *OVERRIDES, "agent=a2c,dqn", "--dir", str(tmp_path / "sweep")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "one sweep per agent" in err, err
+    assert not (tmp_path / "sweep").exists()
+
+
 # ------------------------------------------------------------- one program
 @pytest.mark.slow
 def test_table_and_plot_summarise_every_member(local_sweep):
