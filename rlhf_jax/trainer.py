@@ -69,14 +69,25 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
     if resume is not None and checkpoints.latest() is None:
         resume = None
         print(f"{run_dir} has no checkpoint yet: starting it from the beginning", flush=True)
-    first_chunk = 0
+    first_chunk, finished = 0, False
     if resume is not None:
         saved_chunk, state = checkpoints.restore(driver.abstract_state())
+        # A finished run whose outputs were written has nothing to resume: it ran no chunk, yet
+        # drew its curve again and logged that to W&B as a row of its own. One killed after its
+        # last checkpoint goes on to write them; a people run to make any clips still missing.
+        finished = saved_chunk + 1 >= driver.num_chunks and outputs_written(driver, run_dir)
+        if finished:
+            print(f"{run_dir} is finished: all {driver.num_chunks} chunks ({int(state.env_steps)} env steps) were "
+                  f"run; nothing to resume" + (", but the clips of its last queries, if any are missing"
+                                                 if config.labeler == "people" else ""), flush=True)
+            if config.labeler != "people":
+                checkpoints.close()
+                return run_dir
         state = apply_config_edits(driver, checkpoints, saved_chunk, state)
         first_chunk = saved_chunk + 1
     with stop_on_write_failure(checkpoints, f"to {run_dir}"), contextlib.ExitStack() as started:
-        try:
-            wandb_run = started.enter_context(logging_to_wandb(config, run_dir, run_dir.name))
+        try:  # a finished run logs nothing more
+            wandb_run = None if finished else started.enter_context(logging_to_wandb(config, run_dir, run_dir.name))
         except RunError:
             if new:
                 remove_unstarted_run(run_dir, checkpoints)
@@ -148,6 +159,12 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
                 store = LabelStore(run_dir / STORE_FILE, config.people)
                 wandb_run.log_label_counts(store.counts(driver.learner.kind))
     return run_dir
+
+
+def outputs_written(driver: Driver, run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds what its run writes after its last chunk: the learning curve and,
+    with a learned reward, ``labels.npz`` (:meth:`~rlhf_jax.driver.Driver.save_outputs`)."""
+    return (run_dir / "learning_curve.png").is_file() and (driver.learner is None or (run_dir / "labels.npz").is_file())
 
 
 def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0, videos: int = 0,

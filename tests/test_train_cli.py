@@ -131,6 +131,17 @@ def test_corrupt_checkpoint_is_reported(finished_run, tmp_path, capsys):
     assert "is intact: 7 is damaged: its checksums are missing" in err and "Traceback" not in err
 
 
+def test_resuming_a_finished_run_says_so_and_writes_nothing(finished_run, tmp_path, capsys):
+    """It ran no chunk, drew the curve again and logged a row with env_steps=0 to W&B."""
+    copy = tmp_path / "copy"
+    shutil.copytree(finished_run, copy)
+    before = {path: path.stat().st_mtime_ns for path in copy.rglob("*")}
+    assert main(["train", "--resume", str(copy)]) == 0
+    out = capsys.readouterr().out
+    assert f"{copy} is finished: all 40 chunks (40960 env steps) were run; nothing to resume" in out, out
+    assert {path: path.stat().st_mtime_ns for path in copy.rglob("*")} == before
+
+
 def test_an_existing_run_is_not_overwritten(finished_run, capsys):
     assert main(["train", *SMALL, f"run.dir={finished_run}"]) == 2
     assert "already holds a run" in capsys.readouterr().err

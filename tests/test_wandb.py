@@ -115,7 +115,8 @@ def logged_runs(directory: Path) -> dict[str, list[LoggedRun]]:
 @pytest.fixture(scope="module")
 def trained(offline, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "small"
-    assert main(["train", str(CONFIG), *SMALL, "run.wandb_tags=[smoke, cartpole]", f"run.dir={run_dir}"]) == 0
+    assert main(["train", str(CONFIG), *SMALL, "run.wandb_tags=[smoke, cartpole]", "run.checkpoint_every_updates=1",
+                 f"run.dir={run_dir}"]) == 0
     return run_dir
 
 
@@ -144,9 +145,21 @@ def test_a_run_logs_its_metrics_config_and_curve(trained):
 def test_a_resumed_run_goes_on_in_the_same_wandb_run(trained, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(trained, copy)
-    assert main(["train", "--resume", str(copy)]) == 0  # finished already: it only draws its curve again
+    shutil.rmtree(copy / "checkpoints" / "1")  # as if killed after its first chunk's checkpoint
+    assert main(["train", "--resume", str(copy)]) == 0
     (runs,) = logged_runs(copy).values()
     assert len(runs) == 2 and runs[0].run.run_id == runs[1].run.run_id == (copy / ID_FILE).read_text().strip()
+    assert [row["env_steps"] for row in runs[1].rows()] == [2048]  # the second chunk, once
+
+
+def test_resuming_a_finished_run_logs_nothing(trained, tmp_path, capsys):
+    """It logged a W&B row with env_steps=0 (its learning curve, drawn again)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(trained, copy)
+    assert main(["train", "--resume", str(copy)]) == 0
+    assert f"{copy} is finished" in capsys.readouterr().out
+    (runs,) = logged_runs(copy).values()
+    assert len(runs) == 1
 
 
 def test_asking_for_wandb_without_it_installed_is_one_line_naming_the_key(tmp_path, capsys, monkeypatch):
