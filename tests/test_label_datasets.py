@@ -373,6 +373,9 @@ def test_an_ibt_run_from_marks_asks_only_for_the_rest_of_its_budget(ibt_dataset)
     (["labels", "export", "{tmp}/nowhere", "{tmp}/out"], "run directory '{tmp}/nowhere' does not exist"),
     (["labels", "export", "{tmp}", "{tmp}/out"], "{tmp} is not a run directory"),
     (["labels", "export", "{empty_run}", "{tmp}/out"], "{empty_run} has no labels.npz"),
+    # It advised resuming the run, which never yields labels.
+    (["labels", "export", "{env_run}", "{tmp}/out"],
+     "{env_run} learned from the environment's reward (reward: env): it has no labels"),
     (["labels", "export", "{pong}", "{cartpole_dataset}"], "{cartpole_dataset} already exists and is not empty"),
     (["labels", "import", "{tmp}", "{tmp}/x.npz"], "{tmp} is not a label dataset"),
     (["labels", "import", "{cartpole_dataset}", "{pong}"], "env.id: gymnax/CartPole-v1 there, envpool/Pong-v5 here"),
@@ -417,8 +420,9 @@ def test_mistakes_are_one_line_errors_naming_the_path_or_key(words, named, cartp
                                                              tmp_path, capsys):
     places = {"tmp": tmp_path, "cartpole_dataset": cartpole_dataset, "pong": atari_run,
               "empty_run": tmp_path / "run", "ibt_dataset": ibt_dataset, "model": tmp_path / "model.npz",
-              "utility": tmp_path / "utility.npz"}
+              "utility": tmp_path / "utility.npz", "env_run": tmp_path / "env_run"}
     write_run(tmp_path / "run", {"reward": "preferences"})
+    write_run(tmp_path / "env_run", {"reward": "env"})
     if "{model}" in " ".join(words):  # a model's file as fit-reward writes it, without fitting one
         _fake_model(tmp_path / "model.npz")
     if "{utility}" in " ".join(words):

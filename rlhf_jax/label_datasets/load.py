@@ -55,14 +55,14 @@ def from_run(run_dir: str | Path) -> LabelDataset:
     the answers its label store holds that the run never trained on (:attr:`DatasetInfo.after_last_fit`)."""
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)  # a one-line error for a missing or foreign directory
+    reward = config.get("reward", "env")
+    kind = feedback_kind(reward)
+    if kind is None:  # before labels.npz: resuming such a run never writes one
+        raise ConfigError(f"{run_dir} learned from the environment's reward (reward: {reward}): it has no labels")
     path = run_dir / LABELS_FILE
     if not path.is_file():
         raise ConfigError(f"{run_dir} has no {LABELS_FILE}: a run writes it when it finishes "
                           f"(rlhf-jax train --resume {run_dir} finishes it)")
-    reward = config.get("reward", "env")
-    kind = feedback_kind(reward)
-    if kind is None:
-        raise ConfigError(f"{run_dir} learned from the environment's reward (reward: {reward}): it has no labels")
     labels = label_rows(read_arrays(path), kind, path)
     k = labels.restart.shape[2]
     info = DatasetInfo(
