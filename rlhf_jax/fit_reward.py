@@ -120,7 +120,7 @@ def fit_reward(dataset_dir: str | Path, out: str | Path | None = None, overrides
         raise ConfigError(f"{out.parent} does not exist: the directory for {out.name} must")
     refuse_to_overwrite(out, "give --out a new path")
     spec = make(dataclasses.replace(config.env, num_envs=1)).spec
-    head = HeadStartFiles(config, spec)
+    head = HeadStartFiles(config, spec, dataset_named=f"the dataset {dataset_dir}")  # the key is not the user's
     learner = make_learner(config, spec, head.preloaded)
     labels = head.preloaded
     batch = learner.batch_size

@@ -40,11 +40,15 @@ class HeadStartFiles:
     """A run's dataset (``preferences.labels_from`` or ``ibt.marks_from``) and ``reward_model.init_from``,
     checked (module docstring)."""
 
-    def __init__(self, config: ExperimentConfig, spec: EnvSpec):
+    def __init__(self, config: ExperimentConfig, spec: EnvSpec, dataset_named: str = ""):
         self.config, self.spec = config, spec
         self.kind = feedback_kind(config.reward)
         self.labels_key = self.kind.answers_key
         self.labels_path, self.model_path = self.kind.answers_path(config), config.reward_model.init_from
+        # How messages name the dataset: by the key that gave it, or as a command that was given
+        # the dataset itself names it (``dataset_named``: fit-reward's DATASET_DIR, no key typed).
+        self.labels_where = dataset_named or f"{self.labels_key}: {self.labels_path}"
+        self._labels_prefix = "" if dataset_named else f"{self.labels_key}: "
         self.preloaded = 0  # answers the dataset gives
         self._info = None  # the dataset's DatasetInfo
         self._labels = None  # its LabelDataset, where reading the info read them too
@@ -55,14 +59,14 @@ class HeadStartFiles:
             try:
                 self._info, self._labels = label_datasets.labels_info(self.labels_path)
             except ConfigError as error:
-                raise ConfigError(f"{self.labels_key}: {error}") from None
+                raise ConfigError(f"{self._labels_prefix}{error}") from None
             self._check_labels(self._info)
             self.preloaded = self._info.rows
         if self.model_path:
             self._check_model(saved_model.read_info(self.model_path, MODEL_KEY))
 
     def _check_labels(self, info) -> None:
-        where, spec, kind = f"{self.labels_key}: {self.labels_path}", self.spec, self.kind
+        where, spec, kind = self.labels_where, self.spec, self.kind
         if info.feedback is not kind:
             raise ConfigError(f"{where} holds {info.feedback.learns_from}, not {kind.holds}")
         mismatch = task_mismatch(info.env, self.config.env)
@@ -131,8 +135,8 @@ class HeadStartFiles:
                 dataset = self._labels or label_datasets.load_labels(self.labels_path)
                 label_datasets.check_actions(dataset, self.spec.action_space, self.labels_path)
             except ConfigError as error:
-                raise ConfigError(f"{self.labels_key}: {error}") from None
-            answers = self.kind.given_answers(dataset, self.config, f"{self.labels_key}: {self.labels_path}")
+                raise ConfigError(f"{self._labels_prefix}{error}") from None
+            answers = self.kind.given_answers(dataset, self.config, self.labels_where)
             self._labels = None  # the arrays live on in the head start
         if self.model_path:
             model = saved_model.load(self.model_path, self._like(), self.kind, MODEL_KEY)

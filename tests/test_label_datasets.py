@@ -381,9 +381,11 @@ def test_an_ibt_run_from_marks_asks_only_for_the_rest_of_its_budget(ibt_dataset)
     (["labels", "import", "{cartpole_dataset}", "{pong}"], "env.id: gymnax/CartPole-v1 there, envpool/Pong-v5 here"),
     (["labels", "import", "{cartpole_dataset}", "{tmp}/no/x.npz"], "{tmp}/no does not exist"),
     (["fit-reward", "{tmp}/nowhere"], "{tmp}/nowhere does not exist"),
+    # fit-reward names the dataset as it was given, never a key the command line has not typed.
     (["fit-reward", "{ibt_dataset}", "ibt.episode_length=5"],
-     "ibt.marks_from: {ibt_dataset} marks clips of 6 steps, this run's ibt.episode_length makes 5: set it to 6"),
+     "error: the dataset {ibt_dataset} marks clips of 6 steps, this run's ibt.episode_length makes 5: set it to 6"),
     (["fit-reward", "{cartpole_dataset}", "env.hidden_end=continue"],
+     "error: the dataset {cartpole_dataset} was labelled on another environment than this run's: "
      "env.hidden_end: reset there, continue here"),
     (["train", *SMALL, "preferences.labels_from={tmp}/nowhere"], "preferences.labels_from: {tmp}/nowhere does not exist"),
     (["train", *SMALL, "preferences.labels_from={cartpole_dataset}", "env.hidden_end=continue"],
