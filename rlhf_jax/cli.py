@@ -24,16 +24,65 @@ def cmd_envs(args) -> None:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
-def cmd_train(args) -> None:
-    from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
-    from rlhf_jax.trainer import train
+def format_value(value) -> str:
+    """A config value as an override writes it (``a2c.mlp_hidden=[64, 64]``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(map(format_value, value)) + "]"
+    if isinstance(value, str):
+        return value if value else '""'
+    return repr(value)
 
+
+def list_keys() -> None:
+    """Every config key, its type and its default, and what its field's comments say of it."""
+    import textwrap
+
+    from rlhf_jax.config import ExperimentConfig
+    from rlhf_jax.config_base import describe_keys
+
+    for key in describe_keys(ExperimentConfig):
+        print(f"{key.key} = {format_value(key.default)}  ({key.type})")
+        if key.comment:
+            print(textwrap.fill(key.comment, width=100, initial_indent="    ", subsequent_indent="    "))
+
+
+def cmd_train(args) -> None:
+    # The config is read and checked before the trainer (and with it JAX) is imported: a
+    # mistake in it is reported at once.
+    from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, build, load_config
+
+    if args.list_keys:
+        if args.words or args.resume or args.print_config:
+            raise ConfigError("--list-keys lists every key with its default: give it alone")
+        list_keys()
+        return
     if args.resume:
         if args.config or args.overrides:
             raise ConfigError("--resume continues a run with its saved config: give no CONFIG or overrides")
+        from rlhf_jax.config_base import read_run_config
+
+        saved = read_run_config(args.resume)  # a directory that holds no run
+        if args.print_config:
+            from rlhf_jax.config_base import dump_yaml, to_dict
+
+            print(dump_yaml(to_dict(build(ExperimentConfig, saved))), end="")
+            return
+        from rlhf_jax.trainer import train
+
         run_dir = train(resume=args.resume)
     else:
         config = load_config(ExperimentConfig, args.config, args.overrides, default=DEFAULT_EXPERIMENT)
+        if args.print_config:
+            from rlhf_jax.config_base import dump_yaml, to_dict
+
+            print(dump_yaml(to_dict(config)), end="")
+            return
+        from rlhf_jax.trainer import train
+
         run_dir = train(config)
     print(f"done: {run_dir}  (learning curve: {run_dir / 'learning_curve.png'})")
 
@@ -49,9 +98,26 @@ def start_distributed(coordinator: str, num_processes: int, process_id: int) -> 
     jax.distributed.initialize(coordinator, num_processes, process_id)
 
 
+def check_first_member(words: list[str]) -> None:
+    """Build the config of a sweep's first member (its file, its overrides, the first value of
+    each swept key), without JAX: what a sweep would refuse at its start (a missing file, an
+    unknown key, a bad value) is said before JAX is imported. :mod:`rlhf_jax.sweep` checks every
+    member again."""
+    from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build, read_yaml
+
+    config = words[0] if words and "=" not in words[0] else None
+    first = []  # each word as the first member has it: key=v1,v2 -> key=v1
+    for word in words[1 if config else 0:]:
+        key, sep, text = word.partition("=")
+        first.append(f"{key}={text.split(',')[0]}" if sep else word)
+    build(ExperimentConfig, apply_overrides(read_yaml(config) if config else DEFAULT_EXPERIMENT, first))
+
+
 def cmd_sweep(args) -> None:
     from pathlib import Path
 
+    if not args.resume:
+        check_first_member(args.words)
     if args.coordinator:  # before rlhf_jax's modules: importing them starts JAX's backend
         start_distributed(args.coordinator, args.num_processes, args.process_id)
     from rlhf_jax import sweep
@@ -180,6 +246,11 @@ def make_parser() -> argparse.ArgumentParser:
     train.add_argument("words", nargs="*", metavar="[CONFIG] [key=value ...]",
                        help="a YAML file from configs/ and any number of overrides, e.g. env.num_envs=8")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run saved in RUN_DIR")
+    train.add_argument("--print-config", action="store_true",
+                       help="print the resolved config (CONFIG and overrides, or RUN_DIR's with --resume) as YAML "
+                            "and exit without training; the output is a config file train reads")
+    train.add_argument("--list-keys", action="store_true",
+                       help="list every config key with its type, its default and what it does, and exit")
     train.set_defaults(run=cmd_train)
 
     sweep = commands.add_parser("sweep", help="every seed and hyper-parameter combination as one compiled program")
@@ -189,14 +260,17 @@ def make_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--dir", help="the sweep's directory (default runs/sweep-<name>-<date>)")
     sweep.add_argument("--resume", metavar="SWEEP_DIR", help="continue the sweep saved in SWEEP_DIR")
     sweep.add_argument("--coordinator", metavar="HOST:PORT", help="jax.distributed: process 0's address")
-    sweep.add_argument("--num-processes", type=int, default=1)
-    sweep.add_argument("--process-id", type=int, default=0)
+    sweep.add_argument("--num-processes", type=int, default=1,
+                       help="jax.distributed: how many processes (hosts) run the sweep together (default 1)")
+    sweep.add_argument("--process-id", type=int, default=0,
+                       help="jax.distributed: this process's index, 0 to --num-processes - 1 (default 0)")
     sweep.set_defaults(run=cmd_sweep)
 
     evaluate = commands.add_parser("eval", help="score a run's saved policy on whole true episodes")
-    evaluate.add_argument("run_dir", metavar="RUN_DIR")
+    evaluate.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (its newest checkpoint is scored)")
     evaluate.add_argument("--episodes", type=episodes, help="episodes to score (default: run.eval_episodes)")
-    evaluate.add_argument("--seed", type=config_number("seed", "the seed"), default=0)
+    evaluate.add_argument("--seed", type=config_number("seed", "the seed"), default=0,
+                          help="seed of the scoring's random key: the episodes' starts and the policy's samples (default 0)")
     evaluate.add_argument("--video", type=episodes, nargs="?", const=1, default=0, metavar="N",
                           help="also write the first N scored episodes (default 1) as RUN_DIR/eval/episode_<k>.mp4; "
                                "put it after RUN_DIR")
@@ -205,7 +279,7 @@ def make_parser() -> argparse.ArgumentParser:
     label = commands.add_parser("label", help="serve the web page where people label a run's queries")
     label.add_argument("run_dir", metavar="RUN_DIR", help="a run trained with labeler=people")
     label.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    label.add_argument("--port", type=int, default=8000)
+    label.add_argument("--port", type=int, default=8000, help="port to serve on (default 8000)")
     label.add_argument("--token", help="access token every request must carry; required beyond 127.0.0.1 "
                                        "(default: $RLHF_JAX_TOKEN)")
     label.set_defaults(run=cmd_label)
@@ -218,14 +292,15 @@ def make_parser() -> argparse.ArgumentParser:
     export.add_argument("--license", default="cc-by-4.0", help="the license the card states (default cc-by-4.0)")
     export.set_defaults(run=cmd_labels_export)
     load = labels_commands.add_parser("import", help="write a dataset's labels as a labels.npz, the run format")
-    load.add_argument("dataset_dir", metavar="DATASET_DIR")
+    load.add_argument("dataset_dir", metavar="DATASET_DIR", help="a label dataset directory (rlhf-jax labels export)")
     load.add_argument("target", metavar="RUN_DIR_OR_NPZ",
                       help="a run directory (gets RUN_DIR/labels.npz) or the path of a new .npz")
     load.set_defaults(run=cmd_labels_import)
 
     fit = commands.add_parser("fit-reward", help="fit a reward model offline to a label dataset (preferences "
                                                  "or IBT marks), for reward_model.init_from")
-    fit.add_argument("dataset_dir", metavar="DATASET_DIR")
+    fit.add_argument("dataset_dir", metavar="DATASET_DIR",
+                     help="a label dataset directory (rlhf-jax labels export) to fit the reward model to")
     fit.add_argument("words", nargs="*", metavar="[key=value ...]",
                      help="overrides of the dataset's run config, e.g. reward_model.ensemble_size=1 seed=3 "
                           "(IBT: ibt.batch_episodes=16)")

@@ -6,8 +6,11 @@ and builds the dataclasses, checking every key, type and declared range first: a
 config stops with a ``ConfigError`` that names the key and lists the valid ones (or states
 the range), before anything runs.
 
-That machinery is :mod:`rlhf_jax.config_base`'s, which needs no JAX. This module gathers
-every section's dataclass into :class:`ExperimentConfig`, and so imports every agent.
+That machinery is :mod:`rlhf_jax.config_base`'s. This module gathers every section's dataclass
+into :class:`ExperimentConfig`. Neither imports JAX: the sections live apart from the code that
+uses them (:mod:`rlhf_jax.agents.options`, :mod:`rlhf_jax.envs.options`,
+:mod:`rlhf_jax.reward.config`, :mod:`rlhf_jax.feedback.config`), so that a config is read and
+checked, and its mistakes reported, in a fraction of a second.
 """
 from __future__ import annotations
 
@@ -15,10 +18,7 @@ import dataclasses
 import importlib.resources
 from typing import Literal
 
-from rlhf_jax.agents.a2c import A2CConfig
-from rlhf_jax.agents.acer import ACERConfig
-from rlhf_jax.agents.dqn import DQNConfig
-from rlhf_jax.agents.trpo import TRPOConfig
+from rlhf_jax.agents.options import A2CConfig, ACERConfig, DQNConfig, TRPOConfig
 # The generic machinery lives in the jax-free config_base; imported here too, for callers of this module.
 from rlhf_jax.config_base import apply_overrides, build, flat_keys, load_config, read_yaml, to_dict  # noqa: F401
 from rlhf_jax.config_base import (INT32_MAX, NAME_MAX, byte_length, check_fields, check_path_field, non_negative,
@@ -26,9 +26,7 @@ from rlhf_jax.config_base import (INT32_MAX, NAME_MAX, byte_length, check_fields
 from rlhf_jax.envs.options import MAX_ENVS, EnvConfig
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.feedback.config import PeopleConfig
-from rlhf_jax.reward.config import PreferenceConfig
-from rlhf_jax.reward.ensemble import RewardModelConfig
-from rlhf_jax.reward.ibt import IBTConfig
+from rlhf_jax.reward.config import IBTConfig, PreferenceConfig, RewardModelConfig
 from rlhf_jax.reward.kinds import KINDS, MODEL_KEY, feedback_kind
 
 

@@ -265,6 +265,67 @@ def flat_keys(data: dict, prefix: str = "") -> dict:
     return flat
 
 
+class KeyInfo(typing.NamedTuple):
+    """One key of a config, as ``rlhf-jax train --list-keys`` shows it."""
+
+    key: str  # dotted, as overrides name it: a2c.learning_rate
+    type: str  # int, float, bool, str, one of a|b, list of int, ...
+    default: Any  # the value a config that leaves the key out gets
+    comment: str  # what the source says of the field (its comments, joined), or ""
+
+
+def describe_keys(cls, prefix: str = "") -> list[KeyInfo]:
+    """Every key of dataclass ``cls`` and of its sections, in order, with its type, default and
+    the comments its field carries in the source (read without importing what uses it)."""
+    hints, comments = typing.get_type_hints(cls), _field_comments(cls)
+    keys = []
+    for field in dataclasses.fields(cls):
+        hint, key = hints[field.name], f"{prefix}{field.name}"
+        if dataclasses.is_dataclass(hint):
+            keys.extend(describe_keys(hint, f"{key}."))
+        else:
+            default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+            keys.append(KeyInfo(key, _type_name(hint), default, comments.get(field.name, "")))
+    return keys
+
+
+def _type_name(hint) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return "one of " + "|".join(map(str, args))
+    if origin in (tuple, list):
+        return f"list of {_type_name(args[0]) if args else 'values'}"
+    if origin in (Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+    return getattr(hint, "__name__", str(hint))
+
+
+def _field_comments(cls) -> dict[str, str]:
+    """``{field: its comments}``: the comment lines just above each field and the one after it."""
+    import inspect
+
+    try:
+        lines, _ = inspect.getsourcelines(cls)
+    except (OSError, TypeError):  # no source (a frozen application, a class made at run time)
+        return {}
+    names, found, above, in_docstring = {f.name for f in dataclasses.fields(cls)}, {}, [], False
+    for line in lines[1:]:
+        text = line.strip()
+        if text.count('"""') % 2:  # a docstring opens or closes: its lines are no fields
+            in_docstring = not in_docstring
+            continue
+        if in_docstring:
+            continue
+        if text.startswith("#"):
+            above.append(text.lstrip("#").strip())
+            continue
+        match = re.match(r"(\w+)\s*:[^#]*?(?:#\s*(.*))?$", text)
+        if match and match.group(1) in names and match.group(1) not in found:
+            found[match.group(1)] = " ".join([*above, match.group(2) or ""]).strip()
+        above = []
+    return found
+
+
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, made strict (module docstring)."""
 

@@ -10,8 +10,7 @@ shared statistics of A3C become when the workers are synchronous).
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -21,8 +20,8 @@ import optax
 from rlhf_jax import ops
 from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_values, iterations_counter,
                                   make_rollout, make_train as assemble, rollout_rewards)
-from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_decay_horizon, check_fields, decay_horizon, in_range,
-                                  in_state, non_negative, positive)
+from rlhf_jax.agents.options import A2CConfig
+from rlhf_jax.config_base import decay_horizon
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.networks import GaussianPolicyValueHead, PolicyValueHead, apply_time_major, torso_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
@@ -32,37 +31,6 @@ __all__ = [
     "A2CConfig", "ActorCritic", "Runner", "env_steps_per_iteration", "init_runner", "make_iteration",
     "make_optimizer", "make_policy", "make_train", "n_step_targets", "num_iterations",
 ]
-
-@dataclasses.dataclass(frozen=True)
-class A2CConfig:
-    """Defaults are the paper's (Christiano et al. appendix A.2; Mnih et al. 2016)."""
-
-    total_env_steps: int = positive(10_000_000, INT32_MAX)
-    num_steps: int = positive(5, 4096)  # n: steps per environment between updates
-    gamma: float = in_range(0.99, 0, 1)
-    entropy_coef: float = non_negative(0.01)
-    value_coef: float = non_negative(0.5)
-    learning_rate: float = in_state(positive(7e-4))
-    # The rate decays linearly to zero at this many env steps (0: at total_env_steps).
-    # Christiano et al. decay over 80M steps although their runs stop at 50M.
-    lr_decay_env_steps: int = non_negative(0, INT32_MAX)
-    rms_decay: float = in_range(0.99, 0, 1)
-    rms_eps: float = non_negative(1e-5)
-    max_grad_norm: float = positive(0.5)
-    # Pixels: the 2013 CNN of the A3C paper ("a3c") or the Nature CNN ("nature").
-    network: Literal["a3c", "nature"] = "a3c"
-    mlp_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
-    # The paper's actor and critic share a torso; separate torsos often suit continuous control better.
-    shared_torso: bool = True
-    # Clip rewards to [-reward_clip, reward_clip] (Atari on the true reward: 1.0); 0 = no clipping.
-    reward_clip: float = non_negative(0.0)
-    reward_scale: float = positive(1.0)
-    log_std_init: float = 0.0  # Gaussian policies only
-
-    def __post_init__(self):
-        check_fields(self)
-        check_decay_horizon("a2c", self.lr_decay_env_steps, self.total_env_steps)
-
 
 class ActorCritic(nn.Module):
     """The policy (softmax, or Gaussian for boxes) and the value, on one torso or two."""

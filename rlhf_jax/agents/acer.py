@@ -59,10 +59,9 @@ reward parameters (:func:`relabel_rewards`), the rule every off-policy agent fol
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-from typing import Any, Literal, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -72,51 +71,11 @@ import optax
 from rlhf_jax import ops, replay
 from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, iterations_counter,
                                   make_train as assemble, rollout_rewards)
-from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_decay_horizon, check_fields, decay_horizon, in_range,
-                                  non_negative, positive)
+from rlhf_jax.agents.options import ACERConfig
+from rlhf_jax.config_base import decay_horizon
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import apply_time_major, orthogonal_dense, torso_for
-
-
-@dataclasses.dataclass(frozen=True)
-class ACERConfig:
-    """Defaults are the paper's where it states them (Wang et al. 2016: k = 20, replay
-    ratio 4, c = 10, delta = 1, alpha = 0.99, gamma = 0.99, entropy weight 0.001 on Atari
-    as we read it); the optimiser, memory size, critic weight and gradient clipping it leaves
-    open follow OpenAI Baselines' ACER. Counts of steps are env steps summed over environments.
-    """
-
-    total_env_steps: int = positive(10_000_000, INT32_MAX)
-    num_steps: int = positive(20, 4096)  # k: the length of a trajectory
-    gamma: float = in_range(0.99, 0, 1)
-    replay_ratio: float = non_negative(4.0, 100)  # r: replayed updates per on-policy update, K ~ Poisson(r)
-    replay_capacity: int = positive(50_000, 100_000_000)  # env steps the memory holds (whole trajectories of all envs)
-    replay_start: int = non_negative(10_000, INT32_MAX)  # env steps stored before replay begins
-    truncation: float = positive(10.0)  # c: importance weights truncated at c in the policy gradient
-    trust_region: bool = True
-    trust_region_delta: float = positive(1.0)  # delta
-    average_decay: float = in_range(0.99, 0, 1)  # alpha of the average policy network
-    entropy_coef: float = non_negative(0.001)
-    value_coef: float = non_negative(0.5)  # weighs the critic's loss against the policy's
-    learning_rate: float = positive(7e-4)
-    # The rate decays linearly to zero at this many env steps (0: at total_env_steps).
-    lr_decay_env_steps: int = non_negative(0, INT32_MAX)
-    rms_decay: float = in_range(0.99, 0, 1)
-    rms_eps: float = non_negative(1e-5)
-    max_grad_norm: float = positive(10.0)
-    # Pixels: the 2013 CNN of the A3C paper ("a3c") or the Nature CNN ("nature").
-    network: Literal["a3c", "nature"] = "a3c"
-    mlp_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
-    reward_clip: float = non_negative(0.0)  # clip rewards to [-reward_clip, reward_clip]; 0 = no clipping
-    reward_scale: float = positive(1.0)
-    # Continuous actions only.
-    sdn_samples: int = positive(5, 1000)  # n: actions u_i ~ pi in the stochastic dueling network
-    log_std_init: float = 0.0
-
-    def __post_init__(self):
-        check_fields(self)
-        check_decay_horizon("acer", self.lr_decay_env_steps, self.total_env_steps)
 
 
 # --------------------------------------------------------------------------- networks

@@ -37,7 +37,6 @@ it is sampled (:func:`replay_rewards`), the rule every off-policy agent follows
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, NamedTuple
 
@@ -48,53 +47,11 @@ import optax
 
 from rlhf_jax import ops, replay
 from rlhf_jax.agents.base import RewardFn, Transitions, episode_metrics, iterations_counter, make_train as assemble
-from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
+from rlhf_jax.agents.options import DQNConfig
 from rlhf_jax.envs.core import Discrete, Environment, EnvSpec, EnvState
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import QHead, torso_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
-
-
-@dataclasses.dataclass(frozen=True)
-class DQNConfig:
-    """Defaults are the paper's (Mnih et al. 2015, Methods and Extended Data Table 1).
-
-    Every count of steps is in env steps summed over all environments (module docstring).
-    """
-
-    total_env_steps: int = positive(50_000_000, INT32_MAX)  # "a total of 50 million frames"
-    replay_capacity: int = positive(1_000_000, 100_000_000)  # replay memory size
-    batch_size: int = positive(32, 65_536)  # minibatch size
-    target_update_period: int = positive(10_000, INT32_MAX)  # C, counted in parameter updates
-    gamma: float = in_range(0.99, 0, 1)  # discount factor
-    # RMSProp as DeepMind ran it (centred, the constant inside the square root), on the
-    # gradient G of the loss *summed* over the minibatch (Torch accumulates per-sample
-    # gradients; our loss is the mean, so G = batch_size * its gradient):
-    #   g <- rho g + (1 - rho) G;  n <- rho n + (1 - rho) G^2;
-    #   theta <- theta - lr G / sqrt(n - g^2 + eps),
-    # i.e. optax.rmsprop(lr, decay=rho, eps=eps, centered=True) after scaling by
-    # batch_size. rho is both the table's "gradient momentum" and "squared gradient
-    # momentum" (0.95 each); eps is its "min squared gradient".
-    learning_rate: float = in_state(positive(0.00025))
-    rms_decay: float = in_range(0.95, 0, 1)
-    rms_eps: float = non_negative(0.01)
-    epsilon_start: float = in_range(1.0, 0, 1)  # initial exploration
-    epsilon_end: float = in_range(0.1, 0, 1)  # final exploration
-    exploration_steps: int = positive(1_000_000, INT32_MAX)  # final exploration frame
-    # Replay start size: acting only (epsilon still ~1) before learning.
-    replay_start: int = non_negative(50_000, INT32_MAX)
-    update_period: int = positive(4, 10_000)  # update frequency: env steps (actions) between parameter updates
-    # Mnih 2015 on Atari: a lost life ends the agent's episode when it learns from the true
-    # reward (``rlhf-jax train`` sets env.episodic_life for it). Learned rewards never do.
-    life_loss_ends_episode: bool = True
-    reward_clip: float = non_negative(1.0)  # rewards clipped to [-1, 1]; 0 = no clipping
-    huber_delta: float = positive(1.0)  # error clipping: the TD error's gradient clipped to [-delta, delta]
-    eval_epsilon: float = in_range(0.05, 0, 1)  # evaluation policy
-    double_q: bool = False  # van Hasselt et al. 2016 target
-    mlp_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)  # vector observations (pixels take the Nature CNN)
-
-    def __post_init__(self):
-        check_fields(self)
 
 
 class QNetwork(nn.Module):

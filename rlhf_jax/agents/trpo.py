@@ -32,9 +32,8 @@ Baselines' TRPO, not numbers stated in the paper.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -45,7 +44,7 @@ from jax.flatten_util import ravel_pytree
 from rlhf_jax import ops
 from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_values, iterations_counter,
                                   make_rollout as base_rollout, make_train as assemble, rollout_rewards)
-from rlhf_jax.config_base import INT32_MAX, MAX_LAYER, check_fields, in_range, in_state, non_negative, positive
+from rlhf_jax.agents.options import TRPOConfig
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import torso_for
@@ -59,57 +58,6 @@ from rlhf_jax.ops.trust_region import (
     linearize,
     max_step,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class TRPOConfig:
-    """Defaults follow Christiano et al. appendix A.1 (gamma, lambda) and common TRPO practice (module docstring)."""
-
-    total_env_steps: int = positive(5_000_000, INT32_MAX)
-    # Env steps per iteration, summed over environments; each environment takes
-    # ceil(batch_size / num_envs) steps. Copies that start together and run episodes of one
-    # fixed length stay in step, so let each take a whole number of episodes: otherwise a
-    # batch holds only part of the episode and the KL bound ignores the rest
-    # (configs/trpo_pendulum.yaml shows what that does).
-    batch_size: int = positive(5_000, 10_000_000)
-    gamma: float = in_range(0.995, 0, 1)
-    gae_lambda: float = in_range(0.97, 0, 1)
-    max_kl: float = positive(0.01)  # delta: the bound on the mean KL(pi_old || pi_new)
-    cg_iterations: int = positive(10, 1000)
-    cg_damping: float = non_negative(0.1)
-    # The Fisher-vector products from every k-th time step of every copy (1: from the whole
-    # batch), as OpenAI Baselines' TRPO takes them (every 5th); Schulman et al. 2015 (appendix C)
-    # took 10% of the data. The ten products were most of an update's arithmetic; the gradient,
-    # and the line search's KL and surrogate, still use the whole batch.
-    fisher_subsample: int = positive(5, 1000)
-    line_search_steps: int = positive(10, 1000)
-    line_search_decay: float = in_range(0.5, 0, 1, low_open=True, high_open=True)
-    # beta: 0 on the true reward; 0.01 (Swimmer: 0.001) when learning from the reward predictor.
-    entropy_coef: float = non_negative(0.0)
-    normalize_advantages: bool = True
-    # The value function: its own network fitted with Adam to the lambda-returns.
-    value_learning_rate: float = in_state(positive(1e-3))
-    value_epochs: int = positive(5, 1000)
-    value_minibatches: int = positive(8, 65_536)
-    # Fit V to standardised returns, V(s) = mean + std f(s), with the mean and std of the last
-    # batch's returns (as rllab's value regressor does, normalize_outputs). Adam's step does not
-    # grow with the targets, so without it V lags returns far from 0: r-hat normalised to std 1
-    # gives returns up to 1 / (1 - gamma) = 200 (experiments/log/figure2.md, "The reward's scale").
-    normalize_value_targets: bool = False
-    policy_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
-    value_hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
-    activation: Literal["tanh", "relu"] = "tanh"
-    network: Literal["a3c", "nature"] = "a3c"  # the torso for stacked Atari frames, if ever used
-    log_std_init: float = 0.0  # Gaussian policies only
-    # Policy and value read each observation standardised by the running mean and std of every
-    # observation seen so far, clipped to [-5, 5] (:func:`rlhf_jax.ops.standardize`), as OpenAI
-    # Baselines' TRPO and Schulman's modular_rl feed theirs; the moments take in each batch before
-    # its update, as Baselines' do. Not in the paper, which names TRPO and no input scaling.
-    normalize_observations: bool = False
-    reward_scale: float = positive(1.0)
-
-    def __post_init__(self):
-        check_fields(self)
 
 
 _ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}

@@ -11,24 +11,32 @@ Ids are ``<backend>/<name>``:
   Playground ``Env``), :class:`GymnasiumEnv` (a Gymnasium environment stepped on the host),
   or a subclass of :class:`Environment` of your own (docs: "Your own task").
 
-The adapters are loaded on first use, as the back ends are: each pulls in its library.
+The adapters are loaded on first use, as the back ends are: each pulls in its library. So is
+the protocol itself (:mod:`rlhf_jax.envs.core`, which imports JAX): an :class:`EnvConfig` is
+read and checked without JAX.
 """
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, EnvState, TimeStep, check_action
 from rlhf_jax.envs.options import ATARI_NAMES, ENV_IDS, GYMNAX_NAMES, MUJOCO_NAMES, EnvConfig
 from rlhf_jax.envs.registry import factory_of, register, registered_ids, unregister
 from rlhf_jax.errors import ConfigError
 
+if TYPE_CHECKING:
+    from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, EnvState, TimeStep, check_action
+
 # Adapters of your own environments, by the module that holds each (loaded on first use).
 ADAPTERS = {"GymnaxEnv": "gymnax_envs", "BraxEnv": "brax_envs", "GymnasiumEnv": "gymnasium_envs"}
+# The protocol (rlhf_jax.envs.core), loaded on first use too: it imports JAX.
+CORE = ("Box", "Discrete", "Environment", "EnvSpec", "EnvState", "TimeStep", "check_action")
 
 
 def _made_by_factory(config: EnvConfig, members: int) -> Environment:
     """A registered id's environment, checked against what its config asked for."""
+    from rlhf_jax.envs.core import Environment
+
     factory = factory_of(config.id)
     if factory is None:
         raise ConfigError(f"{config.id!r} is no longer registered (rlhf_jax.envs.unregister)")
@@ -74,8 +82,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ADAPTERS:
-        value = getattr(importlib.import_module(f"rlhf_jax.envs.{ADAPTERS[name]}"), name)
+    if name in ADAPTERS or name in CORE:
+        value = getattr(importlib.import_module(f"rlhf_jax.envs.{ADAPTERS.get(name, 'core')}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

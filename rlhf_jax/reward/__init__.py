@@ -14,7 +14,7 @@ _EXPORTS = {
     "preference_probability": "rlhf_jax.reward.preference",
     "preference_loss": "rlhf_jax.reward.preference",
     # The synthetic oracle and the noisy simulated teachers, and the label database D.
-    "TeacherConfig": "rlhf_jax.reward.labelers",
+    "TeacherConfig": "rlhf_jax.reward.config",
     "oracle_answers": "rlhf_jax.reward.labelers",
     "teacher_returns": "rlhf_jax.reward.labelers",
     "add_labels": "rlhf_jax.reward.labelers",
@@ -24,7 +24,7 @@ _EXPORTS = {
     "Labels": "rlhf_jax.reward.data",
     "empty_labels": "rlhf_jax.reward.data",
     # The ensemble of reward predictors (section 2.2.3): init, fit, reward.
-    "RewardModelConfig": "rlhf_jax.reward.ensemble",
+    "RewardModelConfig": "rlhf_jax.reward.config",
     "EnsembleState": "rlhf_jax.reward.ensemble",
     "init_ensemble": "rlhf_jax.reward.ensemble",
     "set_input_statistics": "rlhf_jax.reward.ensemble",

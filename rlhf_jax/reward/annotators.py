@@ -15,14 +15,13 @@ probability ``noise``.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Callable, Literal
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.config_base import check_fields, in_range, non_negative
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.reward.config import AnnotatorConfig
 
 
 def _cartpole(obs):
@@ -54,19 +53,6 @@ POTENTIALS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gymnax/MountainCarContinuous-v0": _mountain_car,
     "gymnax/Pendulum-v1": _pendulum,
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class AnnotatorConfig:
-    signal: Literal["reward", "potential"] = "reward"
-    threshold: float = non_negative(0.0)  # |d_t| must exceed it to be marked
-    fraction: float = in_range(1.0, 0, 1)  # chance that an event is marked at all
-    noise: float = in_range(0.0, 0, 1)  # chance that a mark's sign is flipped
-
-    def __post_init__(self):
-        if self.signal not in ("reward", "potential"):
-            raise ConfigError(f"ibt.annotator.signal must be 'reward' or 'potential', got {self.signal!r}")
-        check_fields(self)
 
 
 def progress_increments(config: AnnotatorConfig, env_id: str, obs: jax.Array, reward: jax.Array) -> jax.Array:

@@ -28,9 +28,7 @@ Typical round, after new labels arrive::
 """
 from __future__ import annotations
 
-import dataclasses
-import math
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import chex
 import flax.linen as nn
@@ -38,87 +36,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlhf_jax.config_base import MAX_LAYER, check_fields, check_path_field, in_range, in_state, non_negative, positive
 from rlhf_jax.envs.core import EnvSpec, clip_action
-from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import is_atari_frames
 from rlhf_jax.ops.schedules import learning_rate_in_state
+from rlhf_jax.reward.config import RewardModelConfig
 from rlhf_jax.reward.data import Labels, action_shape_dtype
 from rlhf_jax.reward.networks import RewardCNN, input_statistics, reward_network_for
 from rlhf_jax.reward.preference import preference_loss, target_loss
 
 STD_FLOOR = 1e-6  # a member that outputs a constant would otherwise divide by zero
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardModelConfig:
-    """The reward model's settings; defaults are the paper's wherever it gives one.
-
-    Values the paper leaves open, and why we chose them:
-
-    * ``learning_rate = 3e-4`` (Adam): the paper names no optimiser settings. The model
-      is refit again and again as labels arrive, so we take a step smaller than Adam's
-      usual 1e-3, which keeps each refit from chasing the newest minibatches.
-    * ``l2_init = 1e-3``: at initialisation the squared kernel norms of the MLP sum to
-      about 140 (orthogonal, gain sqrt 2), so the penalty starts near 0.14, a fifth of
-      the preference loss at chance (ln 2): present but not dominant. The adaptive rule
-      moves it from there.
-    * ``l2_factor = 1.1``: each adaptation changes l2 by 10%. The target band is a factor
-      1.5 / 1.1 = 1.36 wide, so small steps approach it without jumping over it, and 24
-      adaptations still move l2 tenfold.
-    * ``batch_size = 64`` pairs per gradient step, each member drawing its own.
-    * ``input_std_floor = 0.1``: the MLP's inputs are standardised by the untrained policy's
-      steps, under which many never move (89 of MinAtar Breakout's 100 brick cells). A
-      better policy then moves them: at a floor of 1e-3 a broken brick was an input of
-      -1000, and Breakout's return fell as labels grew. At 0.1 it is -10.
-    """
-
-    ensemble_size: int = positive(3, 256)
-    hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
-    leaky_relu_slope: float = non_negative(0.01)
-    mlp_dropout: float = in_range(0.0, 0, 1, high_open=True)
-    cnn_dropout: float = in_range(0.5, 0, 1, high_open=True)
-    cnn_batch_norm: bool = True
-    random_answer_prob: float = in_range(0.1, 0, 1, high_open=True)
-    validation_fraction: float = in_range(1.0 / math.e, 0, 1, high_open=True)  # 0.36787944117144233
-    l2_init: float = non_negative(1e-3)
-    adapt_l2: bool = True  # False: the "no regularization" ablation (l2 = 0, dropout kept)
-    l2_low: float = positive(1.1)
-    l2_high: float = positive(1.5)
-    l2_factor: float = in_range(1.1, 1, low_open=True)
-    learning_rate: float = in_state(positive(3e-4))
-    batch_size: int = positive(64, 65_536)
-    input_std_floor: float = positive(0.1)
-    normalized_std: float = non_negative(0.0)  # 0: the paper's, 0.05 on Atari frames and 1 otherwise
-    loss: Literal["preference", "target"] = "preference"
-    bootstrap: bool = True
-    # A continuous action as r̂ reads it: clipped into the action space's bounds, as the
-    # environment takes it (True), or as the Gaussian policy drew it (False: the paper's
-    # public reference implementation, whose predictor reads the sampled action). Agents
-    # hand r̂ the sampled action; this is the one place that clips it.
-    clip_actions: bool = True
-    # A reward model saved by `rlhf-jax fit-reward` (a .npz) for the run to start from instead of an
-    # untrained one; its architecture keys (rlhf_jax.reward.saved_model) must match these. "": none.
-    init_from: str = ""
-
-    def __post_init__(self):
-        object.__setattr__(self, "hidden", tuple(self.hidden))  # hashable: config is a static argument
-        check_fields(self)
-        check_path_field("reward_model.init_from", self.init_from)
-        checks = [
-            (len(self.hidden) >= 1, f"hidden must be a non-empty list of layer sizes, got {self.hidden}"),
-            (self.l2_low < self.l2_high, f"need l2_low < l2_high, got l2_low={self.l2_low}, l2_high={self.l2_high}"),
-            (self.loss in ("preference", "target"), f"loss must be 'preference' or 'target', got {self.loss!r}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(f"reward model: {message}")
-
-    def reward_std(self, spec: EnvSpec) -> float:
-        """The standard deviation r̂ is normalised to: 0.05 on Atari (A.2), 1 otherwise (A.1)."""
-        if self.normalized_std > 0:
-            return self.normalized_std
-        return 0.05 if is_atari_frames(spec.observation_shape) else 1.0
 
 
 class EnsembleState(NamedTuple):

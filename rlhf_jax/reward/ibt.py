@@ -36,9 +36,8 @@ an autoregressive annotation model, is :class:`AnnotationLSTM`.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Literal, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import chex
 import flax.linen as nn
@@ -46,13 +45,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlhf_jax.config_base import (INT32_MAX, MAX_LAYER, check_fields, check_path_field, in_range, in_state,
-                                  non_negative, positive)
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import is_atari_frames, orthogonal_dense, torso_for
 from rlhf_jax.ops.schedules import learning_rate_in_state
-from rlhf_jax.reward.annotators import AnnotatorConfig
+from rlhf_jax.reward.config import IBTConfig
 from rlhf_jax.reward.networks import input_statistics
 
 # ----------------------------------------------------------------------- the loss
@@ -265,45 +262,6 @@ def annotation_nll(logits: jax.Array, marks: jax.Array, valid: jax.Array) -> jax
 
 
 # ------------------------------------------------------------- fitting, and the reward
-
-
-@dataclasses.dataclass(frozen=True)
-class IBTConfig:
-    """The IBT reward model and its loop (:mod:`rlhf_jax.reward.ibt_learner`); defaults from the paper
-    where it gives them (Adam with beta_1 = 0, beta_2 = 0.999, learning rate 1e-4, batches of 96)."""
-
-    utility: Literal["mlp", "lstm"] = "mlp"
-    hidden: tuple[int, ...] = positive((64, 64), MAX_LAYER)
-    lstm_size: int = positive(64, MAX_LAYER)
-    leaky_relu_slope: float = non_negative(0.01)
-    no_mark_weight: float = non_negative(1.0)  # C of Algorithm 1
-    pair_samples: int = non_negative(0, 1_000_000)  # pairs drawn per episode; 0: every pair (O(T^2) memory)
-    learning_rate: float = in_state(positive(1e-4))
-    adam_b1: float = in_range(0.0, 0, 1, high_open=True)
-    batch_episodes: int = positive(96, 65_536)
-    # The agent's reward: U's rise divided by its standard deviation on recent steps, times this.
-    normalized_std: float = positive(1.0)
-    # The loop: annotated episodes (clips of `episode_length` steps cut from recent rollouts).
-    episodes: int = positive(200, 100_000)  # the budget of annotated episodes
-    initial_episodes: int = in_range(-1, -1, 100_000)  # from the untrained policy before RL; -1: 25% of the budget
-    episode_length: int = in_range(50, 2, 1_000)
-    episode_capacity: int = positive(500, 100_000)  # recent clips that episodes to annotate are drawn from
-    annotation_decay_steps: int = positive(2_000_000, INT32_MAX)  # the annotation rate falls as c / (T + c)
-    fit_episodes_per_env_step: float = non_negative(0.01)
-    pretrain_epochs: int = non_negative(0, 100_000)
-    annotator: AnnotatorConfig = AnnotatorConfig()
-    # A label dataset of IBT marks (`rlhf-jax labels export` of an IBT run; or a finished IBT
-    # run's directory) whose marked clips the run starts with: they count against the budget
-    # `episodes`, and the annotator is asked for the rest only. "": none (docs/label-datasets.md).
-    marks_from: str = ""
-
-    def __post_init__(self):
-        if self.utility not in ("mlp", "lstm"):
-            raise ConfigError(f"ibt.utility must be 'mlp' or 'lstm', got {self.utility!r}")
-        check_fields(self)
-        check_path_field("ibt.marks_from", self.marks_from)
-        if self.initial_episodes > self.episodes:
-            raise ConfigError(f"ibt.initial_episodes ({self.initial_episodes}) exceeds the budget ({self.episodes})")
 
 
 class IBTState(NamedTuple):

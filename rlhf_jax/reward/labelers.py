@@ -8,42 +8,15 @@ skipping, tie-prone and myopic overseers.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import chex
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.config_base import check_fields, in_range, non_negative
+from rlhf_jax.reward.config import TeacherConfig
 from rlhf_jax.reward.data import Labels, LabelledPairs, drop_history, pair_frames
 from rlhf_jax.reward.learner import Queries
-
-
-@dataclasses.dataclass(frozen=True)
-class TeacherConfig:
-    """How the synthetic overseer answers; the defaults are the paper's perfect oracle.
-
-    The teacher judges by its own return ``R = sum_t gamma^(k-1-t) r_t`` over the ``k``
-    steps (``myopic_gamma = gamma``; 1 is the paper's undiscounted sum), and
-
-    * says "can't tell" (``answered = False``) when both ``R < skip_below``;
-    * calls a tie (``mu = 0.5``) when ``|R1 - R2| <= tie_gap`` (equal returns always tie);
-    * otherwise prefers the larger return, or, with ``boltzmann_temperature = tau > 0``,
-      prefers segment 1 with probability ``sigmoid((R1 - R2) / (tau * scale))``, where
-      ``scale`` is the mean ``|R1 - R2|`` over the batch, so ``tau`` is in units of the
-      return scale;
-    * flips its choice with probability ``mistake_prob`` (a tie stays a tie).
-    """
-
-    boltzmann_temperature: float = non_negative(0.0)  # 0: the deterministic oracle
-    mistake_prob: float = in_range(0.0, 0, 1)
-    skip_below: float | None = None  # None: answer every query
-    tie_gap: float = non_negative(0.0)
-    myopic_gamma: float = in_range(1.0, 0, 1)  # 1: the paper's undiscounted sum
-
-    def __post_init__(self):
-        check_fields(self)
 
 
 def teacher_returns(reward: chex.Array, gamma: float) -> jax.Array:
