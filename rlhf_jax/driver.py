@@ -27,6 +27,7 @@ from rlhf_jax.evaluation import LearnedReward, evaluate
 from rlhf_jax.head_start import HeadStartFiles
 from rlhf_jax.loop import Loop, LoopState
 from rlhf_jax.reward.ibt_learner import IBTLearner
+from rlhf_jax.reward.kinds import PREFERENCES, feedback_kind
 from rlhf_jax.reward.learner import HeadStart, RewardLearner
 from rlhf_jax.reward.preference_learner import PreferenceLearner
 
@@ -44,7 +45,7 @@ def true_reward_env_config(config: ExperimentConfig) -> EnvConfig:
 def make_learner(config: ExperimentConfig, spec, preloaded: int = 0) -> RewardLearner:
     """The reward learner ``config.reward`` names, for an environment of ``spec`` (``preloaded``:
     the answers a dataset gives it at the start, :mod:`rlhf_jax.head_start`)."""
-    if config.reward == "preferences":
+    if feedback_kind(config.reward) is PREFERENCES:
         return PreferenceLearner(config.preferences, config.reward_model, spec, preloaded)
     return IBTLearner(config.ibt, spec, preloaded)
 
@@ -130,7 +131,8 @@ class Driver:
         self.config = config
         self.agent = get_agent(config.agent)
         self.agent_config = getattr(config, config.agent)
-        learned = config.reward != "env"
+        self.kind = feedback_kind(config.reward)  # None on the environment's reward
+        learned = self.kind is not None
         # A learned reward's agent never sees life-loss episodes or other true-reward helpers.
         self.env = make(config.env if learned else true_reward_env_config(config), members)
         # A dataset's labels and a fitted reward model to start from: checked now, read at the start.
@@ -188,17 +190,17 @@ class Driver:
         a path prefix, as ``jax.tree_util.keystr`` writes paths (``""``: the whole state)."""
         if self.learner is None:
             return {self.config.agent: ""}
-        return {self.config.agent: ".runner", {"preferences": "reward_model", "ibt": "ibt"}[self.config.reward]: ".learner"}
+        return {self.config.agent: ".runner", self.kind.model_section: ".learner"}
 
     def unmeasured(self, row: dict) -> set[str]:
         """The losses in a chunk's ``row`` that a NaN leaves unmeasured rather than diverged."""
-        return set() if self.learner is None else self.learner.unmeasured(row)
+        return set() if self.kind is None else self.kind.unmeasured(row)
 
     def save_outputs(self, state, run_dir: Path) -> None:
         """What a finished run writes besides its checkpoints and metrics: with a learned
         reward, the answers it learned from, with their clips (``labels.npz``)."""
         if self.learner is not None:
-            write_atomically(run_dir / "labels.npz", lambda path: self.learner.save(state.learner, path))
+            write_atomically(run_dir / "labels.npz", lambda path: self.kind.save_answers(state.learner, path))
 
     def task_scorer(self):
         """``score(policy_params) -> float`` with ``run.score_on_task`` (else None): the mean true

@@ -2,7 +2,7 @@
 
 Between a chunk's iterations and its fitting, the queries the schedule wants leave the device
 as :class:`~rlhf_jax.reward.people.Query` (``propose``), people's answers that arrived come back
-as the learner's typed answers (``answers_from_people``) and are stored by the same
+as the learner's typed answers (the kind's ``answers_from_people``) and are stored by the same
 :meth:`Loop.store <rlhf_jax.loop.Loop.store>` the synthetic labeler's go through, then the model
 is fitted and refreshed. Before RL the initial queries go to people and, by default, RL waits
 for their answers (the paper's start).
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhf_jax.loop import LoopState
+from rlhf_jax.reward.kinds import FeedbackKind
 from rlhf_jax.reward.learner import Queries
 from rlhf_jax.reward.people import HostLabels, Query, wait_for_answers
 
@@ -26,8 +27,8 @@ class PeopleSeam:
     run, the initial ones too, in place of the synthetic labeler (``compiled``: the run's
     :class:`~rlhf_jax.driver.CompiledLoop`)."""
 
-    def __init__(self, compiled, host: HostLabels, wait_for_initial_labels: bool = True):
-        self.compiled, self.host, self.wait_for_initial = compiled, host, wait_for_initial_labels
+    def __init__(self, compiled, host: HostLabels, kind: FeedbackKind, wait_for_initial_labels: bool = True):
+        self.compiled, self.host, self.kind, self.wait_for_initial = compiled, host, kind, wait_for_initial_labels
         self.loop = loop = compiled.loop
         self.learner = loop.learner
         self.size = loop.max_queries
@@ -65,7 +66,7 @@ class PeopleSeam:
             state, queries = self._propose(state, self.size)
             queries = jax.device_get(queries)
             first_id = int(state.asked)
-            asked = [Query(first_id + i, self.learner.kind, *(x[i] for x in queries))
+            asked = [Query(first_id + i, self.kind.name, *(x[i] for x in queries))
                      for i in range(min(wanted, self.size))]
             self.host.ask(asked)
             state = state._replace(asked=state.asked + len(asked))
@@ -76,7 +77,8 @@ class PeopleSeam:
             padding = self.size - len(batch)
             stack = lambda xs: np.concatenate([np.stack(xs), np.zeros((padding, *xs[0].shape), xs[0].dtype)])
             queries = Queries(*(stack(field) for field in zip(*((q.obs, q.action, q.oracle_reward) for q in batch))))
-            state = self._store(state, queries, self.learner.answers_from_people(answers, self.size))
+            state = self._store(state, queries,
+                                self.kind.answers_from_people(answers, self.size, self.learner.clip_length))
         return state
 
     def checkpoint_notes(self) -> dict:
@@ -100,7 +102,8 @@ class PeopleSeam:
 
 def attach_people(driver, labeler) -> PeopleSeam:
     """People (``labeler``) answer every query of ``driver``'s run from now on."""
-    driver.people = PeopleSeam(driver.compiled, HostLabels(labeler), driver.config.people.wait_for_initial_labels)
+    driver.people = PeopleSeam(driver.compiled, HostLabels(labeler), driver.kind,
+                               driver.config.people.wait_for_initial_labels)
     return driver.people
 
 

@@ -142,7 +142,7 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
             bar.close()
             log.close()
             checkpoints.close()
-        title = f"{config.agent} on {config.env.id}" + {"preferences": " from preferences", "ibt": " from IBT marks"}.get(config.reward, "")
+        title = f"{config.agent} on {config.env.id}" + (f" from {driver.kind.learns_from}" if driver.kind else "")
         rows = log.rows()
         # People answer at their own pace: their run's curve marks when the answers arrived.
         write_atomically(run_dir / "learning_curve.png",
@@ -157,7 +157,7 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
                 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
 
                 store = LabelStore(run_dir / STORE_FILE, config.people)
-                wandb_run.log_label_counts(store.counts(driver.learner.kind))
+                wandb_run.log_label_counts(store.counts(driver.kind.name))
     return run_dir
 
 

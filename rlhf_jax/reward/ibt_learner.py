@@ -15,7 +15,7 @@
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,7 @@ from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.reward import ibt
 from rlhf_jax.reward.annotators import progress_increments, synthetic_marks
 from rlhf_jax.reward.data import MarkedClips, Segments
-from rlhf_jax.reward.kinds import IBT, Marks
+from rlhf_jax.reward.kinds import Marks
 from rlhf_jax.reward.learner import Budget, HeadStart, Queries, fit_steps, pearson, take_clips
 from rlhf_jax.reward.schedule import initial_labels
 from rlhf_jax.reward.segments import check_fits_episode
@@ -57,7 +57,6 @@ class IBTLearnerState(NamedTuple):
 class IBTLearner:
     """The IBT learner: everything on the host (people's marks, saving them) is :data:`~rlhf_jax.reward.kinds.IBT`'s."""
 
-    kind = IBT.name  # for callers that have not yet turned to the kind itself
 
     def __init__(self, config: ibt.IBTConfig, spec: EnvSpec, preloaded: int = 0):
         """``preloaded``: marked clips a label dataset gives the run at its start (``ibt.marks_from``)."""
@@ -136,14 +135,3 @@ class IBTLearner:
         metrics = {"labels": state.annotated.count, "reward_correlation": pearson(rise, signal),
                    "marks": jnp.abs(state.annotated.marks).sum()}
         return state._replace(model=model), metrics
-
-    # ------------------------------------------------------------------ host side
-    # What callers of the learner called before the kind of feedback held them: each is the
-    # kind's (rlhf_jax.reward.kinds.IBT), and goes once they call it there.
-    unmeasured = staticmethod(IBT.unmeasured)
-
-    def answers_from_people(self, answers: Sequence, size: int) -> Marks:
-        return IBT.answers_from_people(answers, size, self.clip_length)
-
-    def save(self, state: IBTLearnerState, path) -> None:
-        IBT.save_answers(state, path)

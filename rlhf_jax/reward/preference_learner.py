@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.reward import ensemble as reward_model
 from rlhf_jax.reward.config import PreferenceConfig, resolve
 from rlhf_jax.reward.data import Labels, Segments, empty_labels
-from rlhf_jax.reward.kinds import PREFERENCES, Preferences
+from rlhf_jax.reward.kinds import Preferences
 from rlhf_jax.reward.labelers import add_labels, add_pairs, oracle_answers
 from rlhf_jax.reward.learner import Budget, HeadStart, Queries, fit_steps, pearson, take_clips
 from rlhf_jax.reward.queries import candidate_pairs, returns_of_rows, select_queries
@@ -38,8 +38,6 @@ class PreferenceState(NamedTuple):
 class PreferenceLearner:
     """The preference learner: everything on the host (people's answers, saving the labels) is
     :data:`~rlhf_jax.reward.kinds.PREFERENCES`'s."""
-
-    kind = PREFERENCES.name  # for callers that have not yet turned to the kind itself
 
     def __init__(self, prefs: PreferenceConfig, model: reward_model.RewardModelConfig, spec: EnvSpec,
                  preloaded: int = 0):
@@ -162,14 +160,3 @@ class PreferenceLearner:
         accuracy = jnp.where(decided.any(), jnp.where(decided, agree, False).sum() / jnp.maximum(decided.sum(), 1),
                              jnp.nan)
         return {"reward_accuracy": accuracy, "reward_correlation": pearson(predicted, oracle)}
-
-    # ------------------------------------------------------------------ host side
-    # What callers of the learner called before the kind of feedback held them: each is the
-    # kind's (rlhf_jax.reward.kinds.PREFERENCES), and goes once they call it there.
-    unmeasured = staticmethod(PREFERENCES.unmeasured)
-
-    def answers_from_people(self, answers: Sequence, size: int) -> Preferences:
-        return PREFERENCES.answers_from_people(answers, size, self.clip_length)
-
-    def save(self, state: PreferenceState, path) -> None:
-        PREFERENCES.save_answers(state, path)
