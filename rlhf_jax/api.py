@@ -1,7 +1,7 @@
 """The Python API: train a run and load one back, as ``rlhf-jax train`` and ``rlhf-jax eval`` do.
 
 ``rlhf_jax.train`` and ``rlhf_jax.load_run`` are this module's, loaded when first used (importing
-``rlhf_jax`` imports no JAX)::
+``rlhf_jax`` imports no JAX):
 
     import jax
     import rlhf_jax
@@ -96,18 +96,29 @@ class Policy:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Run:
-    """A run as :func:`load_run` reads it from its directory: its newest checkpoint, config and metrics."""
+    """A run as :func:`load_run` reads it from its directory: its newest checkpoint, config and metrics.
+
+    - ``directory``: the run directory;
+    - ``config``: the :class:`~rlhf_jax.config.ExperimentConfig` it was trained with (``config.yaml``);
+    - ``env_steps`` and ``chunk``: how far the loaded checkpoint is (a finished run's last
+      chunk is its chunks' count - 1);
+    - ``policy``: the trained :class:`Policy`;
+    - ``learned_reward``: the reward the run learned (preferences or IBT), as a
+      :class:`~rlhf_jax.evaluation.LearnedReward`: r̂ = ``fn(params, obs, action, timestep)``
+      (a ``rlhf_jax.agents.base.RewardFn``); ``None`` on the environment's reward;
+    - ``metrics``: ``metrics.csv``, one row per chunk, each a dict by column name
+      (``env_steps``, ``episode_return``, the losses, ``labels``...);
+    - ``state``: the whole restored state, for the :class:`~rlhf_jax.driver.Driver`'s functions.
+    """
 
     directory: Path
     config: ExperimentConfig
-    env_steps: int  # the env steps the loaded checkpoint was saved after
-    chunk: int  # the chunk it was saved after (the run's last is its chunks' count - 1)
+    env_steps: int
+    chunk: int
     policy: Policy
-    # The reward the run learned, r̂ = fn(params, obs, action, timestep) (rlhf_jax.agents.base's
-    # RewardFn); None for a run on the environment's reward.
     learned_reward: LearnedReward | None
-    metrics: list[dict[str, float]]  # metrics.csv: one row per chunk, by column name
-    state: Any = dataclasses.field(repr=False)  # the whole restored state, for the driver's functions
+    metrics: list[dict[str, float]]
+    state: Any = dataclasses.field(repr=False)
 
     def make_env(self, num_envs: int = 1, seed: int | None = None) -> Environment:
         """The run's environment (``config.env``) with ``num_envs`` copies, for :attr:`policy`
