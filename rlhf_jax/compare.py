@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from rlhf_jax.config_base import flat_keys
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.statistics import CONFIDENCE, IntervalEstimate, interval_estimate, require_rliable
 
@@ -46,16 +47,6 @@ class Group(NamedTuple):
     runs: list[Scored]  # the runs with a score
     unscored: int  # runs left out: no score
     estimate: IntervalEstimate | None  # None: no run with a score
-
-
-def flat(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def read_runs(directory: str | Path) -> list[Scored]:
@@ -80,14 +71,14 @@ def read_runs(directory: str | Path) -> list[Scored]:
             raise ConfigError(f"{directory} holds a sweep without rows in members.csv: none of its runs has "
                               f"finished a chunk")
         return [Scored(f"{directory} member {i}",
-                       flat(to_dict(build(ExperimentConfig, apply_overrides(sweep.base, members[i].overrides())))),
+                       flat_keys(to_dict(build(ExperimentConfig, apply_overrides(sweep.base, members[i].overrides())))),
                        float(row["env_steps"]), float(judged_return(row)))
                 for i, row in sorted(last.items())]
     if not (directory / CONFIG_FILE).is_file() and not directory.is_dir():
         raise ConfigError(f"{directory} does not exist")
     if not (directory / CONFIG_FILE).is_file():
         raise ConfigError(f"{directory} is neither a run directory ({CONFIG_FILE}) nor a sweep's (sweep.yaml)")
-    config = flat(to_dict(load_run_config(directory)))
+    config = flat_keys(to_dict(load_run_config(directory)))
     rows = MetricsLog(directory, tensorboard=False).rows()
     if not rows:
         raise ConfigError(f"{directory} has no rows in metrics.csv: the run has not finished a chunk")
