@@ -50,7 +50,7 @@ def check_video_request(env_id: str, videos: int, episodes: int) -> None:
     """Refuse, before anything runs, videos that cannot be made: of an environment that
     cannot be drawn, or of more episodes than are scored."""
     try:
-        check_renderable(env_id)
+        check_renderable(env_id, extra="video")
     except ConfigError as error:
         raise ConfigError(f"--video: {error}") from None
     if videos > episodes:

@@ -107,13 +107,23 @@ def attach_people(driver, labeler) -> PeopleSeam:
     return driver.people
 
 
+def check_people(env_id: str) -> None:
+    """A :class:`~rlhf_jax.errors.ConfigError` now, not at the first clip, if people cannot label
+    a run on ``env_id`` here: its clips cannot be drawn, or the people extra is not installed."""
+    from rlhf_jax.extras import WEB_APP_MODULES, require
+    from rlhf_jax.feedback.clips import check_renderable
+
+    check_renderable(env_id)
+    require("labeler=people (its page: rlhf-jax label)", "people", *WEB_APP_MODULES)
+
+
 def connect_people(driver, run_dir: Path) -> PeopleSeam:
     """``labeler: people``: the run's queries go to the label store and web page in ``run_dir``."""
-    from rlhf_jax.feedback.clips import check_renderable, render_clip
+    from rlhf_jax.feedback.clips import render_clip
     from rlhf_jax.feedback.labeler import PeopleLabeler
 
     spec = driver.env.spec
-    check_renderable(spec.id)  # before any training, not at the first clip
+    check_people(spec.id)  # before any training, not at the first clip
     seam = attach_people(driver, PeopleLabeler(run_dir, partial(render_clip, spec), fps=spec.fps))
     print(f"queries go to people: label them with  rlhf-jax label {run_dir}", flush=True)
     return seam

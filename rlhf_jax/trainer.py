@@ -35,7 +35,7 @@ from rlhf_jax.errors import RunError
 from rlhf_jax.evaluation import evaluate, record_episodes
 from rlhf_jax.host_loop import ChunkDone, run_chunks, summarize
 from rlhf_jax.metrics_log import MetricsLog, judged_return, plot_learning_curve
-from rlhf_jax.people_seam import connect_people
+from rlhf_jax.people_seam import check_people, connect_people
 from rlhf_jax.run_control import StopRequests, check_finite, stopped_diverging
 from rlhf_jax.run_dir import apply_config_edits, load_run_config, new_run_dir, remove_unstarted_run
 from rlhf_jax.wandb_log import logging_to_wandb, require_wandb
@@ -60,6 +60,8 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
         run_dir = Path(resume)
         config = load_run_config(run_dir)
     require_wandb(config.run)  # before anything is written
+    if config.labeler == "people":
+        check_people(config.env.id)
     driver = Driver(config)
     new = resume is None  # a run this command starts: taken back if it cannot start
     if new:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import envpool
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,14 +35,27 @@ from jax.experimental import io_callback
 
 from rlhf_jax.envs.atari_masks import hide_score
 from rlhf_jax.envs.core import MUJOCO_SEGMENT_FPS, Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
-from rlhf_jax.envs.options import EnvConfig, reject_options
+from rlhf_jax.envs.options import ATARI_NAMES, EnvConfig, reject_options
 from rlhf_jax.envs.smooth_oracle import check_oracle, hidden_end_oracle, tip_height
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.extras import require
 
 # Appendix A.2: episode ends become an oracle penalty "in all games except Pong".
 NO_PENALTY_GAMES = ("Pong-v5",)
 ATARI_FPS = 60.0 / 4  # the emulator's 60 Hz with frame skip 4
 
+
+
+def _envpool(name: str):
+    """EnvPool, imported when an ``envpool/`` id is asked for; where it is not installed, a
+    one-line error naming the extra that installs it (and, for MuJoCo, MuJoCo itself)."""
+    if name in ATARI_NAMES:
+        require(f"envpool/{name}", "atari", "envpool")
+    else:
+        require(f"envpool/{name}", "mujoco", "envpool", "mujoco")
+    import envpool
+
+    return envpool
 
 
 class PoolState(NamedTuple):
@@ -113,7 +125,7 @@ class EnvPoolEnv(Environment):
     def __init__(self, config: EnvConfig, spec: EnvSpec, members: int = 1, **pool_options):
         self._config = config
         self.pool_options = pool_options  # what a second pool needs to step as this one does (benchmarks)
-        self.pool = envpool.make(
+        self.pool = _envpool(config.name).make(
             config.name, env_type="gymnasium", num_envs=config.num_envs * members, seed=config.seed, **pool_options
         )
         with x64():
@@ -165,7 +177,7 @@ class AtariEnv(EnvPoolEnv):
         options = dict(noop_max=config.noop_max, reward_clip=False, episodic_life=False)
         if config.max_episode_steps:
             options["max_episode_steps"] = config.max_episode_steps
-        pool = envpool.make_spec(name, num_envs=config.num_envs, **options)
+        pool = _envpool(name).make_spec(name, num_envs=config.num_envs, **options)
         spec = EnvSpec(
             id=config.id, backend="envpool-atari", num_envs=config.num_envs,
             observation_shape=(84, 84, 4), observation_dtype="uint8",
@@ -269,7 +281,7 @@ class MujocoPoolEnv(EnvPoolEnv):
     def __init__(self, name: str, config: EnvConfig, members: int = 1):
         reject_options(config, "EnvPool MuJoCo", hide_score=False, episodic_life=False, noop_max=30)
         check_oracle(name, config.oracle, config.hide_episode_end)
-        defaults = envpool.make_spec(name, num_envs=1).config
+        defaults = _envpool(name).make_spec(name, num_envs=1).config
         self._name, self._task = name, defaults
         self._ctrl_cost_weight = float(getattr(defaults, "ctrl_cost_weight", 0.0))
         self._healthy_reward = float(getattr(defaults, "healthy_reward", 0.0))
@@ -281,7 +293,7 @@ class MujocoPoolEnv(EnvPoolEnv):
             options["ctrl_cost_weight"] = 0.0  # paid in _step, from the action
         if config.max_episode_steps:
             options["max_episode_steps"] = config.max_episode_steps
-        pool = envpool.make_spec(name, num_envs=config.num_envs, **options)
+        pool = _envpool(name).make_spec(name, num_envs=config.num_envs, **options)
         space = pool.action_space
         spec = EnvSpec(
             id=config.id, backend="envpool-mujoco", num_envs=config.num_envs,
@@ -343,6 +355,6 @@ def _timestep(name: str) -> float:
     import gymnasium
     import mujoco
 
-    xml_file = envpool.make_spec(name, num_envs=1).config.xml_file
+    xml_file = _envpool(name).make_spec(name, num_envs=1).config.xml_file
     path = pathlib.Path(gymnasium.__file__).parent / "envs" / "mujoco" / "assets" / xml_file
     return float(mujoco.MjModel.from_xml_path(str(path)).opt.timestep)

@@ -70,8 +70,13 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import mujoco
 import numpy as np
+
+from rlhf_jax.extras import require
+
+# Imported when an mjx/ id is asked for (rlhf_jax.envs.make): without the mujoco extra, one line.
+require("an mjx/ environment", "mujoco", "mujoco", "mujoco.mjx")
+import mujoco  # noqa: E402
 
 # mujoco-mjx prints a notice to stdout when its optional Warp back end is missing; keep it
 # out of our commands' output (`rlhf-jax envs` is read by scripts).

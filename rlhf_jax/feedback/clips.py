@@ -83,6 +83,7 @@ import numpy as np
 
 from rlhf_jax.envs import ATARI_NAMES, ENV_IDS, EnvSpec
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.extras import require
 
 CLASSIC_CONTROL = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0")
 MINATAR_CELL = 24  # pixels per side of one MinAtar grid cell
@@ -214,9 +215,14 @@ def render_clip(spec: EnvSpec, obs, path, fps: float | None = None) -> Path:
     return write_clip(render_frames(spec, obs), path, spec.fps if fps is None else fps)
 
 
-def check_renderable(env_id: str) -> None:
-    """Raise :class:`ConfigError` now, rather than at the first clip, if ``env_id`` cannot be drawn."""
+def check_renderable(env_id: str, extra: str = "people") -> None:
+    """Raise :class:`ConfigError` now, rather than at the first clip, if ``env_id`` cannot be drawn,
+    or its clips need a package that is not installed (``extra`` of rlhf_jax installs them:
+    ``people`` for a run's clips, ``video`` for evaluation videos)."""
     _drawer(env_id)
+    backend, _, name = env_id.partition("/")
+    modules = ["imageio_ffmpeg", *(["pygame"] if backend == "gymnax" and name in CLASSIC_CONTROL else [])]
+    require(f"drawing {env_id}", extra, *modules)
 
 
 # --------------------------------------------------------------------------------------

@@ -42,8 +42,13 @@ from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
-import h11
-import uvicorn
+from rlhf_jax.extras import WEB_APP_MODULES, require
+
+# The page's server: the people extra. Without it `rlhf-jax label` stops in one line saying so.
+require("the labeling web page (rlhf-jax label)", "people", *WEB_APP_MODULES)
+
+import h11  # noqa: E402
+import uvicorn  # noqa: E402
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
