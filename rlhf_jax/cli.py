@@ -11,17 +11,25 @@ from rlhf_jax.errors import ConfigError, RunError
 def cmd_envs(args) -> None:
     """Print every environment id with its back end, observation and action space."""
     from rlhf_jax.envs import ENV_IDS, EnvConfig, make
+    from rlhf_jax.extras import MissingExtra
 
     rows = [("id", "backend", "observation", "action space", "fps")]
+    needing: dict[str, list[str]] = {}  # an extra not installed here -> the ids that need it
     for env_id in ENV_IDS:
         if args.backend and not env_id.startswith(args.backend + "/"):
             continue
-        spec = make(EnvConfig(id=env_id, num_envs=1)).spec
+        try:
+            spec = make(EnvConfig(id=env_id, num_envs=1)).spec
+        except MissingExtra as missing:
+            needing.setdefault(missing.extra, []).append(env_id)
+            continue
         observation = f"{spec.observation_dtype}{list(spec.observation_shape)}"
         rows.append((spec.id, spec.backend, observation, str(spec.action_space), f"{spec.fps:g}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    for extra, ids in needing.items():
+        print(f"{len(ids)} more need pip install 'rlhf_jax[{extra}]': {', '.join(ids)}")
 
 
 def format_value(value) -> str:

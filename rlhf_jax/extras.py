@@ -28,10 +28,18 @@ def installed(module: str) -> bool:
         return False
 
 
+class MissingExtra(ConfigError):
+    """What a missing extra of the install stops: its one-line message, and the extra it names."""
+
+    def __init__(self, message: str, extra: str):
+        super().__init__(message)
+        self.extra = extra
+
+
 def require(what: str, extra: str, *modules: str) -> None:
-    """A :class:`ConfigError` if any of ``modules`` is not installed: ``what`` needs them, and the
+    """A :class:`MissingExtra` if any of ``modules`` is not installed: ``what`` needs them, and the
     ``extra`` of rlhf_jax installs them."""
     absent = [module for module in modules if not installed(module)]
     if absent:
         named = " and ".join([", ".join(absent[:-1]), absent[-1]] if len(absent) > 1 else absent)
-        raise ConfigError(f"{what} needs {named}, not installed here: pip install 'rlhf_jax[{extra}]'")
+        raise MissingExtra(f"{what} needs {named}, not installed here: pip install 'rlhf_jax[{extra}]'", extra)

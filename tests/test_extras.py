@@ -97,3 +97,13 @@ def test_every_dependency_is_bounded_and_the_constraints_satisfy_them():
     for requirement in [*runtime, *(Requirement(r) for r in extras["test"] + extras["docs"])]:
         version = pins[canonicalize_name(requirement.name)]
         assert requirement.specifier.contains(version, prereleases=True), (requirement, version)
+
+
+def test_the_list_of_environments_names_the_extras_it_cannot_show(monkeypatch, capsys):
+    """The lean install lists its gymnax ids and names the extra each EnvPool id needs."""
+    hide(monkeypatch, "envpool")
+    assert main(["envs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    needs = {line.split("'")[1]: line.split(": ", 1)[1].split(", ") for line in lines if "more need pip install" in line}
+    assert "envpool/Hopper-v5" in needs["rlhf_jax[mujoco]"] and "envpool/Pong-v5" in needs["rlhf_jax[atari]"]
+    assert any(line.startswith("gymnax/CartPole-v1 ") for line in lines)
