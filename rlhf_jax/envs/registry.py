@@ -27,15 +27,14 @@ stay theirs. This module imports no JAX: configs are checked without it.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from rlhf_jax.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlhf_jax.envs.core import Environment
-    from rlhf_jax.envs.options import EnvConfig
 
-Factory = Callable[["EnvConfig", int], "Environment"]
+Factory = Callable[[Any, int], "Environment"]  # (an EnvConfig, members); options.py imports this module
 
 ENTRY_POINT_GROUP = "rlhf_jax.envs"
 BUILT_IN_PREFIXES = ("gymnax", "envpool", "mjx")
