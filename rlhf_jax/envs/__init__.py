@@ -55,7 +55,7 @@ def make(config: EnvConfig | str, members: int = 1) -> Environment:
 
     ``members``: how many runs of a sweep share it. JAX environments are vmapped over the
     runs as they are; EnvPool (Atari and MuJoCo) builds one pool for all of them
-    (:func:`rlhf_jax.envs.envpool_envs.shared_by_members`)."""
+    (:func:`rlhf_jax.envs.shared_pool.shared_by_members`); so does a Gymnasium environment on the host."""
     if isinstance(config, str):
         config = EnvConfig(id=config)  # an unknown id fails here, listing the known ones
     backend, name = config.backend, config.name

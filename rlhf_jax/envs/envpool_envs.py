@@ -9,7 +9,7 @@ the loop. Consequences that shape this module:
   as such. A sweep's runs share one pool instead (``members``): one pool of
   ``members x num_envs`` environments, of which each run gets ``num_envs``; under
   ``vmap`` over the runs, their actions join into one call of the pool and its results
-  are split among them (:func:`shared_by_members`).
+  are split among them (:func:`~rlhf_jax.envs.shared_pool.shared_by_members`).
 * The pool is seeded when it is built (``EnvConfig.seed``); ``reset(key)`` ignores
   the key and asks the pool for fresh episodes through an ``io_callback``, so it
   can be called inside ``jit`` too.
@@ -30,12 +30,12 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_batching import custom_vmap
 from jax.experimental import io_callback
 
 from rlhf_jax.envs.atari_masks import hide_score
 from rlhf_jax.envs.core import MUJOCO_SEGMENT_FPS, Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import ATARI_NAMES, EnvConfig, reject_options
+from rlhf_jax.envs.shared_pool import shared_by_members
 from rlhf_jax.envs.smooth_oracle import check_oracle, hidden_end_oracle, tip_height
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.extras import require
@@ -62,45 +62,6 @@ class PoolState(NamedTuple):
     handle: jax.Array
     lives: jax.Array  # Atari: lives before this step, to see a life lost
     failed: jax.Array  # MuJoCo with hidden episode ends: unhealthy earlier in this episode
-
-
-def shared_by_members(call, members: int):
-    """``call(handle, *inputs) -> (handle, outputs)`` of a pool of ``members x N`` environments,
-    as a function of one member's ``N`` that works under ``jax.vmap`` over the members:
-
-        member_call(handle [H], *inputs [N, ...]) -> (handle, outputs [N, ...])
-
-    Vmapped, the members' inputs (each ``[members, N, ...]``; a reset's key, which the pool
-    ignores, is joined alike) become one call of the pool, and its outputs
-    (``[members x N, ...]``) are split among them; every member gets the new handle.
-    Unbatched, a member alone cannot drive the shared pool: that form is only traced for its
-    shapes (``custom_vmap`` needs them), and returns zeros.
-    """
-    def split(x):  # [members x N, ...] -> [members, N, ...]
-        return x.reshape(members, x.shape[0] // members, *x.shape[1:])
-
-    def pool_inputs(inputs):  # [members, N, ...] -> [members x N, ...]
-        return [x.reshape(-1, *x.shape[2:]) for x in inputs]
-
-    @custom_vmap
-    def member_call(handle, *inputs):
-        joined_shapes = [jax.ShapeDtypeStruct((members, *x.shape), x.dtype) for x in inputs]
-        _, outputs = jax.eval_shape(lambda h, *xs: call(h, *pool_inputs(xs)), handle, *joined_shapes)
-        return handle, jax.tree.map(lambda x: jnp.zeros((x.shape[0] // members, *x.shape[1:]), x.dtype), outputs)
-
-    @member_call.def_vmap
-    def joined(axis_size, in_batched, handle, *inputs):
-        if axis_size != members:
-            raise ValueError(f"a pool shared by {members} members was vmapped over {axis_size}")
-        if in_batched[0]:
-            handle = handle[0]  # the same pool for every member
-        inputs = [x if batched else jnp.broadcast_to(x, (members, *x.shape)) for x, batched in zip(inputs, in_batched[1:])]
-        handle, outputs = call(handle, *pool_inputs(inputs))
-        outputs = jax.tree.map(split, outputs)
-        handles = jnp.broadcast_to(handle, (members, *handle.shape))
-        return (handles, outputs), (True, jax.tree.map(lambda _: True, outputs))
-
-    return member_call
 
 
 def x64():
@@ -275,7 +236,7 @@ class MujocoPoolEnv(EnvPoolEnv):
       not told, and the oracle pays the penalty on the failing step only.
 
     ``members`` runs of a sweep share one pool of ``members x num_envs`` copies
-    (:func:`shared_by_members`).
+    (:func:`~rlhf_jax.envs.shared_pool.shared_by_members`).
     """
 
     def __init__(self, name: str, config: EnvConfig, members: int = 1):

@@ -22,7 +22,7 @@ Limits, all from the environment's state living on the host:
 * **No plain ``vmap``.** The copies are one object in this process, not a value: ``jax.vmap`` of a
   run over seeds cannot step them. A sweep's members share one vector env of ``members x num_envs``
   copies instead, each member stepping its own ``num_envs`` in one host call (``members``, as
-  EnvPool's pools are shared: :func:`rlhf_jax.envs.envpool_envs.shared_by_members`).
+  EnvPool's pools are shared: :func:`rlhf_jax.envs.shared_pool.shared_by_members`).
 * **State not in the checkpoint.** Threading an old state through ``step`` does not rewind the
   copies. A run resumed in a new process finds copies never reset: its first step resets them,
   and is marked ``action_ignored`` (reward 0, no end, no loss), as EnvPool's reset step is.
@@ -41,6 +41,7 @@ from jax.experimental import io_callback
 from rlhf_jax.envs.auto_reset import Oracle, check_fps, end_rules, oracle_reward
 from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
+from rlhf_jax.envs.shared_pool import shared_by_members
 from rlhf_jax.errors import ConfigError
 
 
@@ -117,8 +118,6 @@ class GymnasiumEnv(Environment):
         self._last_obs: Optional[np.ndarray] = None  # None: the copies were never reset in this process
         self._reset_call, self._step_call = self._host_reset, self._host_step
         if members > 1:
-            from rlhf_jax.envs.envpool_envs import shared_by_members
-
             self._reset_call = shared_by_members(self._host_reset, members)
             self._step_call = shared_by_members(self._host_step, members)
 
