@@ -289,3 +289,24 @@ def test_real_brax_agrees_with_its_own_training_wrappers(registered):
         np.testing.assert_allclose(ts.final_obs[:end, i], obs[:end, i], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(ts.reward[:end + 1, i], reward[:end + 1, i], rtol=1e-5)
         assert np.array_equal(np.asarray(ts.done[:end + 1, i]), np.asarray(done[:end + 1, i]) > 0)
+
+
+@pytest.mark.slow
+def test_a_run_on_a_host_env_trains_saves_loads_and_scores(registered, tmp_path):
+    """The whole RLHF loop on a Gymnasium env: the host steps inside every compiled chunk, the run
+    is saved and loaded back by its registered id, and `rlhf-jax eval` scores it."""
+    import json
+
+    import rlhf_jax
+    from rlhf_jax.cli import main
+
+    registered("test-own/HostCartPole", host_cartpole)
+    run_dir = rlhf_jax.train({"reward": "preferences", "env": {"id": "test-own/HostCartPole", "num_envs": 8},
+                              "a2c": {"total_env_steps": 4096, "num_steps": 8},
+                              "preferences": {"labels": 20, "segment_capacity": 64, "fit_pairs_per_env_step": 0.05},
+                              "run": {"chunk_env_steps": 1024, "tensorboard": False, "dir": str(tmp_path / "run")}},
+                             progress=False)
+    run = rlhf_jax.load_run(run_dir)
+    assert run.env_steps == 4096 and run.metrics[-1]["labels"] == 20 and run.metrics[-1]["episodes"] > 0
+    assert main(["eval", str(run_dir), "--episodes", "4"]) == 0
+    assert json.loads((run_dir / "eval.json").read_text())["episodes"] == 4
