@@ -76,6 +76,8 @@ def run_chunks(run: Chunked, state, first_chunk: int, checkpoints: Checkpoints, 
     while chunk < run.num_chunks and not stopping:
         start = time.perf_counter()
         state, metrics, learned = run.run_chunk(state, chunk)
+        # A compiled call returns before it has run: the chunk's time ends when its metrics are there.
+        metrics, learned = jax.block_until_ready((metrics, learned))
         report(ChunkDone(chunk, state, metrics, learned, time.perf_counter() - start))
         due, stopping = agree(schedule.due(chunk), stop.requested())
         if due or stopping:
