@@ -16,6 +16,9 @@ def hide(monkeypatch, *modules):
     """As if ``modules`` were not installed (and every module of ours that imported them were
     still to be imported)."""
     for module in modules:
+        # Its submodules too: one an earlier test imported (mujoco.mjx) would be found through sys.modules.
+        for loaded in [name for name in sys.modules if name.startswith(module + ".")]:
+            monkeypatch.setitem(sys.modules, loaded, None)
         monkeypatch.setitem(sys.modules, module, None)
     for ours in ("rlhf_jax.envs.mjx_tasks", "rlhf_jax.feedback.webapp"):
         monkeypatch.delitem(sys.modules, ours, raising=False)
