@@ -69,7 +69,9 @@ def scoring_steps(config: ExperimentConfig, spec) -> int:
 class CompiledLoop:
     """The loop's functions as the host calls them, each compiled once, under the run's
     dispatch (:mod:`rlhf_jax.dispatch`): with ``"scan"`` a chunk is one compiled call; with
-    ``"python"`` its iterations, and the reward model's fitting steps, are dispatched one at a time."""
+    ``"python"`` its iterations, and the reward model's fitting steps, are dispatched one at a
+    time, through the loop's own :meth:`~rlhf_jax.loop.Loop.pretrain` and
+    :meth:`~rlhf_jax.loop.Loop.learn` (``via`` this object), so the order of the steps is theirs."""
 
     def __init__(self, loop: Loop, dispatch: str):
         self.loop, self.dispatch = loop, dispatch
@@ -82,21 +84,17 @@ class CompiledLoop:
         else:
             self._ask = jax.jit(loop.ask, static_argnums=2, donate_argnums=0)
             self._fit = repeat(loop.fit_one, dispatch)
-            self._refresh = jax.jit(loop.refresh, donate_argnums=0)
+            self.refresh = jax.jit(loop.refresh, donate_argnums=0)
 
     def init(self, key, given: HeadStart = HeadStart()):
         """:meth:`Loop.init <rlhf_jax.loop.Loop.init>`: a fresh run, pretrained on the synthetic labeler's initial answers."""
         if self.dispatch == "scan":
             return self._init(key, given)
-        state, learner = self.start(key, given), self.loop.learner
-        if learner is None:
-            return state
-        budget = learner.budget
-        if budget.initial_asked:
-            state = self._ask(state, jnp.int32(budget.initial_asked), budget.initial_asked)
-        if not (budget.initial_asked or budget.preloaded):
-            return self._refresh(state)[0]
-        return self.fit_and_refresh(state, learner.pretrain_steps)[0]
+        return self.loop.pretrain(self.start(key, given), via=self)[0]
+
+    def ask(self, state: LoopState, wanted: int, num: int) -> LoopState:
+        """:meth:`Loop.ask <rlhf_jax.loop.Loop.ask>` (``"python"`` dispatch)."""
+        return self._ask(state, jnp.int32(wanted), num)
 
     def fit_and_refresh(self, state: LoopState, steps: int) -> tuple[LoopState, dict]:
         """:meth:`Loop.fit_and_refresh <rlhf_jax.loop.Loop.fit_and_refresh>`."""
@@ -106,7 +104,7 @@ class CompiledLoop:
         if steps:
             state, losses = self._fit(state, steps)
             loss = jnp.mean(losses)
-        state, metrics = self._refresh(state)
+        state, metrics = self.refresh(state)
         return state, {**metrics, "reward_fit_loss": loss}
 
     def chunk(self, state, length: int, wanted: int):
@@ -114,10 +112,7 @@ class CompiledLoop:
         if self.dispatch == "scan":
             return self._chunk(state, length, jnp.int32(wanted))
         state, metrics = self.collect(state, length)
-        if self.loop.learner is None:
-            return state, metrics, {}
-        state = self._ask(state, jnp.int32(wanted), self.loop.max_queries)
-        state, learned = self.fit_and_refresh(state, self.loop.fit_steps)
+        state, learned = self.loop.learn(state, wanted, via=self)
         return state, metrics, learned
 
 

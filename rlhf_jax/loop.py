@@ -132,8 +132,9 @@ class Loop:
 
     def start(self, key, given: HeadStart = HeadStart()) -> LoopState:
         """A fresh run before any answer asked (on the true reward: the agent's runner): the agent,
-        and the learner initialised on the untrained policy's clips (it plays ``warm_iterations`` iterations, its parameters put back after each),
-        then given its head start, if any (``given``'s arrays)."""
+        and the learner initialised on the untrained policy's clips (it plays ``warm_iterations``
+        iterations, its parameters put back after each), then given its head start, if any
+        (``given``'s arrays)."""
         if self.learner is None:
             return self.agent.init_runner(key, self.agent_config, self.env)
         spec = self.env.spec
@@ -208,12 +209,15 @@ class Loop:
         state, metrics = self.refresh(state)
         return state, {**metrics, "reward_fit_loss": loss}
 
-    def learn(self, state: LoopState, wanted) -> tuple[LoopState, dict]:
+    def learn(self, state: LoopState, wanted, via=None) -> tuple[LoopState, dict]:
         """The end of a chunk: ``wanted`` answers from the synthetic labeler, fitting, refresh
-        (on the true reward: nothing)."""
+        (on the true reward: nothing). ``via``: whose ``ask`` and ``fit_and_refresh`` take these
+        steps (default: this loop's pure functions; the host's may dispatch them one at a time,
+        :class:`rlhf_jax.driver.CompiledLoop`)."""
         if self.learner is None:
             return state, {}
-        return self.fit_and_refresh(self.ask(state, wanted, self.max_queries), self.fit_steps)
+        via = via or self
+        return via.fit_and_refresh(via.ask(state, wanted, self.max_queries), self.fit_steps)
 
     def chunk(self, state: LoopState, length: int, wanted) -> tuple[LoopState, dict, dict]:
         """``length`` (static) iterations on the learned reward, then :meth:`learn`:
@@ -222,17 +226,18 @@ class Loop:
         state, learned = self.learn(state, wanted)
         return state, metrics, learned
 
-    def pretrain(self, state: LoopState) -> tuple[LoopState, dict]:
+    def pretrain(self, state: LoopState, via=None) -> tuple[LoopState, dict]:
         """Before RL: the initial answers from the synthetic labeler (those a dataset did not
-        give), and fitting on every answer held (on the true reward: nothing)."""
+        give), and fitting on every answer held (on the true reward: nothing). ``via``: whose
+        ``ask``, ``fit_and_refresh`` and ``refresh`` take these steps, as in :meth:`learn`."""
         if self.learner is None:
             return state, {}
-        budget = self.learner.budget
+        via, budget = via or self, self.learner.budget
         if budget.initial_asked:
-            state = self.ask(state, budget.initial_asked, budget.initial_asked)
+            state = via.ask(state, budget.initial_asked, budget.initial_asked)
         if budget.initial_asked or budget.preloaded:
-            return self.fit_and_refresh(state, self.learner.pretrain_steps)
-        return self.refresh(state)
+            return via.fit_and_refresh(state, self.learner.pretrain_steps)
+        return via.refresh(state)
 
     def init(self, key, given: HeadStart = HeadStart()) -> LoopState:
         """A fresh run with the synthetic labeler: :meth:`start`, then :meth:`pretrain`."""
