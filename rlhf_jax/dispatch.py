@@ -28,16 +28,8 @@ def repeat(step, dispatch: str):
     if dispatch == "scan":
         return jax.jit(lambda state, length: jax.lax.scan(lambda s, _: step(s), state, None, length),
                        static_argnums=1, donate_argnums=0)
-    step = jax.jit(step, donate_argnums=0)
-
-    def run(state, length):
-        outputs = []
-        for _ in range(length):
-            state, output = step(state)
-            outputs.append(output)
-        return state, jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
-
-    return run
+    one = jax.jit(step, donate_argnums=0)
+    return lambda state, length: one_by_one(lambda s, _: one(s), state, range(length))
 
 
 def repeat_over(step, dispatch: str):
@@ -45,13 +37,14 @@ def repeat_over(step, dispatch: str):
     over the leading axis of ``xs``: one compiled ``lax.scan``, or one compiled step per ``x``."""
     if dispatch == "scan":
         return jax.jit(lambda state, xs: jax.lax.scan(step, state, xs))
-    step = jax.jit(step)
+    one = jax.jit(step)
+    return lambda state, xs: one_by_one(one, state, xs)
 
-    def run(state, xs):
-        outputs = []
-        for x in xs:
-            state, output = step(state, x)
-            outputs.append(output)
-        return state, jax.tree.map(lambda *ys: jnp.stack(ys), *outputs)
 
-    return run
+def one_by_one(step, state, xs):
+    """``step(state, x)`` for each ``x`` from the host, its outputs stacked as a scan stacks them."""
+    outputs = []
+    for x in xs:
+        state, output = step(state, x)
+        outputs.append(output)
+    return state, jax.tree.map(lambda *ys: jnp.stack(ys), *outputs)
