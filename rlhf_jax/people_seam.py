@@ -118,12 +118,12 @@ def check_people(env_id: str) -> None:
 
 
 def connect_people(driver, run_dir: Path) -> PeopleSeam:
-    """``labeler: people``: the run's queries go to the label store and web page in ``run_dir``."""
+    """``labeler: people``: the run's queries go to the label store and web page in ``run_dir``
+    (whose run :func:`check_people` has passed, before anything was written)."""
     from rlhf_jax.feedback.clips import render_clip
     from rlhf_jax.feedback.labeler import PeopleLabeler
 
     spec = driver.env.spec
-    check_people(spec.id)  # before any training, not at the first clip
     seam = attach_people(driver, PeopleLabeler(run_dir, partial(render_clip, spec), fps=spec.fps))
     print(f"queries go to people: label them with  rlhf-jax label {run_dir}", flush=True)
     return seam
