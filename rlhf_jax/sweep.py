@@ -59,7 +59,7 @@ from rlhf_jax.host_loop import ChunkDone, run_chunks, summarize
 from rlhf_jax.metrics_log import judged_return
 from rlhf_jax.run_control import StopRequests, check_finite
 from rlhf_jax.statistics import (CONFIDENCE, IntervalEstimate, draw_intervals, draw_profiles, interval_estimate,
-                                 performance_profile, require_rliable)
+                                 performance_profile, require_rliable, shown_iqm)
 from rlhf_jax.wandb_log import WandbRun, logging_to_wandb, require_wandb
 
 SWEEP_FILE = "sweep.yaml"
@@ -138,8 +138,9 @@ def make_groups(base: dict, swept: dict[str, list], seeds: int) -> list[list[Mem
 # would run the same runs again (a sweep's labels come from the synthetic labeler, so people.*
 # is read by none of them).
 SECTION_CHOOSERS = {"agent": "a2c, acer, dqn or trpo", "reward": "preferences, ibt or reward_model"}
-UNCHANGING = ("name", "run.dir", "run.tensorboard", "run.checkpoint_every_updates", "run.checkpoint_every_minutes",
-              "run.wandb", "run.wandb_project", "run.wandb_entity", "run.wandb_tags", "run.wandb_mode", "people.")
+UNCHANGING_KEYS = ("name", "run.dir", "run.tensorboard", "run.checkpoint_every_updates", "run.checkpoint_every_minutes",
+                   "run.wandb", "run.wandb_project", "run.wandb_entity", "run.wandb_tags", "run.wandb_mode")
+UNCHANGING_SECTIONS = ("people",)
 
 
 def refuse_unsweepable(base: dict, swept: dict[str, list]) -> None:
@@ -153,18 +154,18 @@ def refuse_unsweepable(base: dict, swept: dict[str, list]) -> None:
     reward = base.get("reward", ExperimentConfig.reward)
     kind = feedback_kind(reward)
     read = {kind.section_name, kind.model_section} if kind else set()
+    unread = {s for k in KINDS for s in (k.section_name, k.model_section)} - read
     for key in swept:
         section = key.split(".")[0]
         if key in SECTION_CHOOSERS:
             raise ConfigError(f"{key} cannot be swept: it chooses the section ({SECTION_CHOOSERS[key]}) whose settings, "
                               f"run budget among them, every run takes from the one base config; run one sweep per {key}")
-        if key in UNCHANGING or key.startswith(UNCHANGING[-1]):
+        if key in UNCHANGING_KEYS or section in UNCHANGING_SECTIONS:
             where = " (a sweep's directory is --dir)" if key == "run.dir" else ""
             raise ConfigError(f"{key} cannot be swept: it does not change what a run computes, so each value would "
                               f"run the same runs again; give it one value{where}")
         if section in AGENTS and section != agent:
             raise ConfigError(f"{key} cannot be swept: this sweep's agent is {agent}, which never reads {section}.*")
-        unread = {s for k in KINDS for s in (k.section_name, k.model_section)} - read
         if section in unread and not (key == MODEL_KEY and kind is not None):
             raise ConfigError(f"{key} cannot be swept: this sweep's reward is {reward}, which never reads {section}.*")
 
@@ -523,14 +524,9 @@ def write_statistics(directory: Path, finals: dict[str, np.ndarray],
     return estimates
 
 
-def shown_iqm(estimate: IntervalEstimate | None) -> str:
-    return f"{estimate.iqm:.1f} [{estimate.iqm_low:.1f}, {estimate.iqm_high:.1f}]" if estimate else "n/a"
-
-
 def sweep_directory(base: dict) -> Path:
     from datetime import datetime
 
     if base.get("run", {}).get("dir"):
         return Path(base["run"]["dir"])
     return Path("runs") / f"sweep-{base.get('name', 'experiment')}-{datetime.now():%Y%m%d-%H%M%S}"
-
