@@ -27,7 +27,7 @@ import numpy as np
 
 from rlhf_jax.config_base import flat_keys
 from rlhf_jax.errors import ConfigError
-from rlhf_jax.statistics import CONFIDENCE, IntervalEstimate, interval_estimate, require_rliable
+from rlhf_jax.statistics import CONFIDENCE, IntervalEstimate, interval_estimate, require_rliable, shown_iqm
 
 # Config keys that never make two runs' work differ: left out of the grouping.
 UNGROUPED = ("seed", "name", "run.")
@@ -56,10 +56,10 @@ def read_runs(directory: str | Path) -> list[Scored]:
     from rlhf_jax.metrics_log import MetricsLog, judged_return
     from rlhf_jax.run_dir import load_run_config
 
-    directory = Path(directory)
-    if (directory / "sweep.yaml").is_file():
-        from rlhf_jax.sweep import Sweep
+    from rlhf_jax.sweep import SWEEP_FILE, Sweep
 
+    directory = Path(directory)
+    if (directory / SWEEP_FILE).is_file():
         sweep = Sweep.load(directory)
         members = {m.index: m for group in sweep.groups for m in group}
         last = {}
@@ -74,7 +74,7 @@ def read_runs(directory: str | Path) -> list[Scored]:
                        flat_keys(to_dict(build(ExperimentConfig, apply_overrides(sweep.base, members[i].overrides())))),
                        float(row["env_steps"]), float(judged_return(row)))
                 for i, row in sorted(last.items())]
-    if not (directory / CONFIG_FILE).is_file() and not directory.is_dir():
+    if not directory.is_dir():
         raise ConfigError(f"{directory} does not exist")
     if not (directory / CONFIG_FILE).is_file():
         raise ConfigError(f"{directory} is neither a run directory ({CONFIG_FILE}) nor a sweep's (sweep.yaml)")
@@ -127,8 +127,7 @@ def table(groups: list[Group]) -> str:
         shown_steps = "" if not steps else str(steps[0]) if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
         e = group.estimate
         runs = f"{len(group.runs)}" + (f" (+{group.unscored} without a score)" if group.unscored else "")
-        lines.append(f"| {group.label} | {runs} | {shown_steps} | {f'{e.mean:.1f}' if e else 'n/a'} | "
-                     f"{f'{e.iqm:.1f} [{e.iqm_low:.1f}, {e.iqm_high:.1f}]' if e else 'n/a'} |")
+        lines.append(f"| {group.label} | {runs} | {shown_steps} | {f'{e.mean:.1f}' if e else 'n/a'} | {shown_iqm(e)} |")
     return "\n".join(lines)
 
 

@@ -42,6 +42,11 @@ class IntervalEstimate(NamedTuple):
     tasks: int
 
 
+def shown_iqm(estimate: IntervalEstimate | None) -> str:
+    """An estimate's IQM and interval as the tables show them: ``"412.3 [398.0, 430.1]"`` (``"n/a"``: none)."""
+    return f"{estimate.iqm:.1f} [{estimate.iqm_low:.1f}, {estimate.iqm_high:.1f}]" if estimate else "n/a"
+
+
 class PerformanceProfile(NamedTuple):
     """The fraction of runs (every run of every task) that score above each threshold."""
 
