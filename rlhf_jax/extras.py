@@ -8,6 +8,7 @@ preferences, the default experiment. The rest is pyproject.toml's optional depen
 * ``atari``: EnvPool's Atari (``envpool/Pong-v5``);
 * ``video``: ``rlhf-jax eval --video`` (ffmpeg, and pygame for classic control);
 * ``people``: people in the loop: clips and the labeling web page (``rlhf-jax label``);
+* ``jumanji``: :class:`~rlhf_jax.envs.JumanjiEnv`, a Jumanji environment as a task of your own;
 * ``wandb``, ``stats``, ``labels``: Weights & Biases, rliable's statistics, Parquet datasets.
 """
 from __future__ import annotations

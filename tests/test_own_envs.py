@@ -1,5 +1,6 @@
 """Environments of your own: the registry (``env.id`` of a registered factory), and the adapters
-of gymnax environment objects, Brax-interface ``Env``s and Gymnasium environments on the host."""
+of gymnax environment objects, Brax-interface ``Env``s and Gymnasium environments on the host
+(Jumanji's: tests/test_jumanji_env.py)."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -260,6 +261,24 @@ def test_gymnasium_options_that_cannot_apply_are_refused(registered):
     with pytest.raises(ConfigError, match="no time limit"):
         make(EnvConfig(id="test-own/Endless"))
     assert make(EnvConfig(id="test-own/Endless", max_episode_steps=50)).spec.max_episode_steps == 50
+
+
+# ------------------------------------------------------------------- Jumanji
+def test_the_jumanji_adapter_without_jumanji_names_its_extra(registered, monkeypatch):
+    """The adapter is tested on Jumanji itself in tests/test_jumanji_env.py; without it, one line."""
+    import sys
+
+    from rlhf_jax.envs import JumanjiEnv
+    from rlhf_jax.extras import MissingExtra
+
+    for module in [name for name in sys.modules if name.startswith("jumanji.")]:
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setitem(sys.modules, "jumanji", None)
+    registered("test-own/Snake", lambda config, members: JumanjiEnv("Snake-v1", config))
+    with pytest.raises(MissingExtra, match=r"^JumanjiEnv needs jumanji, not installed here: "
+                                           r"pip install 'rlhf_jax\[jumanji\]'$") as missing:
+        make(EnvConfig(id="test-own/Snake"))
+    assert missing.value.extra == "jumanji"
 
 
 @pytest.mark.slow

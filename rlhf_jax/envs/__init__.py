@@ -9,7 +9,8 @@ Ids are ``<backend>/<name>``:
 * ``<yours>/...`` an environment of your own, registered with :func:`register` and wrapped in
   an adapter: :class:`GymnaxEnv` (any gymnax environment), :class:`BraxEnv` (a Brax / MuJoCo
   Playground ``Env``), :class:`GymnasiumEnv` (a Gymnasium environment stepped on the host),
-  or a subclass of :class:`Environment` of your own (docs: "Your own task").
+  :class:`JumanjiEnv` (a Jumanji environment; the ``jumanji`` extra), or a subclass of
+  :class:`Environment` of your own (docs: "Your own task").
 
 The adapters are loaded on first use, as the back ends are: each pulls in its library. So is
 the protocol itself (:mod:`rlhf_jax.envs.core`, which imports JAX): an :class:`EnvConfig` is
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
     from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, EnvState, TimeStep, check_action
 
 # Adapters of your own environments, by the module that holds each (loaded on first use).
-ADAPTERS = {"GymnaxEnv": "gymnax_envs", "BraxEnv": "brax_envs", "GymnasiumEnv": "gymnasium_envs"}
+ADAPTERS = {"GymnaxEnv": "gymnax_envs", "BraxEnv": "brax_envs", "GymnasiumEnv": "gymnasium_envs",
+            "JumanjiEnv": "jumanji_envs"}
 # The protocol (rlhf_jax.envs.core), loaded on first use too: it imports JAX.
 CORE = ("Box", "Discrete", "Environment", "EnvSpec", "EnvState", "TimeStep", "check_action")
 
@@ -77,7 +79,7 @@ def make(config: EnvConfig | str, members: int = 1) -> Environment:
 
 __all__ = [
     "BraxEnv", "Box", "Discrete", "ENV_IDS", "EnvConfig", "EnvSpec", "EnvState", "Environment", "GymnasiumEnv",
-    "GymnaxEnv", "TimeStep", "check_action", "make", "register", "registered_ids", "unregister",
+    "GymnaxEnv", "JumanjiEnv", "TimeStep", "check_action", "make", "register", "registered_ids", "unregister",
 ]
 
 
