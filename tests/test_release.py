@@ -62,6 +62,7 @@ def test_the_license_file_is_the_one_pyproject_names():
 
 
 def test_the_changelog_has_an_entry_for_this_version():
+    """The newest release's heading is this version's; changes since sit above it, under Unreleased."""
     headings = [line for line in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8").splitlines()
-                if line.startswith("## ")]
+                if line.startswith("## ") and line != "## Unreleased"]
     assert headings and headings[0].startswith(f"## {PROJECT['version']} ")
