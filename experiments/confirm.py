@@ -20,7 +20,11 @@ The designs (:data:`DESIGNS`), fixed here and copied into each registration:
 * ``figure2_1m``: 1M env steps per seed; RL and 700 labels at 10 seeds (100-109), 1,400 and
   350 labels at 5 (100-104), on all eight tasks;
 * ``figure2_5m``: 5M env steps per seed, the paper's scale; RL and 700 labels at 5 seeds
-  (200-204), on all eight tasks.
+  (200-204), on all eight tasks;
+* ``figure2_own_episodes_1m``: as ``figure2_1m``'s RL and 700-label lines (10 seeds, 300-309),
+  with each task's own episode length in the label runs in place of 200 steps on the five
+  tasks with ends: ``figure2_1m``'s Hopper and Walker2d label policies fell on the true task
+  after the 200 steps they were trained on (``experiments/log/figure2.md``).
 
 Seeds from 100 up are fresh: every probe and every exploratory cell ran seeds 0-15.
 """
@@ -58,16 +62,6 @@ class Line(NamedTuple):
     first_seed: int
 
 
-@dataclasses.dataclass(frozen=True)
-class Design:
-    steps: int
-    lines: tuple[Line, ...]  # in the order they run: the claim's two lines first, task by task
-
-
-DESIGNS = {
-    "figure2_1m": Design(1_000_000, (Line(None, 10, 100), Line(700, 10, 100), Line(1400, 5, 100), Line(350, 5, 100))),
-    "figure2_5m": Design(5_000_000, (Line(None, 5, 200), Line(700, 5, 200))),
-}
 THRESHOLD = 0.8
 CLAIM_BUDGET = 700
 CLAIM_TASKS = 6
@@ -92,6 +86,28 @@ PER_TASK_SETTINGS = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Design:
+    steps: int
+    lines: tuple[Line, ...]  # in the order they run: the claim's two lines first, task by task
+    label_overrides: tuple[str, ...] = ()  # one value for every task's label cells
+    per_task_settings: tuple[dict, ...] = PER_TASK_SETTINGS
+
+
+# The tasks' own episodes in the label runs: one value (0, the task's own limit) for all eight.
+OWN_EPISODES = ({"task": "all", "key": "env.max_episode_steps", "value": "the task's own (0)",
+                 "reason": "appendix A replaces the ends by a penalty and gives no length; each task keeps its "
+                 "own (1,000; Reacher 50), so the label runs' episodes are the task's, as RL's are"},)
+PER_TASK_OWN_EPISODES = tuple(s for s in PER_TASK_SETTINGS if s["key"] != "env.max_episode_steps") + OWN_EPISODES
+
+DESIGNS = {
+    "figure2_1m": Design(1_000_000, (Line(None, 10, 100), Line(700, 10, 100), Line(1400, 5, 100), Line(350, 5, 100))),
+    "figure2_5m": Design(5_000_000, (Line(None, 5, 200), Line(700, 5, 200))),
+    "figure2_own_episodes_1m": Design(1_000_000, (Line(None, 10, 300), Line(700, 10, 300)),
+                                      ("env.max_episode_steps=0",), PER_TASK_OWN_EPISODES),
+}
+
+
 def design_cells(design: Design, tasks: list[str]) -> list[RegisteredCell]:
     """Every cell of a design, in the order it runs: its first two lines task by task, then each
     other line across the tasks."""
@@ -103,7 +119,7 @@ def design_cells(design: Design, tasks: list[str]) -> list[RegisteredCell]:
         path = panel.baselines[0].config if line.budget is None else panel.rlhf
         overrides = [*cpu_overrides(path), f"env.num_envs={NUM_ENVS}"]
         if line.budget is not None:
-            overrides.append(f"preferences.labels={line.budget}")
+            overrides += [f"preferences.labels={line.budget}", *design.label_overrides]
         overrides += [*seed_keys(line.first_seed, NUM_ENVS), f"trpo.total_env_steps={design.steps}",
                       f"run.chunk_env_steps={CHUNK_ENV_STEPS}", "run.checkpoint_every_updates=1",
                       "run.tensorboard=false"]
@@ -120,7 +136,7 @@ def register(name: str, tasks: list[str] | None = None, directory: Path = REGIST
     design = DESIGNS[name]
     cells = design_cells(design, tasks or list(MUJOCO_TASKS))
     registration = Registration(name, design.steps, design.steps // CHUNK_ENV_STEPS, THRESHOLD, CLAIM_BUDGET,
-                                CLAIM_TASKS, DECISION_RULE, PER_TASK_SETTINGS, tuple(cells))
+                                CLAIM_TASKS, DECISION_RULE, design.per_task_settings, tuple(cells))
     commit = git_commit()
     header = (f"# Figure 2, confirmatory ({name}): registered before any of its cells ran, from the configs at\n"
               f"# commit {commit['commit']}{' (with uncommitted changes)' if commit['uncommitted_changes'] else ''}.\n"

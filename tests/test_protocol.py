@@ -9,6 +9,7 @@ import yaml
 
 from experiments import confirm, protocol
 from experiments.protocol import RegisteredCell, RegistrationError
+from rlhf_jax.config import to_dict
 from rlhf_jax.sweep import SWEEP_FILE
 
 
@@ -102,6 +103,29 @@ def test_the_designs_use_fresh_seeds_and_one_value_per_setting_but_the_papers_pe
     assert configs["hopper/RL (trpo)"].trpo.total_env_steps == 1_000_000
     # every cell's fingerprint is what today's files give it
     assert all(protocol.fingerprint(configs[c.key]) == c.fingerprint for c in cells)
+
+
+def test_the_own_episodes_design_changes_only_the_label_runs_episode_length_on_fresh_seeds():
+    design = confirm.DESIGNS["figure2_own_episodes_1m"]
+    cells = {c.key: c for c in confirm.design_cells(design, ["hopper", "halfcheetah"])}
+    before = {c.key: c for c in confirm.design_cells(confirm.DESIGNS["figure2_1m"], ["hopper", "halfcheetah"])}
+    used = {seed for name in ("figure2_1m", "figure2_5m")
+            for c in confirm.design_cells(confirm.DESIGNS[name], ["hopper"]) for seed in c.seeds}
+    assert all(not set(c.seeds) & used for c in cells.values())
+    configs = {key: protocol.cell_config(c) for key, c in cells.items()}
+    assert configs["hopper/700 labels"].env.max_episode_steps == 0  # the task's own 1,000
+    assert protocol.cell_config(before["hopper/700 labels"]).env.max_episode_steps == 200
+
+    def changed(key):  # the resolved configs' keys that differ from figure2_1m's cell
+        new, old = (to_dict(protocol.cell_config(c[key])) for c in (cells, before))
+        return sorted(f"{section}.{name}" for section in new if isinstance(new[section], dict)
+                      for name in new[section] if new[section][name] != old[section].get(name)) + \
+            sorted(k for k in new if not isinstance(new[k], dict) and new[k] != old[k])
+
+    # a task whose label runs kept their own length already, and every RL cell, differ in the seeds alone
+    assert changed("halfcheetah/700 labels") == changed("hopper/RL (trpo)") == ["env.seed", "seed"]
+    assert changed("hopper/700 labels") == ["env.max_episode_steps", "env.seed", "seed"]
+    assert [s["key"] for s in design.per_task_settings].count("env.max_episode_steps") == 1
 
 
 def test_the_gain_ratio_and_its_interval_by_hand():
