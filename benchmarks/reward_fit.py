@@ -53,6 +53,7 @@ import numpy as np
 from benchmarks.common import (Headline, Side, Target, enable_compilation_cache, parse_parts, side_by_side,
                                steps_per_second, write_result)
 from rlhf_jax.envs.core import Discrete, EnvSpec
+from rlhf_jax.ops.ring import full_ring
 from rlhf_jax.reward import ensemble
 from rlhf_jax.reward.data import Labels, empty_labels
 from rlhf_jax.reward.networks import reward_network_for
@@ -79,7 +80,7 @@ def random_labels(spec: EnvSpec, capacity: int, seed: int = 0) -> Labels:
         action=jnp.asarray(rng.integers(0, spec.action_space.n, labels.action.shape), jnp.int32),
         mu=jnp.asarray(rng.integers(0, 2, (capacity,)), jnp.float32),
         holdout=jnp.asarray(rng.random((capacity, CONFIG.ensemble_size)) < CONFIG.validation_fraction),
-        count=jnp.asarray(capacity, jnp.int32),
+        ring=full_ring(capacity),
     )
 
 

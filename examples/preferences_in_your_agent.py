@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from rlhf_jax.envs import EnvConfig, make
+from rlhf_jax.ops import full_ring
 from rlhf_jax.reward import (
     RewardModelConfig,
     Segments,
@@ -145,7 +146,7 @@ def cut(obs, action, oracle_reward) -> Segments:
         return x.reshape(-1, SEGMENT, *x.shape[2:])
 
     obs, action, oracle_reward = per_env(obs), per_env(action), per_env(oracle_reward)
-    return Segments(obs, action, oracle_reward, count=jnp.int32(obs.shape[0]), next=jnp.int32(0))
+    return Segments(obs, action, oracle_reward, full_ring(obs.shape[0]))
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     @jax.jit
     def score(ensemble, segments, key):
         """Share of fresh pairs with unequal true returns that r̂ ranks as the overseer does."""
-        first, second = jax.random.randint(key, (2, 512), 0, segments.count)
+        first, second = jax.random.randint(key, (2, 512), 0, segments.ring.size)
         predicted = normalized_reward(ensemble, model, spec, segments.obs, segments.action).sum(-1)
         true = segments.oracle_reward.sum(-1)
         decided = true[first] != true[second]
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         ensemble = normalize(ensemble, segments)
         mean_return = float(return_sum / max(int(episodes), 1))
         results = {"accuracy": float(accuracy) if int(decided) else float("nan"), "return": mean_return,
-                   "labels": int(labels.count)}
+                   "labels": int(labels.ring.size)}
         print(f"round {round_:3d}  labels {results['labels']:4d}  preference loss {float(metrics['loss'].mean()):.3f}  "
               f"r̂ ranks fresh pairs right {results['accuracy']:.2f} ({int(decided)} pairs)  "
               f"true return {mean_return:6.1f} ({int(episodes)} episodes)")

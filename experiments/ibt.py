@@ -106,6 +106,7 @@ import optax
 from benchmarks.common import Headline, enable_compilation_cache, ratio
 from experiments.common import RESULTS, write_result
 from rlhf_jax.envs import EnvConfig, make
+from rlhf_jax.ops.ring import Ring
 from rlhf_jax.reward import ensemble, ibt
 from rlhf_jax.reward.annotators import AnnotatorConfig, progress_increments
 from rlhf_jax.reward.config import PreferenceConfig
@@ -254,7 +255,7 @@ def windows(clips: Queries, valid_clips) -> Segments:
     clip after clip: the rows of the first ``valid_clips`` clips are the valid ones."""
     steps = jnp.arange(CLIP - SEGMENT + 1)[:, None] + jnp.arange(SEGMENT)  # [starts, SEGMENT]
     cut = lambda x: x[:, 0][:, steps].reshape(-1, SEGMENT, *x.shape[3:])
-    return Segments(*map(cut, clips), count=(valid_clips * len(steps)).astype(jnp.int32), next=jnp.int32(0))
+    return Segments(*map(cut, clips), Ring(jnp.int32(0), (valid_clips * len(steps)).astype(jnp.int32)))
 
 
 def stack(trees):
@@ -297,7 +298,7 @@ def quality_task(task: str, settings: Settings, seed: int) -> dict:
     held = collect_clips(env_id, HELD_OUT_ENVS, held_key, HELD_OUT_CLIPS, annotator)
     held_d = held.oracle_reward[:, :-1]  # the progress of the CLIP - 1 transitions inside each held-out clip
     collect_s = time.perf_counter() - start
-    if int(held.count) < HELD_OUT_CLIPS or int(train.count) < TRAIN_CLIPS:
+    if int(held.ring.size) < HELD_OUT_CLIPS or int(train.ring.size) < TRAIN_CLIPS:
         raise RuntimeError(f"{task}: no {CLIP}-step stretch inside an episode to cut clips from")
 
     max_budget = max(settings.budgets)
@@ -314,7 +315,7 @@ def quality_task(task: str, settings: Settings, seed: int) -> dict:
 
     clips, marks = jax.vmap(annotate)(seed_keys)  # [S, Bmax, 1, CLIP, ...], [S, Bmax, CLIP]
     train_d = train.oracle_reward[:, :-1]
-    data = {"train_clips": int(train.count), "held_out_clips": int(held.count),
+    data = {"train_clips": int(train.ring.size), "held_out_clips": int(held.ring.size),
             "held_out_transitions": int(held_d.size),
             "share_of_frames_marked_+1": round(float((marks.marks[..., 1:] > 0).mean()), 4),
             "share_of_frames_marked_-1": round(float((marks.marks[..., 1:] < 0).mean()), 4),
@@ -359,7 +360,7 @@ def quality_task(task: str, settings: Settings, seed: int) -> dict:
 
             def step(carry, key):
                 params, opt_state = carry
-                index = jax.random.randint(key, (batch,), 0, annotated.count)
+                index = jax.random.randint(key, (batch,), 0, annotated.ring.size)
                 loss, grads = jax.value_and_grad(loss_fn)(params, index)
                 updates, opt_state = optimizer.update(grads, opt_state, params)
                 return (optax.apply_updates(params, updates), opt_state), loss
@@ -402,7 +403,7 @@ def quality_task(task: str, settings: Settings, seed: int) -> dict:
 
             state, losses = jax.lax.scan(chunk, state, jax.random.split(fit_key, chunks))
             reward = ensemble.normalized_reward(state.ensemble, pref_learner.model, spec, held_obs, held_action)
-            return pearson(reward, held_d), losses[-1], state.labels.count
+            return pearson(reward, held_d), losses[-1], state.labels.ring.size
 
         return jax.vmap(one)(states, clips, decisions, keys)
 

@@ -40,6 +40,7 @@ from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.files import refuse_to_overwrite
 from rlhf_jax import label_datasets
 from rlhf_jax.head_start import HeadStartFiles
+from rlhf_jax.ops.ring import full_ring
 from rlhf_jax.reward import saved_model
 from rlhf_jax.replay import frame_stack
 from rlhf_jax.reward.data import LabelledPairs, MarkedClips, Segments, action_shape_dtype, stacks_on_host
@@ -98,7 +99,7 @@ def dataset_clips(answers: LabelledPairs | MarkedClips, stack: int, capacity: in
         obs = stacks_on_host(answers.frames[label, side][:, None], answers.restart[label, side][:, None], stack)[:, 0]
         action = answers.action[label, side]
     reward = np.zeros(action.shape[:2], np.float32)  # the oracle's per-step rewards are not in a dataset
-    return Segments(obs, action, reward, count=jnp.int32(len(pick)), next=jnp.int32(0))
+    return Segments(obs, action, reward, full_ring(len(pick)))
 
 
 def losses_of(metrics: dict, losses) -> tuple[float, float]:

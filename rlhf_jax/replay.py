@@ -60,6 +60,8 @@ from flax import struct
 
 from rlhf_jax.envs.core import EnvSpec, TimeStep
 from rlhf_jax.networks import is_atari_frames
+from rlhf_jax.ops import ring
+from rlhf_jax.ops.ring import Ring, empty_ring
 
 
 @struct.dataclass
@@ -73,8 +75,7 @@ class ReplayState:
     action_ignored: jax.Array  # [R, N] bool: a reset step, never sampled
     first: jax.Array  # [R, N] bool: o_t is an episode's first observation (where its frame stack starts)
     next_first: jax.Array  # [N] bool: ``first`` of the observation the next ``add`` stores
-    position: jax.Array  # () int32: the row the next ``add`` writes
-    size: jax.Array  # () int32: rows written so far, at most R
+    ring: Ring  # the row the next ``add`` writes, and the rows written so far (at most R)
     stack: int = struct.field(pytree_node=False, default=1)
 
     @property
@@ -147,8 +148,7 @@ def init(capacity: int, num_envs: int, obs_shape: Sequence[int], obs_dtype, stac
         action_ignored=flags,
         first=flags,
         next_first=jnp.ones((num_envs,), bool),
-        position=jnp.zeros((), jnp.int32),
-        size=jnp.zeros((), jnp.int32),
+        ring=empty_ring(),
         stack=stack,
     )
 
@@ -166,7 +166,7 @@ def add(state: ReplayState, obs, action, timestep: TimeStep) -> ReplayState:
     frame = obs[..., -1] if state.stack > 1 else obs
 
     def put(buffer, value):
-        return jax.lax.dynamic_update_index_in_dim(buffer, jnp.asarray(value, buffer.dtype), state.position, 0)
+        return jax.lax.dynamic_update_index_in_dim(buffer, jnp.asarray(value, buffer.dtype), state.ring.next, 0)
 
     return state.replace(
         frames=put(state.frames, frame),
@@ -179,14 +179,8 @@ def add(state: ReplayState, obs, action, timestep: TimeStep) -> ReplayState:
         first=put(state.first, state.next_first),
         # After a reset step o_{t+1} is a new episode's first observation: its stack starts afresh.
         next_first=jnp.asarray(timestep.action_ignored, bool),
-        position=(state.position + 1) % state.rows,
-        size=jnp.minimum(state.size + 1, state.rows),
+        ring=ring.advance(state.ring, 1, state.rows),
     )
-
-
-def _age(state: ReplayState, rows):
-    """Steps since a row was written: 0 for the newest, ``size - 1`` for the oldest."""
-    return (state.position - 1 - rows) % state.rows
 
 
 def _stack_rows(state: ReplayState, rows, envs):
@@ -199,15 +193,15 @@ def _stack_rows(state: ReplayState, rows, envs):
         back = ~state.first[found[-1], envs]
         steps = steps + back
         found.append(jnp.where(back, (found[-1] - 1) % state.rows, found[-1]))
-    in_memory = _age(state, rows) + steps <= state.size - 1
+    in_memory = ring.age(state.ring, rows, state.rows) + steps <= state.ring.size - 1
     return found[::-1], in_memory
 
 
 def can_sample(state: ReplayState, rows, envs) -> jax.Array:
     """Whether transitions ``(rows, envs)`` (broadcast together) may be sampled."""
-    age = _age(state, rows)
+    age = ring.age(state.ring, rows, state.rows)
     _, in_memory = _stack_rows(state, rows, envs)
-    return (age >= 1) & (age < state.size) & ~state.action_ignored[rows, envs] & in_memory
+    return (age >= 1) & (age < state.ring.size) & ~state.action_ignored[rows, envs] & in_memory
 
 
 def valid_mask(state: ReplayState) -> jax.Array:
@@ -247,9 +241,9 @@ def sample_indices(state: ReplayState, key, batch_size: int, max_draws: int = 32
     def draw(key):
         age_key, env_key = jax.random.split(key)
         # Ages 1 .. size-1: every stored row but the newest, whose next observation is missing.
-        age = jax.random.randint(age_key, (batch_size,), 1, jnp.maximum(state.size, 2))
+        age = jax.random.randint(age_key, (batch_size,), 1, jnp.maximum(state.ring.size, 2))
         envs = jax.random.randint(env_key, (batch_size,), 0, state.num_envs)
-        return (state.position - 1 - age) % state.rows, envs
+        return ring.row_of_age(state.ring, age, state.rows), envs
 
     def redraw(carry):
         count, key, rows, envs, ok = carry

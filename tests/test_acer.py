@@ -196,7 +196,7 @@ def test_the_memory_stores_trajectories_with_the_behaviour_policy():
     iteration = jax.jit(acer.make_iteration(config, env, env_reward))
     new, metrics, transitions = iteration(runner)
     data = jax.tree.map(lambda x: np.asarray(x[0]), new.memory.data)  # the first slot
-    assert int(new.memory.size) == 1 and int(new.memory.position) == 1
+    assert int(new.memory.ring.size) == 1 and int(new.memory.ring.next) == 1
     # x_0 .. x_{k-1} are the steps' observations, and x_k the one to bootstrap from.
     np.testing.assert_array_equal(data.obs[:-1], transitions.obs)
     np.testing.assert_array_equal(data.obs[-1], new.obs)

@@ -233,7 +233,7 @@ def test_the_memory_keeps_the_environments_reward_and_updates_read_the_current_p
     runner = dqn.init_runner(jax.random.PRNGKey(0), config, env)
     for _ in range(24):  # 24 vector steps
         runner, _, _ = iteration(runner, 1.0)
-    stored = np.asarray(runner.memory.reward)[: int(runner.memory.size)]
+    stored = np.asarray(runner.memory.reward)[: int(runner.memory.ring.size)]
     np.testing.assert_array_equal(stored, 1.0)  # CartPole pays 1 a step; r-hat (about 100) is never stored
     assert np.asarray(runner.memory.truncated).any()  # the time limit of 10 was reached
     # The same memory and learner under other reward params: another update.

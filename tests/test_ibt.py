@@ -215,15 +215,15 @@ def test_people_mark_episodes_at_their_own_pace():
     attach_people(driver, person)
     state = driver.init(jax.random.PRNGKey(0))
     annotated = lambda state: state.learner.annotated
-    assert int(annotated(state).count) == 0  # people mark the initial episodes too
+    assert int(annotated(state).ring.size) == 0  # people mark the initial episodes too
     state = driver.people.prepare(state, 0)  # sends 25% of the budget before RL, waits for the marks
-    assert int(state.asked) == 10 and int(annotated(state).count) == 10 - 2  # 5th, 10th: unmarked
+    assert int(state.asked) == 10 and int(annotated(state).ring.size) == 10 - 2  # 5th, 10th: unmarked
     for chunk in range(driver.num_chunks):
         state, metrics, learned = driver.run_chunk(state, chunk)
     time.sleep(0.3)
     state = driver.people.exchange(state, 0)
     assert int(state.asked) == 40 and not driver.people.host.pending
-    assert int(annotated(state).count) == 40 - 40 // 5  # every 5th came back unmarked
-    marks = np.asarray(annotated(state).marks[:int(annotated(state).count)])
+    assert int(annotated(state).ring.size) == 40 - 40 // 5  # every 5th came back unmarked
+    marks = np.asarray(annotated(state).marks[:int(annotated(state).ring.size)])
     # CartPole's reward is +1 on every step of a clip: each frame after the first is marked progress.
     assert (marks[:, 0] == 0).all() and (marks[:, 1:] == 1).all()

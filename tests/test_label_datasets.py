@@ -20,6 +20,7 @@ from rlhf_jax.config_base import dump_yaml
 from rlhf_jax import label_datasets
 from rlhf_jax.feedback.labeler import QUERIES_DIR
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore
+from rlhf_jax.ops.ring import Ring, full_ring
 from rlhf_jax.reward import saved_model
 from rlhf_jax.reward.data import Labels, observations_on_host, stacks_on_host
 from rlhf_jax.reward.ibt import IBTConfig
@@ -84,7 +85,7 @@ def atari_labels():
         frames=jnp.asarray(rng.integers(0, 256, (rows, 2, k + stack - 1, 84, 84), np.uint8)),
         restart=jnp.asarray(restart), action=jnp.asarray(rng.integers(0, 6, (rows, 2, k), np.int32)),
         mu=jnp.asarray([1.0, 0.5, 0.0], jnp.float32), oracle_return=jnp.asarray(rng.normal(size=(rows, 2)), jnp.float32),
-        holdout=jnp.asarray(rng.random((rows, 3)) < 0.37), count=jnp.int32(rows), next=jnp.int32(0), stack=stack,
+        holdout=jnp.asarray(rng.random((rows, 3)) < 0.37), ring=full_ring(rows), stack=stack,
         history=stack - 1)
 
 
@@ -107,7 +108,7 @@ def ibt_run(tmp_path_factory):
                         "ibt": {"episodes": 4, "episode_length": 6, "batch_episodes": 8}})
     rng = np.random.default_rng(1)
     annotated = Annotated(rng.normal(size=(4, 6, 4)).astype(np.float32), rng.integers(-1, 2, (4, 6), np.int32),
-                          np.int32(3))  # the fourth row was never annotated: not saved
+                          Ring(np.int32(3), np.int32(3)))  # the fourth row was never annotated: not saved
     IBT.save_answers(IBTLearnerState(None, annotated), run_dir / "labels.npz")
     return run_dir
 
@@ -286,7 +287,7 @@ def test_a_people_runs_atari_labels_are_matched_to_their_answers_without_the_fra
     labels = Labels(frames=jnp.asarray(frames[:, :, 3:]), restart=jnp.zeros((rows, 2, k), bool),
                     action=jnp.asarray(action), mu=jnp.asarray([1.0, 0.5], jnp.float32),
                     oracle_return=jnp.zeros((rows, 2), jnp.float32), holdout=jnp.zeros((rows, 3), bool),
-                    count=jnp.int32(rows), next=jnp.int32(0), stack=4, history=0)
+                    ring=full_ring(rows), stack=4, history=0)
     PREFERENCES.save_answers(PreferenceState(None, labels), run_dir / "labels.npz")
     dataset = label_datasets.from_run(run_dir)
     assert dataset.info.rows == rows and dataset.info.after_last_fit == 0
@@ -302,14 +303,14 @@ def test_a_run_from_a_dataset_asks_only_for_the_rest_of_its_budget(cartpole_data
     assert int(driver.loop.wanted.sum()) == BUDGET - SOURCE_LABELS
     state = driver.init(jax.random.PRNGKey(0))
     held = jax.device_get(state.learner.labels)
-    assert int(state.asked) == 0 and int(held.count) == SOURCE_LABELS
+    assert int(state.asked) == 0 and int(held.ring.size) == SOURCE_LABELS
     given = label_datasets.read(cartpole_dataset).rows
     np.testing.assert_array_equal(held.frames[:SOURCE_LABELS], given.frames)
     np.testing.assert_array_equal(held.mu[:SOURCE_LABELS], given.mu)
     for chunk in range(driver.num_chunks):
         state, _, _ = driver.run_chunk(state, chunk)
     assert int(state.asked) == BUDGET - SOURCE_LABELS  # the oracle answered only the rest
-    assert int(state.learner.labels.count) == BUDGET
+    assert int(state.learner.labels.ring.size) == BUDGET
 
 
 @pytest.mark.slow
@@ -359,14 +360,14 @@ def test_an_ibt_run_from_marks_asks_only_for_the_rest_of_its_budget(ibt_dataset)
     assert int(driver.loop.wanted.sum()) == IBT_BUDGET - IBT_CLIPS
     state = driver.init(jax.random.PRNGKey(0))
     held = jax.device_get(state.learner.annotated)
-    assert int(state.asked) == 0 and int(held.count) == IBT_CLIPS
+    assert int(state.asked) == 0 and int(held.ring.size) == IBT_CLIPS
     given = np.load(ibt_dataset.parent / "ibt" / "labels.npz")
     np.testing.assert_array_equal(held.obs[:IBT_CLIPS], given["obs"])
     np.testing.assert_array_equal(held.marks[:IBT_CLIPS], given["marks"])
     for chunk in range(driver.num_chunks):
         state, _, _ = driver.run_chunk(state, chunk)
     assert int(state.asked) == IBT_BUDGET - IBT_CLIPS  # the annotator marked only the rest
-    assert int(state.learner.annotated.count) == IBT_BUDGET
+    assert int(state.learner.annotated.ring.size) == IBT_BUDGET
 
 
 @pytest.mark.parametrize("words, named", [

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rlhf_jax.envs.core import Discrete, EnvSpec
+from rlhf_jax.ops.ring import full_ring
 from rlhf_jax.reward import ensemble
 from rlhf_jax.reward.data import (Labels, LabelledPairs, Segments, empty_labels, frames_on_host, labels_nbytes,
                                   observations_on_host)
@@ -29,7 +30,7 @@ def segments_of(stacks, seed=0) -> Segments:
     count, length = stacks.shape[:2]
     return Segments(obs=jnp.asarray(stacks), action=jnp.asarray(rng.integers(0, 6, (count, length)), jnp.int32),
                     oracle_reward=jnp.asarray(rng.normal(size=(count, length)), jnp.float32),
-                    count=jnp.int32(count), next=jnp.int32(0))
+                    ring=full_ring(count))
 
 
 def add_all(labels, segments, index_1, index_2, key=0):

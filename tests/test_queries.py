@@ -10,6 +10,7 @@ import pytest
 
 from rlhf_jax.envs.core import Discrete, EnvSpec
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.ops.ring import Ring
 from rlhf_jax.reward import labelers, queries, schedule, segments
 from rlhf_jax.reward.learner import take_clips
 from rlhf_jax.reward.data import Segments, empty_labels, empty_segments
@@ -75,7 +76,7 @@ def test_cut_segments_are_valid_slices_of_the_history_across_both_rings(record, 
     for chunk in range(chunks):
         recent = record_chunk(record, recent, history, chunk)
         written = (chunk + 1) * CHUNK
-        assert int(recent.written) == written
+        assert (int(recent.ring.size), int(recent.ring.next)) == (min(written, W), written % W)
         before = jax.tree.map(np.asarray, segs)
         segs = cut(recent, segs, jax.random.fold_in(key, chunk), num=NUM)
         after = jax.tree.map(np.asarray, segs)
@@ -93,16 +94,16 @@ def test_cut_segments_are_valid_slices_of_the_history_across_both_rings(record, 
         untouched = np.setdiff1d(np.arange(S), new_rows)
         np.testing.assert_array_equal(after.obs[untouched], before.obs[untouched])
         count, next_row = min(count + NUM, S), (next_row + NUM) % S
-        assert (int(segs.count), int(segs.next)) == (count, next_row)
+        assert (int(segs.ring.size), int(segs.ring.next)) == (count, next_row)
     assert count == S and next_row != 0  # both rings wrapped
 
 
 def test_nothing_is_cut_from_fewer_than_k_steps_or_from_episodes_shorter_than_k(record, cut):
     history = make_history(W, seed=1, done_prob=0.0)
     recent = record_chunk(record, segments.empty_recent(SPEC, N, W), history, 0)
-    assert int(recent.written) == CHUNK < K
+    assert int(recent.ring.size) == CHUNK < K
     segs = cut(recent, empty_segments(SPEC, S, K), jax.random.PRNGKey(1), num=NUM)
-    assert (int(segs.count), int(segs.next)) == (0, 0)
+    assert (int(segs.ring.size), int(segs.ring.next)) == (0, 0)
     assert not np.asarray(segs.obs).any()
 
     history["done"][:] = True  # every episode lasts one step: no valid start at all
@@ -110,7 +111,7 @@ def test_nothing_is_cut_from_fewer_than_k_steps_or_from_episodes_shorter_than_k(
     for chunk in range(3):
         recent = record_chunk(record, recent, history, chunk)
     segs = cut(recent, empty_segments(SPEC, S, K), jax.random.PRNGKey(1), num=NUM)
-    assert (int(segs.count), int(segs.next)) == (0, 0)
+    assert (int(segs.ring.size), int(segs.ring.next)) == (0, 0)
 
 
 def test_every_valid_start_is_drawn_and_an_end_at_the_last_step_is_allowed(record, cut):
@@ -151,7 +152,7 @@ def numbered_segments(capacity=8, count=6, length=2):
     obs = np.broadcast_to(rows[:, None, None], (capacity, length, 1))
     reward = np.arange(capacity * length, dtype=np.float32).reshape(capacity, length) / 10
     return Segments(obs=jnp.asarray(obs), action=jnp.zeros((capacity, length), jnp.int32),
-                    oracle_reward=jnp.asarray(reward), count=jnp.int32(count), next=jnp.int32(count))
+                    oracle_reward=jnp.asarray(reward), ring=Ring(jnp.int32(count), jnp.int32(count)))
 
 
 SPREAD = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 5.0, 9.0, 9.0], np.float32)  # members disagree about row 5
@@ -311,18 +312,18 @@ def test_add_labels_compacts_answered_pairs_and_wraps(add):
     mu = np.array([1.0, 0.0, 0.5, 0.0], np.float32)
     key = jax.random.PRNGKey(0)
     labels = add(labels, segs, index_1, index_2, mu, np.array([True, False, True, True]), key, 1 / math.e)
-    assert (int(labels.count), int(labels.next)) == (3, 3)
+    assert (int(labels.ring.size), int(labels.ring.next)) == (3, 3)
     kept = [0, 2, 3]
     check_rows(jax.tree.map(np.asarray, labels), segs, [0, 1, 2], index_1[kept], index_2[kept], mu[kept])
     labels = add(labels, segs, index_1[::-1], index_2[::-1], mu[::-1], np.ones(4, bool), key, 1 / math.e)
-    assert (int(labels.count), int(labels.next)) == (5, 2)  # count capped, next wrapped
+    assert (int(labels.ring.size), int(labels.ring.next)) == (5, 2)  # count capped, next wrapped
     check_rows(jax.tree.map(np.asarray, labels), segs, [3, 4, 0, 1], index_1[::-1], index_2[::-1], mu[::-1])
 
     # more answers than rows: the newest `capacity` are kept, as if written one by one from row 2
     index_1, index_2 = np.arange(8, dtype=np.int32) % 6, (np.arange(8, dtype=np.int32) + 1) % 6
     mu = np.linspace(0, 1, 8).astype(np.float32)
     labels = add(labels, segs, index_1, index_2, mu, np.ones(8, bool), key, 1 / math.e)
-    assert (int(labels.count), int(labels.next)) == (5, 0)
+    assert (int(labels.ring.size), int(labels.ring.next)) == (5, 0)
     check_rows(jax.tree.map(np.asarray, labels), segs, [0, 1, 2, 3, 4], index_1[3:], index_2[3:], mu[3:])
 
 

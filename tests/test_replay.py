@@ -170,8 +170,8 @@ def test_envpool_stacks_rebuilt_exactly(game, max_episode_steps, T):
         rows_, envs, ok = jax.jit(replay.sample_indices, static_argnums=2)(memory, jax.random.PRNGKey(rows), 256)
         rows_, envs = np.asarray(rows_), np.asarray(envs)
         assert np.asarray(ok).all()
-        oldest_row = (int(memory.position) - int(memory.size)) % memory.rows
-        t = T - int(memory.size) + (rows_ - oldest_row) % memory.rows  # the step each row holds
+        oldest_row = (int(memory.ring.next) - int(memory.ring.size)) % memory.rows
+        t = T - int(memory.ring.size) + (rows_ - oldest_row) % memory.rows  # the step each row holds
         assert expected[t, envs].all()
         batch = replay.sample(memory, jax.random.PRNGKey(rows), 256)
         assert batch.obs.shape == (256, 84, 84, 4) and batch.obs.dtype == jnp.uint8

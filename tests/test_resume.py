@@ -179,7 +179,7 @@ def test_a_learned_reward_run_killed_and_resumed_keeps_every_label(learner, labe
     assert main(["train", "--resume", str(run_dir)]) == 0
 
     (chunk_a, a), (chunk_b, b) = final_states(whole, run_dir)
-    assert chunk_a == chunk_b == 5 and int(getattr(a.learner, labels).count) == int(getattr(b.learner, labels).count) > 10
+    assert chunk_a == chunk_b == 5 and int(getattr(a.learner, labels).ring.size) == int(getattr(b.learner, labels).ring.size) > 10
     # Agent, reward model, labels (marked episodes), clip buffers, recent steps, keys: all of it.
     assert_same_trees(a, b)
     labels_a, labels_b = np.load(whole / "labels.npz"), np.load(run_dir / "labels.npz")

@@ -10,6 +10,7 @@ import pytest
 
 from rlhf_jax.envs.core import Box, Discrete, EnvSpec
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.ops.ring import Ring
 from rlhf_jax.reward import ensemble
 from rlhf_jax.reward.data import empty_labels
 from rlhf_jax.reward.ensemble import RewardModelConfig
@@ -54,8 +55,7 @@ def toy_labels(key, count, capacity=CAPACITY, holdout_prob=1 / math.e):
         mu=jnp.pad((returns[:, 0] > returns[:, 1]).astype(jnp.float32), pad),
         oracle_return=jnp.pad(returns, pad + ((0, 0),)),
         holdout=jax.random.bernoulli(k_hold, holdout_prob, (capacity, CONFIG.ensemble_size)),
-        count=jnp.asarray(count, jnp.int32),
-        next=jnp.asarray(count % capacity, jnp.int32),
+        ring=Ring(jnp.asarray(count % capacity, jnp.int32), jnp.asarray(count, jnp.int32)),
     )
 
 
@@ -212,7 +212,7 @@ def test_validation_scores_each_label_held_once(trained):
     out from the members' returns on all 150 rows at once (3 batches of 64); the buffer holds
     256, and its last batch, past the 150th row, is not scored (the cost followed the capacity)."""
     state, _, labels = trained
-    labels = labels.replace(count=jnp.asarray(150, jnp.int32))
+    labels = labels.replace(ring=labels.ring._replace(size=jnp.asarray(150, jnp.int32)))
     train, val = validation_losses(state, CONFIG, SPEC, labels, jax.random.key(5), CAPACITY)
     obs, action = labels.observations(jnp.arange(150)), labels.action[:150]
     returns = np.asarray(ensemble.member_returns(state, CONFIG, SPEC, obs, action)).sum(-1)  # [M, 150, 2]
@@ -251,7 +251,7 @@ def _atari_labels(key, count, capacity):
         action=jax.random.randint(k_act, labels.action.shape, 0, 2),
         mu=jax.random.bernoulli(k_mu, 0.5, (capacity,)).astype(jnp.float32),
         holdout=jax.random.bernoulli(k_hold, 1 / math.e, (capacity, CONFIG.ensemble_size)),
-        count=jnp.asarray(count, jnp.int32),
+        ring=labels.ring._replace(size=jnp.asarray(count, jnp.int32)),
     )
 
 
@@ -359,7 +359,7 @@ def test_clip_actions_decides_the_action_r_hat_reads_when_acting_and_when_fittin
     labels = empty_labels(spec, 8, LENGTH, CONFIG.ensemble_size)
     labels = labels.replace(frames=jax.random.normal(jax.random.key(2), labels.frames.shape),
                             action=jax.random.uniform(jax.random.key(3), labels.action.shape, minval=-3.0, maxval=3.0),
-                            mu=jnp.ones((8,)), count=jnp.asarray(8, jnp.int32), holdout=jnp.zeros((8, 3), bool))
+                            mu=jnp.ones((8,)), ring=labels.ring._replace(size=jnp.asarray(8, jnp.int32)), holdout=jnp.zeros((8, 3), bool))
     in_bounds = labels.replace(action=jnp.clip(labels.action, -1.0, 1.0))
     losses = lambda config, labels: np.asarray(validation_losses(state, config, spec, labels, jax.random.key(5), 8)[0])
     np.testing.assert_array_equal(losses(clipped, labels), losses(clipped, in_bounds))

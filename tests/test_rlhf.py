@@ -149,19 +149,19 @@ def test_people_answer_at_their_own_pace_and_cant_tell_is_never_stored():
     driver = Driver(config)
     attach_people(driver, person)
     state = driver.init(jax.random.PRNGKey(0))
-    assert int(state.learner.labels.count) == 0  # people answer the initial queries too
+    assert int(state.learner.labels.ring.size) == 0  # people answer the initial queries too
     state = driver.people.prepare(state, 0)  # asks the untrained policy's 25%, waits for the answers
-    assert int(state.asked) == 10 and int(state.learner.labels.count) == 10 - 3  # answers 3, 6, 9: can't tell
-    initial = int(state.learner.labels.count)
+    assert int(state.asked) == 10 and int(state.learner.labels.ring.size) == 10 - 3  # answers 3, 6, 9: can't tell
+    initial = int(state.learner.labels.ring.size)
     state, metrics, learned = driver.run_chunk(state, 0)
-    assert int(state.asked) > 10 and int(state.learner.labels.count) == initial  # none answered yet: training went on
+    assert int(state.asked) > 10 and int(state.learner.labels.ring.size) == initial  # none answered yet: training went on
     time.sleep(1.0)
     for chunk in range(1, driver.num_chunks):
         state, metrics, learned = driver.run_chunk(state, chunk)
     time.sleep(1.0)
     state = driver.people.exchange(state, 0)
     assert int(state.asked) == 40 and not driver.people.host.pending  # the whole budget, all answered
-    stored = int(state.learner.labels.count)
+    stored = int(state.learner.labels.ring.size)
     assert stored == 40 - 40 // 3  # every third answer was "can't tell"
     labels = jax.device_get(state.learner.labels)
     first, second = labels.oracle_return[:stored].T

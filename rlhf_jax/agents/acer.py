@@ -76,6 +76,8 @@ from rlhf_jax.config_base import decay_horizon
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.networks import apply_time_major, orthogonal_dense, torso_for
+from rlhf_jax.ops import ring
+from rlhf_jax.ops.ring import Ring, empty_ring
 
 
 # --------------------------------------------------------------------------- networks
@@ -170,8 +172,7 @@ class Trajectories(NamedTuple):
 
 class Memory(NamedTuple):
     data: Trajectories  # every leaf [slots, ...]
-    position: jax.Array  # () int32: the slot the next store writes
-    size: jax.Array  # () int32: slots written so far
+    ring: Ring  # the slot the next store writes, and the slots written so far
 
 
 class Runner(NamedTuple):
@@ -206,10 +207,10 @@ def memory_slots(config: ACERConfig, env: Environment) -> int:
 
 
 def _store(memory: Memory, trajectories: Trajectories) -> Memory:
-    data = jax.tree.map(lambda buffer, x: jax.lax.dynamic_update_index_in_dim(buffer, x, memory.position, 0),
+    data = jax.tree.map(lambda buffer, x: jax.lax.dynamic_update_index_in_dim(buffer, x, memory.ring.next, 0),
                         memory.data, trajectories)
     slots = jax.tree.leaves(memory.data)[0].shape[0]
-    return Memory(data, (memory.position + 1) % slots, jnp.minimum(memory.size + 1, slots))
+    return Memory(data, ring.advance(memory.ring, 1, slots))
 
 
 def _gather(memory: Memory, slots, envs) -> Trajectories:
@@ -262,7 +263,7 @@ def init_runner(key, config: ACERConfig, env: Environment) -> Runner:
     final_obs = obs[1:] if replay.keeps_final_obs(spec) else None
     one = Trajectories(obs, action, jnp.zeros((k, n)), flags, flags, flags, final_obs, behaviour)
     data = jax.tree.map(lambda x: jnp.zeros((slots,) + x.shape, x.dtype), one)
-    memory = Memory(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    memory = Memory(data, empty_ring())
     zero = jnp.zeros((), jnp.int32)
     return Runner(params, params, make_optimizer(config).init(params), memory, env_state, timestep.obs, key, zero, zero)
 
@@ -469,8 +470,8 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
             params, avg_params, opt_state, sums = carry
             slot_key, env_key, loss_key = jax.random.split(jax.random.fold_in(key, i), 3)
             # Update 0 learns from the trajectories just stored, the others from the whole memory.
-            latest = (memory.position - 1) % slots
-            rows = jnp.where(i == 0, latest, jax.random.randint(slot_key, (n,), 0, memory.size))
+            latest = ring.row_of_age(memory.ring, 0, slots)
+            rows = jnp.where(i == 0, latest, jax.random.randint(slot_key, (n,), 0, memory.ring.size))
             envs = jnp.where(i == 0, jnp.arange(n), jax.random.randint(env_key, (n,), 0, n))
             batch = relabel_rewards(config, reward_fn, _gather(memory, rows, envs), reward_params)
             (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, avg_params, batch, loss_key)
@@ -492,7 +493,7 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
                                     timesteps.final_obs if keep_final_obs else None, behaviour)
         memory = _store(runner.memory, trajectories)
         key, count_key, update_key = jax.random.split(key, 3)
-        replaying = memory.size * per_iteration >= config.replay_start
+        replaying = memory.ring.size * per_iteration >= config.replay_start
         replays = jnp.where(replaying, jax.random.poisson(count_key, config.replay_ratio), 0).astype(jnp.int32)
         update = make_update(memory, update_key, learning_rate(runner.env_steps), reward_params)
         sums = {name: jnp.zeros(()) for name in METRICS}

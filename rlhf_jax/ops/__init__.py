@@ -1,5 +1,5 @@
-"""Pure RL maths: returns, losses, distributions, exploration, schedules, shuffles and running
-moments.
+"""Pure RL maths: returns, losses, distributions, exploration, schedules, shuffles, running
+moments, and the ring buffer every memory keeps its rows in.
 
 Every function is a small pure function over arrays that ``jax.jit`` and
 ``jax.vmap`` accept, with its paper's equation in the docstring and ``chex``
@@ -22,6 +22,7 @@ from rlhf_jax.ops.episode_ends import fold_time_limits, loss_mask, masked_mean
 from rlhf_jax.ops.exploration import epsilon_greedy
 from rlhf_jax.ops.policy_gradient import actor_critic_loss, policy_gradient_loss
 from rlhf_jax.ops.returns import gae_advantages, lambda_returns, n_step_returns
+from rlhf_jax.ops.ring import Ring, empty_ring, full_ring
 from rlhf_jax.ops.running_moments import Moments, init_moments, merge_moments, standardize
 from rlhf_jax.ops.schedules import linear_schedule
 from rlhf_jax.ops.shuffle import permutation
@@ -69,6 +70,9 @@ __all__ = [
     "q_learning_loss",
     "q_learning_target",
     "retrace_targets",
+    "Ring",
+    "empty_ring",
+    "full_ring",
     "retrace_traces",
     "standardize",
     "stochastic_dueling_q",

@@ -45,6 +45,7 @@ import numpy as np
 from flax import struct
 
 from rlhf_jax.envs.core import Box, EnvSpec
+from rlhf_jax.ops.ring import Ring, empty_ring
 from rlhf_jax.replay import frame_stack
 
 
@@ -58,15 +59,14 @@ def action_shape_dtype(spec: EnvSpec) -> tuple[tuple[int, ...], jnp.dtype]:
 class Segments(NamedTuple):
     """A batch (or ring buffer) of ``S`` segments of ``k`` steps: what queries are drawn from.
 
-    Rows below ``count`` are valid. To query segments of your own, build one directly, e.g.
-    ``Segments(obs, action, oracle_reward, count=jnp.int32(S), next=jnp.int32(0))``.
+    Rows below ``ring.size`` are valid (:mod:`rlhf_jax.ops.ring`). To query segments of your
+    own, build one directly, e.g. ``Segments(obs, action, oracle_reward, full_ring(S))``.
     """
 
     obs: jax.Array  # [S, k, *observation_shape]
     action: jax.Array  # [S, k, *action_shape]
     oracle_reward: jax.Array  # [S, k] float32: the reward a synthetic oracle judges by
-    count: jax.Array  # int32: valid rows (<= S)
-    next: jax.Array  # int32: the row the next segment is written to (ring)
+    ring: Ring  # the row the next segment is written to, and the valid rows (<= S)
 
     @property
     def capacity(self) -> int:
@@ -85,8 +85,7 @@ class Labels:
     mu: jax.Array  # [C] float32: probability that segment 0 is the preferred one
     oracle_return: jax.Array  # [C, 2] float32: oracle reward sums (the "target" ablation; metrics)
     holdout: jax.Array  # [C, M] bool: row is in member m's validation set
-    count: jax.Array  # int32: valid rows (<= C)
-    next: jax.Array  # int32: the row the next label is written to (ring)
+    ring: Ring  # the row the next label is written to, and the valid rows (<= C)
     stack: int = struct.field(pytree_node=False, default=1)  # frames per observation: replay.frame_stack(spec)
     history: int = struct.field(pytree_node=False, default=0)  # frames kept from before each segment: 0 or stack - 1
 
@@ -179,8 +178,7 @@ def empty_segments(spec: EnvSpec, capacity: int, length: int) -> Segments:
         obs=jnp.zeros((capacity, length, *spec.observation_shape), spec.observation_dtype),
         action=jnp.zeros((capacity, length, *shape), dtype),
         oracle_reward=jnp.zeros((capacity, length), jnp.float32),
-        count=jnp.zeros((), jnp.int32),
-        next=jnp.zeros((), jnp.int32),
+        ring=empty_ring(),
     )
 
 
@@ -200,8 +198,7 @@ def empty_labels(spec: EnvSpec, capacity: int, length: int, ensemble_size: int,
         mu=jnp.zeros((capacity,), jnp.float32),
         oracle_return=jnp.zeros((capacity, 2), jnp.float32),
         holdout=jnp.zeros((capacity, ensemble_size), bool),
-        count=jnp.zeros((), jnp.int32),
-        next=jnp.zeros((), jnp.int32),
+        ring=empty_ring(),
         stack=stack,
         history=history,
     )
@@ -215,10 +212,10 @@ def labels_nbytes(spec: EnvSpec, capacity: int, length: int, ensemble_size: int,
 
 
 def observations_on_host(labels: Labels, chunk: int = 256) -> np.ndarray:
-    """``[count, 2, k, *observation_shape]``: every stored label's observations in NumPy
+    """``[size, 2, k, *observation_shape]``: every stored label's observations in NumPy
     (e.g. for ``labels.npz``), rebuilt ``chunk`` rows at a time so that the device never
     holds the whole database as stacks."""
-    read, rows = jax.jit(Labels.observations), np.arange(int(labels.count))
+    read, rows = jax.jit(Labels.observations), np.arange(int(labels.ring.size))
     return np.concatenate([np.asarray(read(labels, rows[i : i + chunk])) for i in range(0, max(len(rows), 1), chunk)])
 
 

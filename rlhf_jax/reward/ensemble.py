@@ -336,16 +336,16 @@ def _train_step(config: RewardModelConfig, spec: EnvSpec, state: EnsembleState, 
         # Each member resamples its own training rows.
         keys = jax.random.split(sample_key, members)
         rows, num_rows = jax.vmap(sample_training_rows, in_axes=(0, 1, None, None))(
-            keys, labels.holdout, labels.count, config.batch_size
+            keys, labels.holdout, labels.ring.size, config.batch_size
         )
         weights = jnp.broadcast_to((num_rows > 0)[:, None], (members, config.batch_size)).astype(jnp.float32)
     else:
         # No bagging: all members see the same rows (drawn among all valid ones); each
         # member's held-out rows get zero weight, so validation stays honest.
         nobody = jnp.zeros((labels.capacity,), bool)
-        shared, _ = sample_training_rows(sample_key, nobody, labels.count, config.batch_size)
+        shared, _ = sample_training_rows(sample_key, nobody, labels.ring.size, config.batch_size)
         rows = jnp.broadcast_to(shared, (members, config.batch_size))
-        valid = jnp.arange(labels.capacity)[shared] < labels.count
+        valid = jnp.arange(labels.capacity)[shared] < labels.ring.size
         weights = (valid[None] & ~labels.holdout[shared].T).astype(jnp.float32)
 
     def member_step(params, batch_stats, opt_state, l2, rows, weights, key):
@@ -455,11 +455,11 @@ def validation_losses(
         rows = jnp.arange(labels.capacity, dtype=jnp.int32)
     else:
         nobody = jnp.zeros((labels.capacity,), bool)
-        rows, _ = sample_training_rows(key, nobody, labels.count, max_rows)
+        rows, _ = sample_training_rows(key, nobody, labels.ring.size, max_rows)
     chunks = -(-rows.shape[0] // batch)
     padded = jnp.concatenate([rows, jnp.zeros((chunks * batch - rows.shape[0],), jnp.int32)]).reshape(chunks, batch)
     # Exact: rows are in order, so the first ceil(count / batch) batches hold every valid one.
-    scored = jnp.minimum(-(-labels.count // batch), chunks) if exact else jnp.where(labels.count > 0, chunks, 0)
+    scored = jnp.minimum(-(-labels.ring.size // batch), chunks) if exact else jnp.where(labels.ring.size > 0, chunks, 0)
 
     def add_chunk(i, sums):  # sums: (train_sum, train_n, val_sum, val_n), each [M]
         chunk_rows = padded[i]
@@ -471,7 +471,7 @@ def validation_losses(
             return _pair_losses(config, rewards, labels, chunk_rows)
 
         losses = over_members(member_losses, state.params, state.batch_stats)  # [M, batch]
-        valid = ((i * batch + jnp.arange(batch)) < rows.shape[0]) & (chunk_rows < labels.count)
+        valid = ((i * batch + jnp.arange(batch)) < rows.shape[0]) & (chunk_rows < labels.ring.size)
         held_out = labels.holdout[chunk_rows].T  # [M, batch]
         train_w = (valid[None] & ~held_out).astype(jnp.float32)
         val_w = (valid[None] & held_out).astype(jnp.float32)

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.reward import ibt
+from rlhf_jax.ops import ring
+from rlhf_jax.ops.ring import Ring, empty_ring
 from rlhf_jax.reward.annotators import progress_increments, synthetic_marks
 from rlhf_jax.reward.data import MarkedClips, Segments
 from rlhf_jax.reward.kinds import Marks
@@ -33,20 +35,18 @@ SCORE_CLIPS = 64  # recent clips the reward is scored (and scaled) on at each re
 
 
 class Annotated(NamedTuple):
-    """Annotated clips: the dataset D of Algorithm 1 (filled in order; the budget is its size)."""
+    """Annotated clips: the dataset D of Algorithm 1. Its capacity is the budget, so it fills in
+    order and its ring (:mod:`rlhf_jax.ops.ring`) never wraps."""
 
     obs: jax.Array  # [C, T, *obs_shape]
     marks: jax.Array  # [C, T] int32 in {-1, 0, +1}
-    count: jax.Array  # () int32
+    ring: Ring  # the row the next clip goes to, and the clips annotated
 
 
 def append(annotated: Annotated, clips: MarkedClips, keep: jax.Array) -> Annotated:
-    """``annotated`` with the ``keep`` rows of ``clips`` appended in order; beyond its room they are dropped."""
-    capacity = annotated.marks.shape[0]
-    rows = jnp.where(keep, annotated.count + jnp.cumsum(keep) - 1, capacity)  # capacity: dropped
-    return Annotated(annotated.obs.at[rows].set(clips.obs.astype(annotated.obs.dtype), mode="drop"),
-                     annotated.marks.at[rows].set(clips.marks.astype(jnp.int32), mode="drop"),
-                     jnp.minimum(annotated.count + keep.sum(), capacity).astype(jnp.int32))
+    """``annotated`` with the ``keep`` rows of ``clips`` written in order (:func:`rlhf_jax.ops.ring.kept_rows`)."""
+    rows, after = ring.kept_rows(annotated.ring, keep, annotated.marks.shape[0])
+    return Annotated(ring.put(annotated.obs, rows, clips.obs), ring.put(annotated.marks, rows, clips.marks), after)
 
 
 class IBTLearnerState(NamedTuple):
@@ -80,7 +80,7 @@ class IBTLearner:
         spec, length, budget = self.spec, self.clip_length, self.config.episodes
         model = ibt.set_input_statistics(ibt.init_ibt(key, self.config, spec), spec, clips.obs)
         annotated = Annotated(jnp.zeros((budget, length, *spec.observation_shape), spec.observation_dtype),
-                              jnp.zeros((budget, length), jnp.int32), jnp.zeros((), jnp.int32))
+                              jnp.zeros((budget, length), jnp.int32), empty_ring())
         return IBTLearnerState(model, annotated)
 
     def head_start(self, state: IBTLearnerState, given: HeadStart, key) -> IBTLearnerState:
@@ -98,10 +98,10 @@ class IBTLearner:
         return state.model
 
     def answers_held(self, state: IBTLearnerState) -> jax.Array:
-        return state.annotated.count
+        return state.annotated.ring.size
 
     def propose(self, state: IBTLearnerState, clips: Segments, key, num: int) -> Queries:
-        return take_clips(clips, jax.random.randint(key, (num,), 0, jnp.maximum(clips.count, 1)))
+        return take_clips(clips, jax.random.randint(key, (num,), 0, jnp.maximum(clips.ring.size, 1)))
 
     def oracle(self, key, queries: Queries) -> Marks:
         increments = progress_increments(self.config.annotator, self.spec.id, queries.obs[:, 0],
@@ -119,19 +119,19 @@ class IBTLearner:
         """One Adam step on a batch of annotated clips drawn with replacement."""
         pick_key, loss_key = jax.random.split(key)
         annotated = state.annotated
-        index = jax.random.randint(pick_key, (self.config.batch_episodes,), 0, jnp.maximum(annotated.count, 1))
+        index = jax.random.randint(pick_key, (self.config.batch_episodes,), 0, jnp.maximum(annotated.ring.size, 1))
         marks = annotated.marks[index]
-        valid = jnp.broadcast_to(annotated.count > 0, marks.shape)
+        valid = jnp.broadcast_to(annotated.ring.size > 0, marks.shape)
         model, loss = ibt.fit_step(state.model, self.config, self.spec, annotated.obs[index], marks, valid, loss_key)
         # Before the first annotation there is nothing to fit: NaN, as the preferences' loss.
-        return state._replace(model=model), jnp.where(annotated.count > 0, loss, jnp.nan)
+        return state._replace(model=model), jnp.where(annotated.ring.size > 0, loss, jnp.nan)
 
     def refresh(self, state: IBTLearnerState, clips: Segments, key) -> tuple[IBTLearnerState, dict]:
-        index = jax.random.randint(key, (SCORE_CLIPS,), 0, jnp.maximum(clips.count, 1))
+        index = jax.random.randint(key, (SCORE_CLIPS,), 0, jnp.maximum(clips.ring.size, 1))
         obs = clips.obs[index]
         model = ibt.update_reward_scale(state.model, self.config, self.spec, obs)
         rise = ibt.utility_rises(model, self.config, self.spec, obs)
         signal = progress_increments(self.config.annotator, self.spec.id, obs, clips.oracle_reward[index])
-        metrics = {"labels": state.annotated.count, "reward_correlation": pearson(rise, signal),
+        metrics = {"labels": state.annotated.ring.size, "reward_correlation": pearson(rise, signal),
                    "marks": jnp.abs(state.annotated.marks).sum()}
         return state._replace(model=model), metrics

@@ -413,7 +413,7 @@ class PreferenceFeedback(FeedbackKind):
 
         obs = observations_on_host(state.labels)
         labels = jax.device_get(state.labels)
-        n = int(labels.count)
+        n = int(labels.ring.size)
         np.savez_compressed(path, obs=obs[:n], action=labels.action[:n], mu=labels.mu[:n],
                             oracle_return=labels.oracle_return[:n], holdout=labels.holdout[:n])
 
@@ -527,7 +527,7 @@ class IBTFeedback(FeedbackKind):
         import jax
 
         annotated = jax.device_get(state.annotated)
-        n = int(annotated.count)
+        n = int(annotated.ring.size)
         np.savez_compressed(path, obs=annotated.obs[:n], marks=annotated.marks[:n])
 
     def unmeasured(self, row: dict) -> set[str]:

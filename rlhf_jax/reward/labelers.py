@@ -14,6 +14,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.ops import ring
 from rlhf_jax.reward.config import TeacherConfig
 from rlhf_jax.reward.data import Labels, LabelledPairs, drop_history, pair_frames
 from rlhf_jax.reward.learner import Queries
@@ -108,22 +109,13 @@ def add_pairs(labels: Labels, pairs: LabelledPairs, key: jax.Array,
 def _write(labels: Labels, pairs: LabelledPairs, answered: jax.Array, holdout: jax.Array) -> Labels:
     """The ring D with the ``answered`` rows of ``pairs`` written at ``next, next+1, ...``
     (mod capacity; of more than the capacity, the newest), as :func:`add_labels` says."""
-    capacity = labels.capacity
-    position = jnp.cumsum(answered, dtype=jnp.int32) - 1  # among the answered, in order
-    total = jnp.sum(answered, dtype=jnp.int32)
-    keep = answered & (position >= total - capacity)  # distinct rows mod capacity
-    rows = jnp.where(keep, (labels.next + position) % capacity, capacity)  # capacity: dropped
-
-    def write(buffer, values):
-        return buffer.at[rows].set(values.astype(buffer.dtype), mode="drop")
-
+    rows, after = ring.kept_rows(labels.ring, answered, labels.capacity)
     return labels.replace(
-        frames=write(labels.frames, pairs.frames),
-        restart=write(labels.restart, pairs.restart),
-        action=write(labels.action, pairs.action),
-        mu=write(labels.mu, pairs.mu),
-        oracle_return=write(labels.oracle_return, pairs.oracle_return),
-        holdout=write(labels.holdout, holdout),
-        count=jnp.minimum(labels.count + total, capacity).astype(jnp.int32),
-        next=((labels.next + total) % capacity).astype(jnp.int32),
+        frames=ring.put(labels.frames, rows, pairs.frames),
+        restart=ring.put(labels.restart, rows, pairs.restart),
+        action=ring.put(labels.action, rows, pairs.action),
+        mu=ring.put(labels.mu, rows, pairs.mu),
+        oracle_return=ring.put(labels.oracle_return, rows, pairs.oracle_return),
+        holdout=ring.put(labels.holdout, rows, holdout),
+        ring=after,
     )

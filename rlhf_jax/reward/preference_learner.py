@@ -86,7 +86,7 @@ class PreferenceLearner:
         return state.ensemble
 
     def answers_held(self, state: PreferenceState) -> jax.Array:
-        return state.labels.count
+        return state.labels.ring.size
 
     def _member_returns(self, ensemble):
         """Each member's summed predicted reward per segment: ``[P, k, ...] -> [M, P]``."""
@@ -133,7 +133,7 @@ class PreferenceLearner:
         rewards = lambda obs, action: reward_model.member_returns(ensemble, self.model, self.spec, obs, action)
         recent, *pairs = returns_of_rows(rewards, clips, *rows, whole_buffer=whole_buffer)  # [M, rows, k] each
         ensemble = reward_model.normalization_from(ensemble, recent)
-        metrics = {"labels": state.labels.count, "reward_train_loss": jnp.nanmean(train_loss),
+        metrics = {"labels": state.labels.ring.size, "reward_train_loss": jnp.nanmean(train_loss),
                    "reward_val_loss": jnp.nanmean(val_loss), "reward_l2": ensemble.l2.mean(),
                    **self._score(ensemble, clips, rows[1:], pairs)}
         return state._replace(ensemble=ensemble), metrics
@@ -142,7 +142,7 @@ class PreferenceLearner:
     def _recent_rows(clips: Segments, key) -> jax.Array:
         """The rows of recent segments whose steps the normalisation statistics are taken over."""
         rows = min(clips.capacity, max(1, NORMALIZATION_STEPS // clips.length))
-        return jax.random.randint(key, (rows,), 0, jnp.maximum(clips.count, 1))
+        return jax.random.randint(key, (rows,), 0, jnp.maximum(clips.ring.size, 1))
 
     def _score(self, ensemble, clips: Segments, rows: list, member_rewards: list) -> dict:
         """r̂ against the oracle on fresh pairs (rows ``(first, second)`` of ``clips``, their

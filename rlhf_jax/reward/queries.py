@@ -25,13 +25,13 @@ METHODS = ("disagreement", "random")
 def candidate_pairs(key: jax.Array, segments: Segments, num: int) -> tuple[jax.Array, jax.Array]:
     """``num`` pairs of distinct valid rows, uniformly over ordered pairs: ``int32 [num]`` each.
 
-    Needs ``segments.count >= 2``; with fewer the indices mean nothing, so callers
+    Needs ``segments.ring.size >= 2``; with fewer the indices mean nothing, so callers
     check the count first.
     """
     key_1, key_2 = jax.random.split(key)
-    index_1 = jax.random.randint(key_1, (num,), 0, segments.count)
+    index_1 = jax.random.randint(key_1, (num,), 0, segments.ring.size)
     # Uniform over the count - 1 other rows: draw among them, then step over index_1.
-    index_2 = jax.random.randint(key_2, (num,), 0, segments.count - 1)
+    index_2 = jax.random.randint(key_2, (num,), 0, segments.ring.size - 1)
     index_2 = index_2 + (index_2 >= index_1)
     return index_1.astype(jnp.int32), index_2.astype(jnp.int32)
 

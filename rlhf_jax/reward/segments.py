@@ -7,7 +7,7 @@ are written into the :class:`~rlhf_jax.reward.data.Segments` ring for query sele
 
 A start ``j`` of environment ``e`` is *valid* when
 
-* all ``k`` steps ``j .. j+k-1`` are among the last ``min(written, W)`` recorded ones
+* all ``k`` steps ``j .. j+k-1`` are among the ``ring.size`` (at most ``W``) recorded ones
   (read in time order, across the ring's wrap), and
 * ``done`` is false at the segment's steps ``0 .. k-2``: a clip must not run across a
   reset, which would splice two episodes into one; an episode may end at its last step.
@@ -24,6 +24,8 @@ import jax.numpy as jnp
 
 from rlhf_jax.envs.core import EnvSpec
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.ops import ring
+from rlhf_jax.ops.ring import Ring, empty_ring
 from rlhf_jax.reward.data import Segments, action_shape_dtype
 
 
@@ -32,7 +34,7 @@ class Recent(NamedTuple):
     action: jax.Array  # [W, N, *action_shape]
     oracle_reward: jax.Array  # [W, N] float32
     done: jax.Array  # [W, N] bool: the episode ended right after the action at this step
-    written: jax.Array  # int32: steps written per environment so far (all step together)
+    ring: Ring  # the row the next step goes to, and the steps recorded (all environments step together)
 
     @property
     def window(self) -> int:
@@ -59,7 +61,7 @@ def empty_recent(spec: EnvSpec, num_envs: int, window: int, segment_length: int 
         action=jnp.zeros((window, num_envs, *shape), dtype),
         oracle_reward=jnp.zeros((window, num_envs), jnp.float32),
         done=jnp.zeros((window, num_envs), bool),
-        written=jnp.zeros((), jnp.int32),
+        ring=empty_ring(),
     )
 
 
@@ -81,30 +83,30 @@ def _check_window(window: int, length: int) -> None:
 
 def record(recent: Recent, obs, action, oracle_reward, done) -> Recent:
     """Append ``T <= W`` steps of every environment (arrays ``[T, N, ...]``) at ring rows
-    ``(written + t) mod W``, overwriting the oldest."""
+    ``next + t`` (mod ``W``), overwriting the oldest."""
     steps, window = obs.shape[0], recent.window
     if steps > window:
         raise ValueError(f"record takes at most the window ({window}) steps at once, got {steps}")
     chex.assert_shape(obs, (steps, *recent.obs.shape[1:]))
     chex.assert_shape(action, (steps, *recent.action.shape[1:]))
     chex.assert_shape([oracle_reward, done], (steps, recent.num_envs))
-    rows = (recent.written + jnp.arange(steps)) % window  # distinct, since T <= W
+    rows = ring.next_rows(recent.ring, steps, window)  # distinct, since T <= W
     return Recent(
         obs=recent.obs.at[rows].set(obs.astype(recent.obs.dtype)),
         action=recent.action.at[rows].set(action.astype(recent.action.dtype)),
         oracle_reward=recent.oracle_reward.at[rows].set(oracle_reward.astype(jnp.float32)),
         done=recent.done.at[rows].set(done.astype(bool)),
-        written=recent.written + steps,
+        ring=ring.advance(recent.ring, steps, window),
     )
 
 
 def _chronological_rows(recent: Recent) -> jax.Array:
     """Ring row of chronological position ``j = 0 .. W-1``, oldest slot first.
 
-    Position ``j`` holds a recorded step iff ``j >= W - min(written, W)``: before the
-    ring is full the first slots in this order are the never-written ones.
+    Position ``j`` holds a recorded step iff ``j >= W - ring.size``: before the ring is
+    full the first slots in this order are the never-written ones.
     """
-    return (recent.written + jnp.arange(recent.window)) % recent.window
+    return ring.oldest_first(recent.ring, recent.window)
 
 
 def valid_starts(recent: Recent, length: int) -> jax.Array:
@@ -113,7 +115,7 @@ def valid_starts(recent: Recent, length: int) -> jax.Array:
     ``ends(j) = C[j + k - 1] - C[j]`` with ``C[i] = sum_{t < i} done_t``."""
     window = recent.window
     _check_window(window, length)
-    recorded = jnp.minimum(recent.written, window)
+    recorded = recent.ring.size
     done = recent.done[_chronological_rows(recent)].astype(jnp.int32)  # [W, N], time order
     ends_before = jnp.concatenate([jnp.zeros_like(done[:1]), jnp.cumsum(done, axis=0)])  # [W + 1, N]
     ends_inside = ends_before[length - 1 : window] - ends_before[: window - length + 1]  # steps 0..k-2
@@ -144,16 +146,14 @@ def cut_segments(recent: Recent, segments: Segments, key: jax.Array, num: int) -
     rows_in = _chronological_rows(recent)[start[:, None] + jnp.arange(length)]  # [num, k]
     env = env[:, None]
     # Out-of-range rows are dropped by the scatter, which is how "write nothing" is masked.
-    rows_out = jnp.where(any_ok, (segments.next + jnp.arange(num)) % capacity, capacity)
+    rows_out, after = ring.kept_rows(segments.ring, jnp.broadcast_to(any_ok, (num,)), capacity)
 
     def write(buffer, recent_array):
-        return buffer.at[rows_out].set(recent_array[rows_in, env], mode="drop")
+        return ring.put(buffer, rows_out, recent_array[rows_in, env])
 
-    written = jnp.where(any_ok, num, 0)
     return Segments(
         obs=write(segments.obs, recent.obs),
         action=write(segments.action, recent.action),
         oracle_reward=write(segments.oracle_reward, recent.oracle_reward),
-        count=jnp.minimum(segments.count + written, capacity).astype(jnp.int32),
-        next=((segments.next + written) % capacity).astype(jnp.int32),
+        ring=after,
     )
