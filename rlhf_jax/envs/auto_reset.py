@@ -93,6 +93,20 @@ def oracle_reward(oracle: Optional[Oracle], obs: jax.Array, action: jax.Array, n
     return paid.astype(jnp.float32)
 
 
+def step_info(oracle: Optional[Oracle], true_reward: jax.Array, true_done: jax.Array,
+              env_reward: jax.Array) -> dict:
+    """A step's ``TimeStep.info``: the unmodified episode's reward and end and, where the user's
+    ``oracle`` pays the reward, the environment's own beside it."""
+    info = {"true_reward": true_reward, "true_done": true_done}
+    return info if oracle is None else dict(info, env_reward=env_reward)
+
+
+def first_step_info(oracle: Optional[Oracle], num_envs: int) -> dict:
+    """:func:`step_info` of a reset: nothing paid, nothing ended."""
+    zeros = jnp.zeros((num_envs,), jnp.float32)
+    return step_info(oracle, zeros, zeros.astype(bool), zeros)
+
+
 def check_fps(fps: float) -> float:
     if not fps > 0:
         raise ValueError(f"fps must be positive (it sizes the 1.5 s segments and plays clips), got {fps!r}")

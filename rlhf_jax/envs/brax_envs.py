@@ -32,7 +32,8 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.envs.auto_reset import Oracle, check_fps, end_rules, oracle_reward, restart_where
+from rlhf_jax.envs.auto_reset import (Oracle, check_fps, end_rules, first_step_info, oracle_reward,
+                                     restart_where, step_info)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 
@@ -85,17 +86,12 @@ class BraxEnv(Environment):
         state = jax.vmap(self._env.reset)(jax.random.split(key, self.num_envs))
         return state if like is None else jax.tree.map(lambda x, y: x.astype(y.dtype), state, like)
 
-    def _info(self, true_reward, true_done, env_reward) -> dict:
-        info = {"true_reward": true_reward, "true_done": true_done}
-        return info if self._oracle is None else dict(info, env_reward=env_reward)
-
     def _reset(self, key):
         key, reset_key = jax.random.split(key)
         state = self._fresh(reset_key)
         n = self.num_envs
-        zeros = jnp.zeros((n,), jnp.float32)
         inner = BraxInner(state, jnp.zeros((n,), jnp.int32), key, jnp.zeros((n,), bool))
-        return inner, first_timestep(state.obs.astype(jnp.float32), self._info(zeros, zeros.astype(bool), zeros))
+        return inner, first_timestep(state.obs.astype(jnp.float32), first_step_info(self._oracle, n))
 
     def _step(self, inner: BraxInner, action):
         after = jax.vmap(self._env.step)(inner.state, action)
@@ -111,7 +107,7 @@ class BraxEnv(Environment):
         state = jax.lax.cond(jnp.any(ends.restart),
                              lambda: restart_where(ends.restart, self._fresh(reset_key, after), after), lambda: after)
         inner = BraxInner(state, jnp.where(ends.restart, 0, steps), key, ends.failed & ~ends.restart)
-        info = self._info(ends.true_reward, ends.true_done, env_reward)
+        info = step_info(self._oracle, ends.true_reward, ends.true_done, env_reward)
         ignored = jnp.zeros_like(terminated)
         return inner, TimeStep(state.obs.astype(jnp.float32), ends.reward, ends.terminated, ends.truncated, obs,
                                ignored, info)

@@ -38,7 +38,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from jax.experimental import io_callback
 
-from rlhf_jax.envs.auto_reset import Oracle, check_fps, end_rules, oracle_reward
+from rlhf_jax.envs.auto_reset import Oracle, check_fps, end_rules, first_step_info, oracle_reward, step_info
 from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 from rlhf_jax.envs.shared_pool import shared_by_members
@@ -168,23 +168,18 @@ class GymnasiumEnv(Environment):
         return io_callback(step, (jax.ShapeDtypeStruct((), jnp.int32), shapes), handle, action, ordered=True)
 
     # --------------------------------------------------------- on the device
-    def _info(self, true_reward, true_done, env_reward) -> dict:
-        info = {"true_reward": true_reward, "true_done": true_done}
-        return info if self._oracle is None else dict(info, env_reward=env_reward)
-
     def _reset(self, key):
         seed = jax.random.randint(key, (), 0, 2**31 - 1, dtype=jnp.int32)
         handle, obs = self._reset_call(jnp.zeros((), jnp.int32), seed)
         n = self.num_envs
-        zeros = jnp.zeros((n,), jnp.float32)
-        return HostState(handle), first_timestep(obs, self._info(zeros, zeros.astype(bool), zeros))
+        return HostState(handle), first_timestep(obs, first_step_info(self._oracle, n))
 
     def _step(self, inner: HostState, action):
         handle, host = self._step_call(inner.handle, action)
         reward = oracle_reward(self._oracle, host.before, action, host.final_obs, host.reward)
         ends = end_rules(self._config, reward, host.terminated, host.truncated, jnp.zeros_like(host.terminated))
         paid = lambda x: jnp.where(host.ignored, 0.0, x)  # noqa: E731
-        info = self._info(paid(ends.true_reward), ends.true_done, host.reward)
+        info = step_info(self._oracle, paid(ends.true_reward), ends.true_done, host.reward)
         timestep = TimeStep(host.obs, paid(ends.reward), ends.terminated, ends.truncated, host.final_obs,
                             host.ignored, info)
         return HostState(handle), timestep

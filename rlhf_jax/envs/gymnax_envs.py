@@ -24,7 +24,8 @@ import gymnax
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.envs.auto_reset import Oracle, check_fps, end_rules, oracle_reward, restart_where
+from rlhf_jax.envs.auto_reset import (Oracle, check_fps, end_rules, first_step_info, oracle_reward,
+                                     restart_where, step_info)
 from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 
@@ -107,16 +108,12 @@ class GymnaxEnv(Environment):
         obs = obs.astype(jnp.float32)
         return obs, (env_state if self._oracle is None else Observed(env_state, obs))
 
-    def _info(self, true_reward, true_done, env_reward) -> dict:
-        info = {"true_reward": true_reward, "true_done": true_done}
-        return info if self._oracle is None else dict(info, env_reward=env_reward)
-
     def _reset(self, key):
         key, reset_key = jax.random.split(key)
         obs, env_state = self._reset_copies(reset_key)
         n = self.num_envs
         inner = GymnaxInner(env_state, key, jnp.zeros((n,), bool))
-        info = self._info(jnp.zeros((n,)), jnp.zeros((n,), bool), jnp.zeros((n,)))
+        info = first_step_info(self._oracle, n)
         return inner, first_timestep(obs, info)
 
     def _step(self, inner: GymnaxInner, action):
@@ -139,6 +136,6 @@ class GymnaxEnv(Environment):
         env_state = restart_where(ends.restart, reset_state, env_state)
         next_obs = restart_where(ends.restart, reset_obs, obs)
         inner = GymnaxInner(env_state, key, ends.failed & ~ends.restart)
-        info = self._info(ends.true_reward, ends.true_done, env_reward)
+        info = step_info(self._oracle, ends.true_reward, ends.true_done, env_reward)
         ignored = jnp.zeros_like(terminated)
         return inner, TimeStep(next_obs, ends.reward, ends.terminated, ends.truncated, obs, ignored, info)

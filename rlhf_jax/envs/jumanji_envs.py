@@ -40,7 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhf_jax.envs.auto_reset import Oracle, check_fps, end_rules, oracle_reward, restart_where
+from rlhf_jax.envs.auto_reset import (Oracle, check_fps, end_rules, first_step_info, oracle_reward,
+                                     restart_where, step_info)
 from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 from rlhf_jax.errors import ConfigError
@@ -157,17 +158,12 @@ class JumanjiEnv(Environment):
         fresh = (state, jax.vmap(self._flat)(timestep.observation))
         return fresh if like is None else jax.tree.map(lambda x, y: x.astype(y.dtype), fresh, like)
 
-    def _info(self, true_reward, true_done, env_reward) -> dict:
-        info = {"true_reward": true_reward, "true_done": true_done}
-        return info if self._oracle is None else dict(info, env_reward=env_reward)
-
     def _reset(self, key):
         key, reset_key = jax.random.split(key)
         state, obs = self._fresh(reset_key)
         n = self.num_envs
-        zeros = jnp.zeros((n,), jnp.float32)
         inner = JumanjiInner(state, obs, jnp.zeros((n,), jnp.int32), key, jnp.zeros((n,), bool))
-        return inner, first_timestep(obs, self._info(zeros, zeros.astype(bool), zeros))
+        return inner, first_timestep(obs, first_step_info(self._oracle, n))
 
     def _step(self, inner: JumanjiInner, action):
         state, timestep = jax.vmap(self._env.step)(inner.state, jax.vmap(self._env_action)(action))
@@ -186,6 +182,6 @@ class JumanjiEnv(Environment):
             lambda: restart_where(ends.restart, self._fresh(reset_key, (state, obs)), (state, obs)),
             lambda: (state, obs))
         inner = JumanjiInner(state, next_obs, jnp.where(ends.restart, 0, steps), key, ends.failed & ~ends.restart)
-        info = self._info(ends.true_reward, ends.true_done, env_reward)
+        info = step_info(self._oracle, ends.true_reward, ends.true_done, env_reward)
         ignored = jnp.zeros_like(terminated)
         return inner, TimeStep(next_obs, ends.reward, ends.terminated, ends.truncated, obs, ignored, info)
