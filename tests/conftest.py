@@ -53,3 +53,19 @@ def small_disks(tmp_path):
     disks = SmallDisks(tmp_path)
     yield disks
     disks.unmount_all()
+
+
+@pytest.fixture
+def registered():
+    """``registered(id, factory)``: an environment id of the test's own, for the test's length."""
+    from rlhf_jax.envs import register, unregister
+
+    ids = []
+
+    def add(env_id, factory):
+        register(env_id, factory)
+        ids.append(env_id)
+
+    yield add
+    for env_id in ids:
+        unregister(env_id)

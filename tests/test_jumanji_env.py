@@ -74,20 +74,6 @@ class Walk(jumanji.Environment):
         return specs.DiscreteArray(3)
 
 
-@pytest.fixture
-def registered():
-    """``registered(id, factory)`` for the test's length."""
-    ids = []
-
-    def add(env_id, factory):
-        register(env_id, factory)
-        ids.append(env_id)
-
-    yield add
-    for env_id in ids:
-        unregister(env_id)
-
-
 def flat(observation, batch: int) -> np.ndarray:
     """Jumanji observations with ``batch`` leading axes as the adapter promises them: every leaf
     ravelled in the pytree's order and concatenated, as float32."""

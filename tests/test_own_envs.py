@@ -19,20 +19,6 @@ from rlhf_jax.envs.registry import ENTRY_POINT_GROUP, factory_of
 from rlhf_jax.errors import ConfigError
 
 
-@pytest.fixture
-def registered():
-    """``registered(id, factory)`` for the test's length."""
-    ids = []
-
-    def add(env_id, factory):
-        register(env_id, factory)
-        ids.append(env_id)
-
-    yield add
-    for env_id in ids:
-        unregister(env_id)
-
-
 def catch(config, members):
     """bsuite's Catch, a gymnax environment the library does not list."""
     env, params = gymnax.make("Catch-bsuite")
