@@ -61,38 +61,55 @@ def list_keys() -> None:
 def cmd_train(args) -> None:
     # The config is read and checked before the trainer (and with it JAX) is imported: a
     # mistake in it is reported at once.
-    from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, build, load_config
+    from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 
-    if args.list_keys:
-        if args.words or args.resume or args.print_config:
-            raise ConfigError("--list-keys lists every key with its default: give it alone")
-        list_keys()
-        return
     if args.resume:
         if args.config or args.overrides:
             raise ConfigError("--resume continues a run with its saved config: give no CONFIG or overrides")
         from rlhf_jax.config_base import read_run_config
 
-        saved = read_run_config(args.resume)  # a directory that holds no run
-        if args.print_config:
-            from rlhf_jax.config_base import dump_yaml, to_dict
-
-            print(dump_yaml(to_dict(build(ExperimentConfig, saved))), end="")
-            return
+        read_run_config(args.resume)  # a directory that holds no run
         from rlhf_jax.trainer import train
 
         run_dir = train(resume=args.resume)
     else:
         config = load_config(ExperimentConfig, args.config, args.overrides, default=DEFAULT_EXPERIMENT)
-        if args.print_config:
-            from rlhf_jax.config_base import dump_yaml, to_dict
-
-            print(dump_yaml(to_dict(config)), end="")
-            return
         from rlhf_jax.trainer import train
 
         run_dir = train(config)
     print(f"done: {run_dir}  (learning curve: {run_dir / 'learning_curve.png'})")
+
+
+def cmd_config_show(args) -> None:
+    """The resolved config (CONFIG and overrides, or RUN_DIR's) as YAML that ``train`` reads back."""
+    from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, build, load_config
+    from rlhf_jax.config_base import dump_yaml, read_run_config, to_dict
+
+    if args.run_dir:
+        if args.config or args.overrides:
+            raise ConfigError("--run RUN_DIR shows the config a run was started with: give no CONFIG or overrides")
+        config = build(ExperimentConfig, read_run_config(args.run_dir))
+    else:
+        config = load_config(ExperimentConfig, args.config, args.overrides, default=DEFAULT_EXPERIMENT)
+    print(dump_yaml(to_dict(config)), end="")
+
+
+def cmd_config_keys(args) -> None:
+    list_keys()
+
+
+def cmd_stats(args) -> None:
+    from rlhf_jax.compare import compare, table
+
+    try:
+        groups = compare(args.directories, args.by)
+    except ImportError as error:
+        raise ConfigError(str(error)) from None
+    print(table(groups))
+    left_out = sum(group.unscored for group in groups)
+    if left_out:
+        print(f"{left_out} run(s) left out of the statistics: their last chunk ended no episode, so they have "
+              f"no final true return")
 
 
 def start_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
@@ -254,12 +271,24 @@ def make_parser() -> argparse.ArgumentParser:
     train.add_argument("words", nargs="*", metavar="[CONFIG] [key=value ...]",
                        help="a YAML file from configs/ and any number of overrides, e.g. env.num_envs=8")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run saved in RUN_DIR")
-    train.add_argument("--print-config", action="store_true",
-                       help="print the resolved config (CONFIG and overrides, or RUN_DIR's with --resume) as YAML "
-                            "and exit without training; the output is a config file train reads")
-    train.add_argument("--list-keys", action="store_true",
-                       help="list every config key with its type, its default and what it does, and exit")
     train.set_defaults(run=cmd_train)
+
+    config = commands.add_parser("config", help="show a resolved config, or every config key")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    show = config_commands.add_parser("show", help="print the resolved config as YAML, a config file train reads")
+    show.add_argument("words", nargs="*", metavar="[CONFIG] [key=value ...]",
+                      help="a YAML file and overrides, as train takes them (none: the built-in default)")
+    show.add_argument("--run", dest="run_dir", metavar="RUN_DIR", help="the config RUN_DIR was started with")
+    show.set_defaults(run=cmd_config_show)
+    keys = config_commands.add_parser("keys", help="list every config key with its type, default and what it does")
+    keys.set_defaults(run=cmd_config_keys)
+
+    stats = commands.add_parser("stats", help="IQM of final true returns with stratified bootstrap intervals, "
+                                              "across runs and sweeps made apart (rliable: the stats extra)")
+    stats.add_argument("directories", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="run or sweep directories")
+    stats.add_argument("--by", action="append", default=[], metavar="KEY",
+                       help="group by this config key alone (repeatable); default: by every key but seed, name, run.*")
+    stats.set_defaults(run=cmd_stats)
 
     sweep = commands.add_parser("sweep", help="every seed and hyper-parameter combination as one compiled program")
     sweep.add_argument("words", nargs="*", metavar="[CONFIG] [key=value ...] [key=v1,v2,...]",
@@ -328,9 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.words = [*args.words, *extra]
-    if args.command == "train":
+    if hasattr(args, "words") and args.command in ("train", "config"):
         split_config_and_overrides(args)
-    command = " ".join(filter(None, (args.command, getattr(args, "labels_command", None))))
+    command = " ".join(filter(None, (args.command, getattr(args, "labels_command", None),
+                                     getattr(args, "config_command", None))))
     try:
         args.run(args)
     except ConfigError as error:

@@ -1,7 +1,7 @@
-"""``python -m rlhf_jax.compare DIR ...``: interquartile means with their stratified bootstrap
-intervals (:mod:`rlhf_jax.statistics`) across runs made apart, not only within one sweep.
+"""``rlhf-jax stats DIR ...``: interquartile means with their stratified bootstrap intervals
+(:mod:`rlhf_jax.statistics`) across runs made apart, not only within one sweep.
 
-    python -m rlhf_jax.compare runs/labels100-* runs/labels500-* runs/sweep-rm-lr
+    rlhf-jax stats runs/labels100-* runs/labels500-* runs/sweep-rm-lr
 
 Each ``DIR`` is a run directory (``config.yaml``, ``metrics.csv``) or a sweep directory
 (``sweep.yaml``, ``members.csv``: each of its members is one run). A run's score is its final
@@ -16,10 +16,8 @@ table like a sweep's ``results.md``. rliable comes with the ``stats`` extra.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -129,26 +127,3 @@ def table(groups: list[Group]) -> str:
         runs = f"{len(group.runs)}" + (f" (+{group.unscored} without a score)" if group.unscored else "")
         lines.append(f"| {group.label} | {runs} | {shown_steps} | {f'{e.mean:.1f}' if e else 'n/a'} | {shown_iqm(e)} |")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlhf_jax.compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("directories", nargs="+", metavar="RUN_OR_SWEEP_DIR")
-    parser.add_argument("--by", action="append", default=[], metavar="KEY",
-                        help="group by this config key alone (repeatable); default: by every key but seed, name, run.*")
-    args = parser.parse_args(argv)
-    try:
-        groups = compare(args.directories, args.by)
-    except (ConfigError, ImportError) as error:
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
-        return 2
-    print(table(groups))
-    left_out = sum(group.unscored for group in groups)
-    if left_out:
-        print(f"{left_out} run(s) left out of the statistics: their last chunk ended no episode, so they have "
-              f"no final true return")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -266,7 +266,7 @@ def flat_keys(data: dict, prefix: str = "") -> dict:
 
 
 class KeyInfo(typing.NamedTuple):
-    """One key of a config, as ``rlhf-jax train --list-keys`` shows it."""
+    """One key of a config, as ``rlhf-jax config keys`` shows it."""
 
     key: str  # dotted, as overrides name it: a2c.learning_rate
     type: str  # int, float, bool, str, one of a|b, list of int, ...

@@ -1,5 +1,5 @@
-"""The command line's config work needs no JAX: a mistake is said at once, ``--print-config`` and
-``--list-keys`` answer at once, and every argument has its help."""
+"""The command line's config work needs no JAX: a mistake is said at once, ``config show`` and
+``config keys`` answer at once, and every argument has its help."""
 import argparse
 import json
 import subprocess
@@ -46,8 +46,8 @@ def test_a_config_mistake_is_said_in_one_line_before_jax_is_imported(tmp_path, a
     assert not any(tmp_path.iterdir())  # nothing written
 
 
-def test_print_config_prints_the_resolved_config_without_jax(tmp_path):
-    code, jax_imported, out, _ = command("train", "--print-config", "a2c.gamma=0.9", "seed=7", cwd=tmp_path)
+def test_config_show_prints_the_resolved_config_without_jax(tmp_path):
+    code, jax_imported, out, _ = command("config", "show", "a2c.gamma=0.9", "seed=7", cwd=tmp_path)
     assert code == 0 and not jax_imported
     expected = load_config(ExperimentConfig, None, ["a2c.gamma=0.9", "seed=7"], default=DEFAULT_EXPERIMENT)
     assert yaml.safe_load(out) == to_dict(expected)
@@ -55,21 +55,23 @@ def test_print_config_prints_the_resolved_config_without_jax(tmp_path):
 
 
 def test_a_printed_config_is_a_config_file_that_builds_the_same_config(tmp_path, capsys):
-    assert main(["train", "--print-config", str(CONFIGS / "a2c_cartpole.yaml"), "env.num_envs=4"]) == 0
+    assert main(["config", "show", str(CONFIGS / "a2c_cartpole.yaml"), "env.num_envs=4"]) == 0
     (tmp_path / "printed.yaml").write_text(capsys.readouterr().out)
     assert (load_config(ExperimentConfig, tmp_path / "printed.yaml")
             == load_config(ExperimentConfig, CONFIGS / "a2c_cartpole.yaml", ["env.num_envs=4"]))
 
 
-def test_print_config_with_resume_prints_the_runs_config(tmp_path, capsys):
+def test_config_show_of_a_run_prints_the_runs_config(tmp_path, capsys):
     (tmp_path / "config.yaml").write_text("seed: 3\nagent: dqn\n")
-    assert main(["train", "--resume", str(tmp_path), "--print-config"]) == 0
+    assert main(["config", "show", "--run", str(tmp_path)]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed == to_dict(ExperimentConfig(seed=3, agent="dqn"))
+    assert main(["config", "show", "--run", str(tmp_path), "seed=4"]) == 2
+    assert "--run RUN_DIR shows the config a run was started with" in capsys.readouterr().err
 
 
-def test_list_keys_lists_every_key_with_its_default_type_and_comment_without_jax(tmp_path):
-    code, jax_imported, out, _ = command("train", "--list-keys", cwd=tmp_path)
+def test_config_keys_lists_every_key_with_its_default_type_and_comment_without_jax(tmp_path):
+    code, jax_imported, out, _ = command("config", "keys", cwd=tmp_path)
     assert code == 0 and not jax_imported
     listed = {line.split(" = ")[0]: line for line in out.splitlines() if not line.startswith(" ")}
     assert set(listed) == set(flat_keys(to_dict(ExperimentConfig())))
@@ -83,9 +85,10 @@ def test_list_keys_lists_every_key_with_its_default_type_and_comment_without_jax
     assert after.startswith("    ") and "steps per environment between updates" in after
 
 
-def test_list_keys_takes_nothing_else(capsys):
-    assert main(["train", "--list-keys", "seed=1"]) == 2
-    assert "--list-keys lists every key" in capsys.readouterr().err
+def test_config_keys_takes_nothing_else(capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["config", "keys", "seed=1"])
+    assert refused.value.code == 2 and "unrecognized arguments: seed=1" in capsys.readouterr().err
 
 
 def test_every_argument_of_every_command_has_its_help():

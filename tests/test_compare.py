@@ -1,4 +1,4 @@
-"""``python -m rlhf_jax.compare``: the IQM of final true returns with its stratified bootstrap
+"""``rlhf-jax stats``: the IQM of final true returns with its stratified bootstrap
 interval across separate runs and sweeps, on hand-made run and sweep directories."""
 import csv
 import math
@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("rliable", reason="rliable is not installed (the stats extra)")
 
-from rlhf_jax.compare import compare, main  # noqa: E402
+from rlhf_jax.cli import main as cli  # noqa: E402
+from rlhf_jax.compare import compare  # noqa: E402
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, to_dict  # noqa: E402
 from rlhf_jax.config_base import dump_yaml  # noqa: E402
 from rlhf_jax.statistics import interval_estimate  # noqa: E402
@@ -86,7 +87,7 @@ def test_by_groups_by_the_given_keys_alone(runs, tmp_path):
 
 
 def test_the_command_prints_a_table_and_mistakes_are_one_line(runs, tmp_path, capsys):
-    assert main([str(d) for d in runs]) == 0
+    assert cli(["stats", *map(str, runs)]) == 0
     out = capsys.readouterr().out
     expected = interval_estimate(np.array([[10.0], [20.0], [30.0], [1000.0]]))
     assert (f"| preferences.labels=100 | 4 | 2048 | 265.0 | 25.0 [{expected.iqm_low:.1f}, "
@@ -96,13 +97,13 @@ def test_the_command_prints_a_table_and_mistakes_are_one_line(runs, tmp_path, ca
     for words, named in [([str(tmp_path / "nowhere")], f"{tmp_path / 'nowhere'} does not exist"),
                          ([str(tmp_path)], f"{tmp_path} is neither a run directory"),
                          ([str(runs[0]), "--by", "preferences.label"], "--by preferences.label: no such config key")]:
-        assert main(words) == 2
+        assert cli(["stats", *words]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and named in err, err
 
 
-def test_it_runs_as_a_module(runs):
-    done = subprocess.run([sys.executable, "-m", "rlhf_jax.compare", *map(str, runs[:2])], capture_output=True,
+def test_it_runs_as_a_command(runs):
+    done = subprocess.run([sys.executable, "-m", "rlhf_jax.cli", "stats", *map(str, runs[:2])], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "| all runs | 2 | 2048 | 15.0 |" in done.stdout
