@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 
 import jax
@@ -118,6 +119,8 @@ def _train(config: ExperimentConfig | None, resume: str | Path | None, progress:
         score = driver.task_scorer()
 
         def report(done: ChunkDone) -> None:
+            if done.chunk == first_chunk:
+                bar.write(f"compiled and ran the first chunk in {done.seconds:.1f} s", file=sys.stdout)
             row = summarize(done.metrics, done.learned)
             row["steps_per_second"] = (row["env_steps"] - bar.n) / done.seconds
             if score is not None:

@@ -1,4 +1,5 @@
 """The Python API: rlhf_jax.train and rlhf_jax.load_run, and what load_run hands back."""
+import re
 import subprocess
 import sys
 
@@ -48,8 +49,10 @@ def test_a_run_on_the_true_reward_has_no_learned_reward(tmp_path, capsys):
     config = ExperimentConfig()  # the dataclass defaults: A2C on CartPole's own reward
     directory = rlhf_jax.train(config, ["a2c.total_env_steps=1024", "run.chunk_env_steps=1024",
                                         f"run.dir={tmp_path / 'rl'}", "run.tensorboard=false"], progress=False)
-    # The first chunk's compilation is announced, not waited through in silence.
-    assert "compiling the first chunk (this can take a minute) ..." in capsys.readouterr().out.splitlines()
+    # The first chunk's compilation is announced, not waited through in silence, and timed.
+    said = capsys.readouterr().out.splitlines()
+    assert "compiling the first chunk (this can take a minute) ..." in said
+    assert any(re.fullmatch(r"compiled and ran the first chunk in \d+\.\d s", line.strip("\r ")) for line in said), said
     run = rlhf_jax.load_run(directory)
     assert run.config.reward == "env" and run.learned_reward is None
     assert 0 < run.env_steps == run.metrics[-1]["env_steps"] <= 1024  # whole iterations of 5 steps x num_envs
