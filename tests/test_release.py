@@ -66,3 +66,29 @@ def test_the_changelog_has_an_entry_for_this_version():
     headings = [line for line in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8").splitlines()
                 if line.startswith("## ") and line != "## Unreleased"]
     assert headings and headings[0].startswith(f"## {PROJECT['version']} ")
+
+
+@pytest.mark.slow
+def test_the_wheel_and_the_sdist_build_and_pass_twine_check(tmp_path):
+    """``python -m build`` makes both from the source tree (in its own environment, with the
+    setuptools pyproject.toml asks for), ``twine check`` passes them, and the wheel carries the
+    package data a run reads."""
+    pytest.importorskip("build", reason="python -m build comes with the test extra")
+    pytest.importorskip("twine", reason="twine comes with the test extra")
+    import zipfile
+
+    out = tmp_path / "dist"
+    built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    version = PROJECT["version"]
+    wheel, sdist = out / f"rlhf_jax-{version}-py3-none-any.whl", out / f"rlhf_jax-{version}.tar.gz"
+    assert wheel.exists() and sdist.exists(), sorted(p.name for p in out.iterdir())
+    checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(wheel), str(sdist)],
+                             capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"rlhf_jax/configs/default.yaml", "rlhf_jax/cli.py"} <= names
+    assert any(name.startswith("rlhf_jax/feedback/static/") for name in names)
+    assert any(name.endswith(".dist-info/licenses/LICENSE") or name.endswith(".dist-info/LICENSE") for name in names)
+    assert not any(name.startswith(("tests/", "experiments/", "benchmarks/")) for name in names)
