@@ -110,3 +110,12 @@ def test_the_config_is_read_without_jax():
     script = "import sys, rlhf_jax.config, rlhf_jax.reward; rlhf_jax.reward.RewardModelConfig; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """`rlhf-jax config keys | head`: the pipe closes before the keys are written."""
+    child = subprocess.Popen([sys.executable, "-m", "rlhf_jax.cli", "config", "keys"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    child.stdout.close()  # the reader is gone before the first line
+    err = child.stderr.read()
+    assert child.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
