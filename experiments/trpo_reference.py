@@ -1,8 +1,8 @@
 """Our TRPO against a reference TRPO (sb3-contrib's), side by side on this machine.
 
-    python -m benchmarks.trpo_reference [--side ours|reference] [--tasks hopper,walker2d,halfcheetah,ant]
+    python -m experiments.trpo_reference [--side ours|reference] [--tasks hopper,walker2d,halfcheetah,ant]
                                         [--seeds 3] [--steps 1000000] [--ours-overrides KEY=VALUE ...]
-    python -m benchmarks.trpo_reference --report
+    python -m experiments.trpo_reference --report
 
 Figure 2's "RL" line is only a yardstick if it is as strong as the usual TRPO. This benchmark
 runs both on the standard Gymnasium v5 tasks (control cost kept, each task's own episode ends),
@@ -38,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import RESULTS, cpu_host
+from benchmarks.common import cpu_host
+from experiments.common import RESULTS
 from experiments.reproduce import PAPER, final_return, git_commit, load_ledger, run_or_resume_sweep, save_json
 
 POINTS = 25
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown task {unknown[0]!r}; the tasks are {', '.join(TASKS)}")
     path = ledger_path(args.side)
     provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
-                  "command": "python -m benchmarks.trpo_reference " + " ".join(argv or sys.argv[1:])}
+                  "command": "python -m experiments.trpo_reference " + " ".join(argv or sys.argv[1:])}
     if args.side == "reference":
         # seed by seed across the tasks, so that every task has a first comparison early
         for seed in range(args.seeds):
