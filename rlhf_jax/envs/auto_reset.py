@@ -81,6 +81,17 @@ def restart_where(restart: jax.Array, fresh: Any, old: Any) -> Any:
                         fresh, old)
 
 
+def restart_ended(restart: jax.Array, key: jax.Array, fresh: Callable[[jax.Array, Any], Any],
+                  after: Any) -> tuple[Any, jax.Array]:
+    """``(copies, key)``: the pytree ``after`` of ``[N, ...]`` leaves with the copies where ``restart``
+    taken from ``fresh(reset_key, after)`` (fresh copies in ``after``'s dtypes), made only when
+    some copy restarts, and the key to carry on with."""
+    key, reset_key = jax.random.split(key)
+    copies = jax.lax.cond(jnp.any(restart), lambda: restart_where(restart, fresh(reset_key, after), after),
+                          lambda: after)
+    return copies, key
+
+
 def oracle_reward(oracle: Optional[Oracle], obs: jax.Array, action: jax.Array, next_obs: jax.Array,
                   reward: jax.Array) -> jax.Array:
     """``[N]`` float32: the user's ``oracle`` of each copy's step, or the environment's ``reward`` without one."""

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.envs.auto_reset import (Oracle, check_fps, end_rules, first_step_info, oracle_reward,
-                                     restart_where, step_info)
+                                     restart_ended, step_info)
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 
@@ -103,9 +103,7 @@ class BraxEnv(Environment):
         reward = oracle_reward(self._oracle, inner.state.obs.astype(jnp.float32), action, obs, env_reward)
         ends = end_rules(self._config, reward, terminated, truncated, inner.failed)
 
-        key, reset_key = jax.random.split(inner.key)
-        state = jax.lax.cond(jnp.any(ends.restart),
-                             lambda: restart_where(ends.restart, self._fresh(reset_key, after), after), lambda: after)
+        state, key = restart_ended(ends.restart, inner.key, self._fresh, after)
         inner = BraxInner(state, jnp.where(ends.restart, 0, steps), key, ends.failed & ~ends.restart)
         info = step_info(self._oracle, ends.true_reward, ends.true_done, env_reward)
         ignored = jnp.zeros_like(terminated)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhf_jax.envs.auto_reset import (Oracle, check_fps, end_rules, first_step_info, oracle_reward,
-                                     restart_where, step_info)
+                                     restart_ended, step_info)
 from rlhf_jax.envs.core import Box, Discrete, Environment, EnvSpec, TimeStep, first_timestep
 from rlhf_jax.envs.options import EnvConfig, reject_options
 from rlhf_jax.errors import ConfigError
@@ -176,11 +176,7 @@ class JumanjiEnv(Environment):
         reward = oracle_reward(self._oracle, inner.obs, action, obs, env_reward)
         ends = end_rules(self._config, reward, terminated, truncated, inner.failed)
 
-        key, reset_key = jax.random.split(inner.key)
-        state, next_obs = jax.lax.cond(
-            jnp.any(ends.restart),
-            lambda: restart_where(ends.restart, self._fresh(reset_key, (state, obs)), (state, obs)),
-            lambda: (state, obs))
+        (state, next_obs), key = restart_ended(ends.restart, inner.key, self._fresh, (state, obs))
         inner = JumanjiInner(state, next_obs, jnp.where(ends.restart, 0, steps), key, ends.failed & ~ends.restart)
         info = step_info(self._oracle, ends.true_reward, ends.true_done, env_reward)
         ignored = jnp.zeros_like(terminated)
