@@ -6,6 +6,7 @@ import os
 import sys
 
 import rlhf_jax
+from rlhf_jax.config_base import config_and_overrides
 from rlhf_jax.errors import ConfigError, RunError
 
 
@@ -124,41 +125,37 @@ def start_distributed(coordinator: str, num_processes: int, process_id: int) -> 
     jax.distributed.initialize(coordinator, num_processes, process_id)
 
 
-def check_first_member(words: list[str]) -> None:
-    """Build the config of a sweep's first member (its file, its overrides, the first value of
-    each swept key), without JAX: what a sweep would refuse at its start (a missing file, an
-    unknown key, a bad value) is said before JAX is imported. :mod:`rlhf_jax.sweep` checks every
-    member again."""
+def sweep_definition(words: list[str]) -> tuple[dict, dict[str, list]]:
+    """A new sweep's base config and swept keys (``[CONFIG] key=value ... key=v1,v2 ...``), its first
+    member's config built on the way, without JAX: what the sweep would refuse at its start (a
+    missing file, an unknown key, a bad value) is said before JAX is imported.
+    :mod:`rlhf_jax.sweep` checks every member again."""
     from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build, read_yaml
+    from rlhf_jax.config_base import override, split_sweep_words
 
-    config = words[0] if words and "=" not in words[0] else None
-    first = []  # each word as the first member has it: key=v1,v2 -> key=v1
-    for word in words[1 if config else 0:]:
-        key, sep, text = word.partition("=")
-        first.append(f"{key}={text.split(',')[0]}" if sep else word)
-    build(ExperimentConfig, apply_overrides(read_yaml(config) if config else DEFAULT_EXPERIMENT, first))
+    config, overrides, swept = split_sweep_words(words)
+    base = apply_overrides(read_yaml(config) if config else DEFAULT_EXPERIMENT, overrides)
+    build(ExperimentConfig, apply_overrides(base, [override(key, values[0]) for key, values in swept.items()]))
+    return base, swept
 
 
 def cmd_sweep(args) -> None:
     from pathlib import Path
 
-    if not args.resume:
-        check_first_member(args.words)
+    if args.resume:
+        if args.words:
+            raise ConfigError("--resume continues a sweep with its saved definition: give no CONFIG or keys")
+    else:
+        if args.coordinator and not args.dir:
+            raise ConfigError("a sweep over several processes needs --dir: one directory all of them share")
+        base, swept = sweep_definition(args.words)
     if args.coordinator:  # before rlhf_jax's modules: importing them starts JAX's backend
         start_distributed(args.coordinator, args.num_processes, args.process_id)
     from rlhf_jax import sweep
 
     if args.resume:
-        if args.words:
-            raise ConfigError("--resume continues a sweep with its saved definition: give no CONFIG or keys")
         run = sweep.Sweep.load(Path(args.resume))
     else:
-        from rlhf_jax.config import DEFAULT_EXPERIMENT, apply_overrides, read_yaml
-
-        if args.coordinator and not args.dir:
-            raise ConfigError("a sweep over several processes needs --dir: one directory all of them share")
-        config, overrides, swept = sweep.split_sweep_words(args.words)
-        base = apply_overrides(read_yaml(config) if config else DEFAULT_EXPERIMENT, overrides)
         directory = Path(args.dir) if args.dir else sweep.sweep_directory(base)
         run = sweep.Sweep.create(directory, base, swept, args.seeds)
     directory = run.run()
@@ -250,13 +247,6 @@ def config_number(key: str, what: str):
 
 
 episodes = config_number("run.eval_episodes", "the number of episodes")
-
-
-def split_config_and_overrides(args) -> None:
-    """``train [CONFIG] [key=value ...]``: the first word is a config file unless it has an '='."""
-    words = args.words
-    args.config = words[0] if words and "=" not in words[0] else None
-    args.overrides = words[1:] if args.config else words
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -359,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.words = [*args.words, *extra]
     if hasattr(args, "words") and args.command in ("train", "config"):
-        split_config_and_overrides(args)
+        args.config, args.overrides = config_and_overrides(args.words)
     command = " ".join(filter(None, (args.command, getattr(args, "labels_command", None),
                                      getattr(args, "config_command", None))))
     try:

@@ -242,6 +242,40 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def config_and_overrides(words: list[str]) -> tuple[str | None, list[str]]:
+    """A command's ``[CONFIG] [key=value ...]``: the first word is a config file unless it has an '='."""
+    config = words[0] if words and "=" not in words[0] else None
+    return config, words[1:] if config else words
+
+
+def split_sweep_words(words: list[str]) -> tuple[str | None, list[str], dict[str, list]]:
+    """A sweep's ``[CONFIG] key=value ... key=v1,v2 ...`` -> (config file, overrides, swept key -> values)."""
+    config, words = config_and_overrides(words)
+    overrides, swept = [], {}
+    for word in words:
+        key, sep, text = word.partition("=")
+        if not sep:
+            raise ConfigError(f"{word!r} must look like key=value or key=v1,v2,...")
+        if "," in text:
+            if key in swept:
+                raise ConfigError(f"{key} is swept twice")
+            values = [parse_value(part, f"swept key {key}") for part in text.split(",")]
+            twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if twice is not None:  # its runs would run twice
+                raise ConfigError(f"{word} gives {twice} twice")
+            swept[key] = values
+        else:
+            overrides.append(word)
+    if "seed" in swept:
+        raise ConfigError("sweep seeds with --seeds N, not seed=a,b")
+    return config, overrides, swept
+
+
+def override(key: str, value) -> str:
+    """The ``key=value`` override that sets ``key`` to ``value`` (:func:`apply_overrides` reads it back)."""
+    return f"{key}={dump_yaml(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+
+
 def parse_value(text: str, where: str):
     """The value ``text`` names, read as YAML (:func:`parse_yaml`), or a one-line error naming ``where``."""
     try:

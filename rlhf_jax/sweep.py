@@ -52,7 +52,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
-from rlhf_jax.config_base import dump_yaml, is_in_state, parse_value
+from rlhf_jax.config_base import dump_yaml, is_in_state, override
 from rlhf_jax.driver import Driver
 from rlhf_jax.errors import ConfigError, RunError
 from rlhf_jax.host_loop import ChunkDone, run_chunks, summarize
@@ -77,34 +77,10 @@ class Member:
     values: tuple[tuple[str, object], ...]
 
     def overrides(self) -> list[str]:
-        return [f"{key}={dump_yaml(value, default_flow_style=True).strip().removesuffix('...').strip()}"
-                for key, value in self.values] + [f"seed={self.seed}"]
+        return [override(key, value) for key, value in self.values] + [f"seed={self.seed}"]
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in self.values) or "base"
-
-
-def split_sweep_words(words: list[str]) -> tuple[str | None, list[str], dict[str, list]]:
-    """``[CONFIG] key=value ... key=v1,v2 ...`` -> (config file, overrides, swept key -> values)."""
-    config = words[0] if words and "=" not in words[0] else None
-    overrides, swept = [], {}
-    for word in words[1 if config else 0:]:
-        key, sep, text = word.partition("=")
-        if not sep:
-            raise ConfigError(f"{word!r} must look like key=value or key=v1,v2,...")
-        if "," in text:
-            if key in swept:
-                raise ConfigError(f"{key} is swept twice")
-            values = [parse_value(part, f"swept key {key}") for part in text.split(",")]
-            twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
-            if twice is not None:  # its runs would run twice
-                raise ConfigError(f"{word} gives {twice} twice")
-            swept[key] = values
-        else:
-            overrides.append(word)
-    if "seed" in swept:
-        raise ConfigError("sweep seeds with --seeds N, not seed=a,b")
-    return config, overrides, swept
 
 
 def make_groups(base: dict, swept: dict[str, list], seeds: int) -> list[list[Member]]:

@@ -20,7 +20,8 @@ from rlhf_jax.config import ExperimentConfig, apply_overrides, build, flat_keys,
 from rlhf_jax.config_base import is_in_state
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.statistics import interval_estimate
-from rlhf_jax.sweep import Sweep, make_groups, member_config, split_sweep_words, write_results
+from rlhf_jax.config_base import split_sweep_words
+from rlhf_jax.sweep import Sweep, make_groups, member_config, write_results
 from rlhf_jax.driver import Driver
 from rlhf_jax.trainer import train
 
