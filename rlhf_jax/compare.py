@@ -53,18 +53,16 @@ def read_runs(directory: str | Path) -> list[Scored]:
     from rlhf_jax.config_base import CONFIG_FILE
     from rlhf_jax.metrics_log import MetricsLog, judged_return
     from rlhf_jax.run_dir import load_run_config
-
-    from rlhf_jax.sweep import SWEEP_FILE, Sweep
+    from rlhf_jax.sweep import SWEEP_FILE, Sweep, last_row
 
     directory = Path(directory)
     if (directory / SWEEP_FILE).is_file():
         sweep = Sweep.load(directory)
         members = {m.index: m for group in sweep.groups for m in group}
-        last = {}
+        rows: dict[int, list[dict]] = {}
         for row in sweep.rows():
-            member = int(row["member"])
-            if member not in last or row["chunk"] >= last[member]["chunk"]:
-                last[member] = row
+            rows.setdefault(int(row["member"]), []).append(row)
+        last = {member: last_row(member_rows) for member, member_rows in rows.items()}
         if not last:
             raise ConfigError(f"{directory} holds a sweep without rows in members.csv: none of its runs has "
                               f"finished a chunk")

@@ -426,7 +426,7 @@ def write_results(directory: Path, rows: list[dict], swept_keys: list[str]) -> N
     table = []
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for label, members in by_label.items():
-        finals = [sorted(r, key=lambda r: r["chunk"])[-1] for r in members.values()]
+        finals = [last_row(r) for r in members.values()]
         returns = np.array([judged_return(f) for f in finals])
         table.append({"combination": label, "seeds": len(finals),
                       "final_true_return_mean": float(np.nanmean(returns)),
@@ -465,9 +465,14 @@ def write_results(directory: Path, rows: list[dict], swept_keys: list[str]) -> N
     print("\n".join(lines), flush=True)
 
 
+def last_row(rows: list[dict]) -> dict:
+    """A member's row of its last chunk (of ``rows``, its rows)."""
+    return max(rows, key=lambda r: r["chunk"])
+
+
 def final_returns(members: dict[int, list[dict]]) -> np.ndarray:
     """Each member's true return in its last chunk, those whose last chunk ended no episode left out."""
-    returns = np.array([judged_return(max(rows, key=lambda r: r["chunk"])) for rows in members.values()])
+    returns = np.array([judged_return(last_row(rows)) for rows in members.values()])
     return returns[np.isfinite(returns)]
 
 
