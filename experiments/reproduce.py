@@ -391,11 +391,13 @@ def fingerprint_of(config: ExperimentConfig) -> str:
 
 def curve_of(rows: list[dict]) -> dict:
     """A run's rows (one per chunk) as the lists a ledger record keeps (NaN, a chunk where no
-    episode ended, as None). ``episode_return`` is the return on the task itself: the run's
-    ``task_return`` where it scored one (``run.score_on_task``: its training episodes are not
-    the task's), its training episodes' true return otherwise, kept then as ``training_return``."""
+    episode ended, as None), with each chunk's ended episodes and env steps/s where the rows
+    have them. ``episode_return`` is the return on the task itself: the run's ``task_return``
+    where it scored one (``run.score_on_task``: its training episodes are not the task's), its
+    training episodes' true return otherwise, kept then as ``training_return``."""
     column = lambda values: [None if math.isnan(v) else v for v in values]
-    curve = {key: column(r[key] for r in rows) for key in ("env_steps", "labels", "reward_accuracy")
+    curve = {key: column(r[key] for r in rows)
+             for key in ("env_steps", "labels", "reward_accuracy", "episodes", "steps_per_second")
              if rows and key in rows[0]}
     if rows:
         curve["episode_return"] = column(judged_return(r) for r in rows)

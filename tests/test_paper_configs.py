@@ -32,6 +32,7 @@ def load(path, overrides=()):
 def test_configs_paper_holds_every_experiment_and_nothing_else():
     expected = {f"atari/{g}{suffix}.yaml" for g in GAMES for suffix in ("", "_a2c", "_dqn")}
     expected |= {f"mujoco/{t}{suffix}.yaml" for t in MUJOCO for suffix in ("", "_trpo")}
+    expected |= {"atari/pong_acer.yaml"}  # experiments/atari_pong.py's ACER line
     assert {str(p.relative_to(PAPER)) for p in PAPER.glob("*/*.yaml")} == expected
     assert (PAPER / "README.md").is_file() and (PAPER / "ablations.yaml").is_file()
 
@@ -105,6 +106,14 @@ def test_atari_rl_baselines_are_mnih(game):
     assert (d.epsilon_start, d.epsilon_end, d.exploration_steps, d.replay_start) == (1.0, 0.1, 1_000_000, 50_000)
     assert (d.update_period, d.reward_clip, d.huber_delta, d.eval_epsilon, d.double_q) == (4, 1.0, 1.0, 0.05, False)
     assert true_reward_env_config(dqn).episodic_life  # a lost life ends DQN's episode
+
+
+def test_pong_acer_is_wang_et_al_with_mnih_wrappers():
+    acer = load(PAPER / "atari/pong_acer.yaml")
+    assert (acer.agent, acer.reward, acer.env.id, acer.env.num_envs) == ("acer", "env", "envpool/Pong-v5", 16)
+    assert acer.env.episodic_life and acer.acer.reward_clip == 1.0 and acer.acer.network == "a3c"
+    a = acer.acer
+    assert (a.num_steps, a.replay_ratio, a.truncation, a.trust_region_delta, a.average_decay) == (20, 4.0, 10.0, 1.0, 0.99)
 
 
 @pytest.mark.parametrize("task", MUJOCO)

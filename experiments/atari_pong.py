@@ -1,0 +1,253 @@
+"""Pong learned on a CPU: A2C, DQN and ACER on the score, and A2C from 3,300 synthetic preferences.
+
+    python -m experiments.atari_pong [--dry-run] [--lines a2c,preferences,acer,dqn] [--runs-dir runs/atari_pong]
+    python -m experiments.atari_pong --report
+
+The design below (:data:`LINES`, :data:`ENV_STEPS`, the seeds and the targets) was fixed and
+committed before any of its runs. Each line is the paper's config, every setting the paper's:
+
+* **A2C on the score** (``configs/paper/atari/pong_a2c.yaml``: Christiano et al.'s A2C, Mnih et
+  al. 2016's synchronous form with the Nature CNN), 3 seeds;
+* **A2C from 3,300 synthetic labels** (``configs/paper/atari/pong.yaml`` with
+  ``preferences.labels=3300``: the score hidden, no episode ends, the reward CNN ensemble fitted
+  to the oracle's choices, 500 labels from the untrained policy and 200 epochs of pretraining,
+  the label rate proportional to 5e6 / (T + 5e6), the newest 3,000 labels), 2 seeds;
+* **ACER on the score** (``pong_acer.yaml``, Wang et al. 2016), 1 seed;
+* **DQN on the score** (``pong_dqn.yaml``, every setting Mnih et al. 2015's), 1 seed.
+
+**The budget**: 10M env steps (agent steps of 4 frames, summed over the 16 environments) for
+every line, the same for A2C on the score and from preferences. What the published curves lead
+one to expect at 10M on Pong (NoFrameskip-v4; read from the curves, so approximate):
+OpenAI Baselines' A2C, mean of 6 runs, +18 at 7.8M and 18.5 at 10M; its ACER +18 at 5.8M and
+19.5 at 10M (``benchmarks_atari10M`` of openai/baselines); a reproduction of the preference
+method with A2C and synthetic labels (mrahtz/learning-from-human-preferences) near +18 at
+about 10M. DQN at Mnih et al. 2015's settings is slower: Dopamine's DQN with Nature-like
+settings (and sticky actions, which make Pong harder) averages 10.0 at 10M and 16.6 at 50M
+over 5 runs, and none of the Nature paper's curves is Pong's; so DQN is not expected to reach
++18 in this budget, and is run at it so that the four lines share one axis.
+
+**Seeds** 100 and up: no Atari run of this length has been made before.
+
+**Targets** (:func:`report`): A2C on the score at least +18 on every seed; DQN and ACER at least
++18; A2C from preferences at least 0.8 of A2C's gain on the score at the same env steps, from
+the untrained policy's score (its mean over the A2C runs' first chunks), with a 95% bootstrap
+interval over the seeds of both lines. A final score is the mean return of the last 100
+episodes: the smallest tail of whole chunks that holds 100 ended episodes, each chunk's mean
+weighted by its episodes.
+
+Runs go one at a time in :data:`LINES`' order, seed by seed (``--lines`` picks lines), each
+``rlhf-jax train`` of its config in ``<runs-dir>/pong/<line>/seed<k>-<fingerprint>/``,
+checkpointed every chunk of 50,000 env steps: the same command goes on from the newest
+checkpoint after a stop, and skips runs the ledger holds
+(:func:`experiments.reproduce.execute`). Each finished run goes into
+``experiments/results/atari_pong_runs.json`` with its command, commit and host, and the
+report is written again: ``atari_pong.json`` (per line each seed's final score, env steps and
+hours, the targets) and ``atari_pong.png`` (per line the true score against env steps and
+against the hours of training, each seed thin, the mean bold). ``--dry-run`` prints each
+remaining run's ``rlhf-jax train`` command and its expected wall time on this CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from benchmarks.common import cpu_host, enable_compilation_cache
+from experiments.common import RESULTS, write_result
+from experiments.protocol import gain_ratio_estimate
+from experiments.reproduce import (PAPER, Kind, Run, _duration, execute, fingerprint_of, git_commit, load_ledger, run_command,
+                                   run_config)
+from rlhf_jax.errors import ConfigError, Interrupted
+
+ENV_STEPS = 10_000_000
+TASK = "pong"
+LEDGER = RESULTS / "atari_pong_runs.json"
+LAST_EPISODES = 100
+SCORE_TARGET = 18.0
+GAIN_TARGET = 0.8
+
+
+class Line(NamedTuple):
+    """One line of the design: a config, its seeds, and what it is expected to reach."""
+
+    name: str  # what --lines calls it
+    title: str  # the ledger's line and the figure's label
+    kind: Kind
+    config: Path
+    overrides: tuple[str, ...]
+    seeds: tuple[int, ...]
+    steps_per_second: float  # measured on this 2-core CPU (see ``expected_hours``)
+
+
+ATARI = PAPER / "atari"
+# Env steps/s on the 2-core AMD EPYC this design was written on, for the expected wall times:
+# A2C and the preference loop as measured (benchmarks/results/agent_throughput.json,
+# rlhf_pong.json); DQN and ACER from their measured gradient steps (agent_throughput.json:
+# DQN's 16.4 ms every 4 env steps; ACER's 171 ms, 5 of them, 1 on-policy and 4 replayed,
+# per 16 x 20 env steps), acting and the environments left out.
+LINES = (
+    Line("a2c", "A2C on the score", Kind.BASELINE, ATARI / "pong_a2c.yaml", (), (100, 101, 102), 1_200.0),
+    Line("preferences", "A2C from 3,300 synthetic labels", Kind.LABELS, ATARI / "pong.yaml",
+         ("preferences.labels=3300",), (100, 101), 140.0),
+    Line("acer", "ACER on the score", Kind.BASELINE, ATARI / "pong_acer.yaml", (), (100,), 370.0),
+    Line("dqn", "DQN on the score", Kind.BASELINE, ATARI / "pong_dqn.yaml", (), (100,), 240.0),
+)
+LINE_NAMES = {line.name: line for line in LINES}
+
+
+def plan(lines: list[Line]) -> list[Run]:
+    """Every run, seed by seed in the order of :data:`LINES` (the first seed of each line before any second)."""
+    most = max(len(line.seeds) for line in lines)
+    return [Run(TASK, line.title, line.kind, line.seeds[index], line.config, line.overrides)
+            for index in range(most) for line in lines if index < len(line.seeds)]
+
+
+def expected_hours(line: Line) -> float:
+    """Wall hours of one run of ``line`` at its measured rate, on the idle CPU."""
+    return ENV_STEPS / line.steps_per_second / 3600
+
+
+# ------------------------------------------------------------------------ the report
+def final_score(episodes: list[float], returns: list[float | None], last: int = LAST_EPISODES) -> float | None:
+    """The mean return of the last ``last`` episodes, from chunks' episode counts and mean returns:
+    the smallest tail of whole chunks holding ``last`` episodes (all of them where fewer ended),
+    each chunk's mean weighted by its episodes."""
+    total, weighted = 0.0, 0.0
+    for count, value in zip(reversed(episodes), reversed(returns)):
+        if count and value is not None:
+            total, weighted = total + count, weighted + count * value
+        if total >= last:
+            break
+    return weighted / total if total else None
+
+
+def hours_of(record: dict) -> list[float]:
+    """The training hours at the end of each chunk: its env steps over the chunk's steps/s, summed
+    (compiling and saving aside)."""
+    steps = np.diff([0.0, *record["env_steps"]])
+    rates = np.asarray([math.nan if r is None else r for r in record["steps_per_second"]], float)
+    return list(np.cumsum(np.where(np.isfinite(rates), steps / rates, 0.0)) / 3600)
+
+
+def report(ledger: dict) -> dict:
+    """Per line each seed's final score, env steps and hours; the targets, as the docstring states them."""
+    lines = {}
+    for line in LINES:
+        records = sorted((r for r in ledger["runs"].values() if r["line"] == line.title), key=lambda r: r["seed"])
+        lines[line.name] = {
+            "title": line.title, "seeds_planned": list(line.seeds), "seeds": [r["seed"] for r in records],
+            "final_score": [final_score(r["episodes"], r["episode_return"]) for r in records],
+            "env_steps": [r["env_steps"][-1] for r in records], "hours": [round(hours_of(r)[-1], 2) for r in records],
+            "commits": sorted({r.get("commit", "") for r in records})}
+        scores = [s for s in lines[line.name]["final_score"] if s is not None]
+        lines[line.name]["mean_final_score"] = float(np.mean(scores)) if scores else None
+    a2c = [r for r in ledger["runs"].values() if r["line"] == LINE_NAMES["a2c"].title]
+    start = float(np.mean([r["episode_return"][0] for r in a2c if r["episode_return"][0] is not None])) if a2c else None
+    targets = {}
+    for name in ("a2c", "acer", "dqn"):
+        scores = lines[name]["final_score"]
+        finished = len(scores) == len(LINE_NAMES[name].seeds) and all(s is not None for s in scores)
+        targets[name] = {"rule": f"final score >= {SCORE_TARGET:g} on every seed", "finished": finished,
+                         "met": finished and min(scores) >= SCORE_TARGET}
+    preferences = [s for s in lines["preferences"]["final_score"] if s is not None]
+    rl = [s for s in lines["a2c"]["final_score"] if s is not None]
+    ratio = gain_ratio_estimate(preferences, rl, start) if preferences and rl and start is not None else None
+    finished = targets["a2c"]["finished"] and len(preferences) == len(LINE_NAMES["preferences"].seeds)
+    targets["preferences"] = {
+        "rule": f"gain over the untrained score >= {GAIN_TARGET:g} of A2C's on the score, by the mean",
+        "untrained_score": start, "gain_ratio": None if ratio is None else ratio.mean,
+        "gain_ratio_interval": None if ratio is None else [ratio.mean_low, ratio.mean_high],
+        "gain_ratio_per_seed": None if ratio is None else list(ratio.per_seed),
+        "finished": finished, "met": finished and ratio is not None and ratio.mean >= GAIN_TARGET}
+    return {"env_steps_budget": ENV_STEPS, "last_episodes": LAST_EPISODES, "lines": lines, "targets": targets}
+
+
+def plot(ledger: dict, path: Path) -> None:
+    """Per line (a column) the true score against env steps (top) and against training hours (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, len(LINES), figsize=(4 * len(LINES), 6.5), squeeze=False, sharey=True)
+    for column, line in enumerate(LINES):
+        records = sorted((r for r in ledger["runs"].values() if r["line"] == line.title), key=lambda r: r["seed"])
+        for row, axis_of in enumerate((lambda r: np.asarray(r["env_steps"], float) / 1e6, lambda r: np.asarray(hours_of(r)))):
+            ax = axes[row, column]
+            curves = []
+            for record in records:
+                score = np.asarray([np.nan if v is None else v for v in record["episode_return"]], float)
+                ax.plot(axis_of(record), score, linewidth=0.7, alpha=0.6, label=f"seed {record['seed']}")
+                curves.append((axis_of(record), score))
+            if len(curves) > 1:
+                length = min(len(x) for x, _ in curves)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    mean = np.nanmean([s[:length] for _, s in curves], 0)
+                ax.plot(np.mean([x[:length] for x, _ in curves], 0), mean, color="black", linewidth=2, label="mean")
+            ax.axhline(SCORE_TARGET, color="gray", linestyle=":", linewidth=0.8)
+            ax.set_xlabel("env steps (millions)" if row == 0 else "hours of training on this CPU")
+            if row == 0:
+                ax.set_title(line.title, fontsize=10)
+            if column == 0:
+                ax.set_ylabel("true score (episode return)")
+            if records:
+                ax.legend(fontsize=7)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def publish(ledger: dict) -> dict:
+    result = report(ledger)
+    plot(ledger, RESULTS / "atari_pong.png")
+    write_result("atari_pong", result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lines", help=f"comma-separated, in the design's order (default all): {', '.join(LINE_NAMES)}")
+    parser.add_argument("--runs-dir", default="runs/atari_pong")
+    parser.add_argument("--dry-run", action="store_true", help="print the remaining runs' commands and times; run nothing")
+    parser.add_argument("--report", action="store_true", help="write the report from the ledger; run nothing")
+    args = parser.parse_args(argv)
+    names = args.lines.split(",") if args.lines else list(LINE_NAMES)
+    unknown = [name for name in names if name not in LINE_NAMES]
+    if unknown:
+        raise SystemExit(f"--lines: no line {unknown[0]!r}; the lines are {', '.join(LINE_NAMES)}")
+    if args.report:
+        publish(load_ledger(LEDGER))
+        return
+    lines = [line for line in LINES if line.name in names]
+    runs, runs_dir = plan(lines), Path(args.runs_dir)
+    if args.dry_run:
+        ledger = load_ledger(LEDGER)
+        for run in runs:
+            config = run_config(run, ENV_STEPS, 0, runs_dir)
+            if run.key in ledger["runs"] and ledger["runs"][run.key].get("fingerprint") == fingerprint_of(config):
+                continue
+            line = next(line for line in lines if line.title == run.line)
+            print(f"# {run.line}, seed {run.seed}: about {_duration(expected_hours(line) * 3600)} on this CPU")
+            print(run_command(run, config))
+        return
+    enable_compilation_cache()
+    provenance = {"command": "python -m experiments.atari_pong " + " ".join(argv), **git_commit(), **cpu_host()}
+    try:
+        execute(runs, LEDGER, runs_dir, ENV_STEPS, after_run=publish, provenance=provenance)
+    except (Interrupted, KeyboardInterrupt):
+        print("stopped: the same command goes on from the newest checkpoint", flush=True)
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+if __name__ == "__main__":
+    main()
