@@ -223,6 +223,34 @@ def test_validation_scores_each_label_held_once(trained):
     np.testing.assert_allclose(val, [l[h].mean() for l, h in zip(losses, held_out)], rtol=1e-5)
 
 
+def _losses_on_rows(state, labels, rows):
+    """Each member's mean pair loss over its training and its held-out rows among ``rows``
+    (repeats counted as often as they come), worked out in NumPy from the members' returns."""
+    obs, action = labels.observations(rows), labels.action[rows]
+    returns = np.asarray(ensemble.member_returns(state, CONFIG, SPEC, obs, action)).sum(-1)  # [M, rows, 2]
+    losses = np.stack([np.asarray(preference_loss(r[:, 0], r[:, 1], labels.mu[rows], CONFIG.random_answer_prob))
+                       for r in returns])
+    held_out = np.asarray(labels.holdout[rows]).T
+    return [l[~h].mean() for l, h in zip(losses, held_out)], [l[h].mean() for l, h in zip(losses, held_out)]
+
+
+def test_validation_scores_every_label_up_to_max_rows_and_a_sample_past_it(trained):
+    """Below ``max_rows`` held labels every one is scored, as with the whole capacity; past it,
+    ``max_rows`` rows drawn with replacement by the key, the same rows for every member."""
+    state, _, labels = trained
+    labels = labels.replace(ring=labels.ring._replace(size=jnp.asarray(150, jnp.int32)))
+    key = jax.random.key(5)
+    whole = validation_losses(state, CONFIG, SPEC, labels, key, CAPACITY)
+    np.testing.assert_array_equal(validation_losses(state, CONFIG, SPEC, labels, key, 160), whole)
+    train, val = validation_losses(state, CONFIG, SPEC, labels, key, 100)
+    rows, _ = ensemble.sample_training_rows(key, jnp.zeros((CAPACITY,), bool), jnp.asarray(150), 100)
+    assert int(rows.max()) < 150 and len(set(np.asarray(rows).tolist())) < 100  # drawn with replacement
+    expected_train, expected_val = _losses_on_rows(state, labels, rows)
+    np.testing.assert_allclose(train, expected_train, rtol=1e-5)
+    np.testing.assert_allclose(val, expected_val, rtol=1e-5)
+    assert not np.allclose(val, whole[1], rtol=1e-3)
+
+
 # --- Members written out, not vmapped ------------------------------------------------
 
 

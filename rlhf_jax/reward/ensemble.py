@@ -432,16 +432,16 @@ def validation_losses(
     """Each member's mean loss on its training rows and on its held-out rows.
 
     Evaluated alike for both (evaluation mode: no dropout, running batch-norm averages;
-    no l2 term), so their ratio measures overfitting only. Shapes are fixed by
-    ``max_rows`` (static):
+    no l2 term), so their ratio measures overfitting only. At most ``max_rows`` (static)
+    label rows are scored:
 
-    * ``max_rows >= labels.capacity``: every row below ``count`` is scored once (exact);
-    * otherwise a uniform random sample of ``max_rows`` valid rows, with replacement,
-      shared by all members; each member weights it by its own split.
+    * while the ring holds at most ``max_rows`` labels, every one of them, once (exact);
+    * past that, a uniform random sample of ``max_rows`` of them, with replacement, shared
+      by all members; each member weights it by its own split.
 
     Rows go through the network ``batch_size`` pairs at a time, so memory does not grow
     with ``max_rows``, and only as many batches as hold a valid row are scored: the cost
-    follows the labels held, not the buffer's capacity (3,000 on Atari).
+    follows the labels held, up to ``max_rows``, not the buffer's capacity (3,000 on Atari).
 
     Returns:
       ``(train_loss [M], val_loss [M])``. A member with no held-out (or no training)
@@ -449,17 +449,16 @@ def validation_losses(
     """
     chex.assert_shape(labels.holdout, (labels.capacity, config.ensemble_size))
     network = _network(config, spec)
-    batch = config.batch_size
-    exact = max_rows >= labels.capacity
-    if exact:
-        rows = jnp.arange(labels.capacity, dtype=jnp.int32)
-    else:
-        nobody = jnp.zeros((labels.capacity,), bool)
-        rows, _ = sample_training_rows(key, nobody, labels.ring.size, max_rows)
-    chunks = -(-rows.shape[0] // batch)
-    padded = jnp.concatenate([rows, jnp.zeros((chunks * batch - rows.shape[0],), jnp.int32)]).reshape(chunks, batch)
+    batch, count = config.batch_size, labels.ring.size
+    size = min(max_rows, labels.capacity)
+    exact = count <= size
+    nobody = jnp.zeros((labels.capacity,), bool)
+    sampled, _ = sample_training_rows(key, nobody, count, size)
+    rows = jnp.where(exact, jnp.arange(size, dtype=jnp.int32), sampled)
+    chunks = -(-size // batch)
+    padded = jnp.concatenate([rows, jnp.zeros((chunks * batch - size,), jnp.int32)]).reshape(chunks, batch)
     # Exact: rows are in order, so the first ceil(count / batch) batches hold every valid one.
-    scored = jnp.minimum(-(-labels.ring.size // batch), chunks) if exact else jnp.where(labels.ring.size > 0, chunks, 0)
+    scored = jnp.where(exact, jnp.minimum(-(-count // batch), chunks), chunks)
 
     def add_chunk(i, sums):  # sums: (train_sum, train_n, val_sum, val_n), each [M]
         chunk_rows = padded[i]
@@ -471,7 +470,7 @@ def validation_losses(
             return _pair_losses(config, rewards, labels, chunk_rows)
 
         losses = over_members(member_losses, state.params, state.batch_stats)  # [M, batch]
-        valid = ((i * batch + jnp.arange(batch)) < rows.shape[0]) & (chunk_rows < labels.ring.size)
+        valid = ((i * batch + jnp.arange(batch)) < size) & (chunk_rows < count)
         held_out = labels.holdout[chunk_rows].T  # [M, batch]
         train_w = (valid[None] & ~held_out).astype(jnp.float32)
         val_w = (valid[None] & held_out).astype(jnp.float32)
