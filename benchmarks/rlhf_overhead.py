@@ -8,10 +8,8 @@ cutting of segments, the queries, the oracle, and the ensemble's fitting
 (``fit_pairs_per_env_step`` pairs per env step, the paper's 0.1 by default). The set-up
 before RL (the untrained policy's labels, pretraining) is left out of both.
 
-Key ``rlhf_over_true_reward`` (CartPole A2C; target >= 0.8) and ``pong_rlhf_over_true_reward``
-(A2C on Pong through EnvPool with the paper's Atari reward CNN; beside it the Pong loop with
-no fitting, ``pong_no_fitting_steps_per_s``). Beside the CartPole ratio:
-the same loop with no fitting (``fit_pairs_per_env_step=0``), and the arithmetic each side
+Key ``rlhf_over_true_reward`` (CartPole A2C; target >= 0.8; Pong, at the paper's settings, is
+``benchmarks/rlhf_pong.py``). Beside the ratio: the same loop with no fitting (``fit_pairs_per_env_step=0``), and the arithmetic each side
 does per env step as XLA's cost analysis counts it, which bounds the ratio on any machine
 where arithmetic, not the sequence of small steps, sets the pace.
 """
@@ -77,7 +75,6 @@ def flops_per_env_step(learned, true) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small budgets: about a minute on 2 CPU cores")
-    parser.add_argument("--no-atari", action="store_true", help="leave out Pong")
     args = parser.parse_args()
     enable_compilation_cache()
     results: dict = {}
@@ -95,32 +92,15 @@ def main() -> None:
                    **{f"flops_per_env_step_{name}": value for name, value in flops.items()},
                    flops_rlhf_over_true_reward=flops["rlhf_loop"] / flops["agent_on_true_reward"])
 
-    if not args.no_atari:
-        # Small buffers and budgets so that the CPU run fits in memory and minutes; the
-        # per-step work (reward CNN on every frame, fitting 0.1 pairs per env step) is the paper's.
-        pong_chunks = 2 if args.quick else 5
-        steps = 1_600 if args.quick else 8_000
-        pong = {**DEFAULT_EXPERIMENT, "name": "rlhf-pong", "env": {"id": "envpool/Pong-v5", "num_envs": 16,
-                                                                    "hide_episode_end": True, "hide_score": True},
-                "a2c": {"total_env_steps": steps * (pong_chunks + 2)},
-                "preferences": {"labels": 200, "initial_labels": 20, "segment_capacity": 64, "pretrain_epochs": 1},
-                "run": {"chunk_env_steps": steps}}
-        pong_config = lambda *extra: build(ExperimentConfig, apply_overrides(pong, list(extra)))
-        rates, _ = chunk_rates({"learned": pong_config(), "true": pong_config("reward=env"),
-                                "no_fitting": pong_config("preferences.fit_pairs_per_env_step=0")}, pong_chunks)
-        learned, true = rates["learned"], rates["true"]
-        results.update(pong_rlhf_steps_per_s=learned, pong_true_reward_steps_per_s=true,
-                       pong_rlhf_over_true_reward=learned / true, pong_no_fitting_steps_per_s=rates["no_fitting"])
-
     write_result("rlhf_overhead", {"quick": args.quick,
                                    **{k: round(v, 4) if "over" in k else round(v, 1) for k, v in results.items()}},
                  headline=headline)
 
 
 def headline(result: dict) -> list[Headline]:
-    """The report's rows: CartPole's ratio (the module docstring's target), what bounds it, and Pong's."""
+    """The report's rows: CartPole's ratio (the module docstring's target) and what bounds it."""
     r = result
-    rows = [
+    return [
         Headline("RLHF loop env steps/s vs the same agent on the true reward (CartPole A2C)",
                  r["cartpole_rlhf_steps_per_s"], r["cartpole_true_reward_steps_per_s"], r["rlhf_over_true_reward"],
                  Target.on(r, "rlhf_over_true_reward", ">=", 0.8)),
@@ -131,11 +111,6 @@ def headline(result: dict) -> list[Headline]:
                  r["flops_per_env_step_rlhf_loop"], r["flops_per_env_step_agent_on_true_reward"],
                  r["flops_rlhf_over_true_reward"]),
     ]
-    if "pong_rlhf_over_true_reward" in r:  # not with --no-atari
-        rows.append(Headline("RLHF loop env steps/s vs true reward (Pong A2C, Atari reward CNN)",
-                             r["pong_rlhf_steps_per_s"], r["pong_true_reward_steps_per_s"],
-                             r["pong_rlhf_over_true_reward"]))
-    return rows
 
 
 if __name__ == "__main__":

@@ -114,12 +114,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                             "arithmetic on the CPU",
                             ("--tasks", "all"))),
     Benchmark("rlhf_overhead", "RLHF overhead", "the RLHF loop against RL on the true reward", ("--quick",), (),
-              "rlhf_overhead", "rlhf_overhead", 30, 60,
+              "rlhf_overhead", "rlhf_overhead", 3, 8,
               OnAccelerator("the RLHF loop against the true reward (target 0.8) with the fitting's arithmetic, "
                             "which bounds it on a CPU (XLA's cost analysis in the JSON), at a device's rate")),
+    Benchmark("rlhf_pong", "RLHF overhead", "the RLHF loop on Pong at the paper's settings against A2C on the score",
+              ("--quick",), (), "rlhf_pong", "rlhf_pong_quick", 10, 25,
+              OnAccelerator("the Pong RLHF loop against A2C with the reward CNN's fitting at a device's rate: on 2 "
+                            "CPU cores the fitting, 4 times A2C's arithmetic per env step, sets the pace")),
     Benchmark("across_commits", "RLHF overhead",
-              "the Pong RLHF loop at this commit against cb7886c, alternated in one run", (), (),
-              "across_commits_rlhf_overhead", "across_commits_rlhf_overhead", 15, 15),
+              "the Pong RLHF loop at this commit against 499a760, before the refresh's validation was sampled, "
+              "alternated in one run", (), (), "across_commits_rlhf_pong", "across_commits_rlhf_pong", 45, 45),
     Benchmark("replay_memory", "Replay memory",
               "memory of a 1M-transition Atari replay (computed, nothing allocated)", (), (),
               "replay_memory", "replay_memory", 0.2, 0.2),
