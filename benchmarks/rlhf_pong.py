@@ -8,8 +8,8 @@ the reward CNN ensemble of 3 and its fitting at 1 pair per 10 env steps; the oth
 ``reward=env``, so that only the reward differs. A chunk is ``run.chunk_env_steps`` env steps,
 the configs' 50,000 (``--quick``: 10,000, where the chunk's fixed costs, the refresh and the
 queries, weigh five times as much). The preference side is timed with its label ring full
-(3,000 labels, as from about 2M env steps of a 3,300-label run on): the refresh scores every
-held label, so a fuller ring is a slower chunk. The set-up before RL (the untrained policy's
+(3,000 labels, as in the last 1.7M env steps of a 10M-step run with 3,300 labels): the refresh
+scores up to 1,024 held labels, so a fuller ring is a slower chunk. The set-up before RL (the untrained policy's
 labels, pretraining) is left out; pretraining runs 1 epoch here.
 
 Each side compiles everything it calls first, then whole chunks are timed, the sides taking

@@ -60,8 +60,8 @@ import numpy as np
 from benchmarks.common import cpu_host, enable_compilation_cache
 from experiments.common import RESULTS, write_result
 from experiments.protocol import gain_ratio_estimate
-from experiments.reproduce import (PAPER, Kind, Run, _duration, execute, fingerprint_of, git_commit, load_ledger, run_command,
-                                   run_config)
+from experiments.reproduce import (PAPER, Kind, Run, _duration, execute, git_commit, load_ledger, run_command,
+                                   runs_to_do)
 from rlhf_jax.errors import ConfigError, Interrupted
 
 ENV_STEPS = 10_000_000
@@ -86,14 +86,15 @@ class Line(NamedTuple):
 
 ATARI = PAPER / "atari"
 # Env steps/s on the 2-core AMD EPYC this design was written on, for the expected wall times:
-# A2C and the preference loop as measured (benchmarks/results/agent_throughput.json,
-# rlhf_pong.json); DQN and ACER from their measured gradient steps (agent_throughput.json:
-# DQN's 16.4 ms every 4 env steps; ACER's 171 ms, 5 of them, 1 on-policy and 4 replayed,
-# per 16 x 20 env steps), acting and the environments left out.
+# A2C as measured on the idle CPU (benchmarks/results/agent_throughput.json); the preference
+# loop as measured at the paper's settings beside other runs, load 4-6 (the median of
+# across_commits_rlhf_pong.json's runs at this code); DQN and ACER from their measured gradient
+# steps (agent_throughput.json: DQN's 16.4 ms every 4 env steps; ACER's 171 ms, 5 of them, 1
+# on-policy and 4 replayed, per 16 x 20 env steps), acting and the environments left out.
 LINES = (
     Line("a2c", "A2C on the score", Kind.BASELINE, ATARI / "pong_a2c.yaml", (), (100, 101, 102), 1_200.0),
     Line("preferences", "A2C from 3,300 synthetic labels", Kind.LABELS, ATARI / "pong.yaml",
-         ("preferences.labels=3300",), (100, 101), 140.0),
+         ("preferences.labels=3300",), (100, 101), 106.0),
     Line("acer", "ACER on the score", Kind.BASELINE, ATARI / "pong_acer.yaml", (), (100,), 370.0),
     Line("dqn", "DQN on the score", Kind.BASELINE, ATARI / "pong_dqn.yaml", (), (100,), 240.0),
 )
@@ -108,7 +109,7 @@ def plan(lines: list[Line]) -> list[Run]:
 
 
 def expected_hours(line: Line) -> float:
-    """Wall hours of one run of ``line`` at its measured rate, on the idle CPU."""
+    """Wall hours of one run of ``line`` at its rate in :data:`LINES`."""
     return ENV_STEPS / line.steps_per_second / 3600
 
 
@@ -146,8 +147,9 @@ def report(ledger: dict) -> dict:
             "commits": sorted({r.get("commit", "") for r in records})}
         scores = [s for s in lines[line.name]["final_score"] if s is not None]
         lines[line.name]["mean_final_score"] = float(np.mean(scores)) if scores else None
-    a2c = [r for r in ledger["runs"].values() if r["line"] == LINE_NAMES["a2c"].title]
-    start = float(np.mean([r["episode_return"][0] for r in a2c if r["episode_return"][0] is not None])) if a2c else None
+    firsts = [r["episode_return"][0] for r in ledger["runs"].values()
+              if r["line"] == LINE_NAMES["a2c"].title and r["episode_return"][0] is not None]
+    start = float(np.mean(firsts)) if firsts else None
     targets = {}
     for name in ("a2c", "acer", "dqn"):
         scores = lines[name]["final_score"]
@@ -230,11 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [line for line in LINES if line.name in names]
     runs, runs_dir = plan(lines), Path(args.runs_dir)
     if args.dry_run:
-        ledger = load_ledger(LEDGER)
-        for run in runs:
-            config = run_config(run, ENV_STEPS, 0, runs_dir)
-            if run.key in ledger["runs"] and ledger["runs"][run.key].get("fingerprint") == fingerprint_of(config):
-                continue
+        for run, config in runs_to_do(runs, load_ledger(LEDGER), runs_dir, ENV_STEPS):
             line = next(line for line in lines if line.title == run.line)
             print(f"# {run.line}, seed {run.seed}: about {_duration(expected_hours(line) * 3600)} on this CPU")
             print(run_command(run, config))

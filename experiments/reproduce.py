@@ -444,6 +444,18 @@ def run_command(run: Run, config: ExperimentConfig) -> str:
     return " ".join(["rlhf-jax train", shown(run.config_path), *(f"'{c}'" if " " in c else c for c in changed)])
 
 
+def runs_to_do(runs: list[Run], ledger: dict, runs_dir: Path, steps: int = 0,
+               points: int = 0) -> list[tuple[Run, ExperimentConfig]]:
+    """The runs of ``runs`` that the ledger lacks at their config's fingerprint, with their configs."""
+    todo = []
+    for run in runs:
+        config = run_config(run, steps, points, runs_dir)
+        record = ledger["runs"].get(run.key)
+        if record is None or record.get("fingerprint") != fingerprint_of(config):
+            todo.append((run, config))
+    return todo
+
+
 def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, points: int = 0,
             train_fn: Callable | None = None, progress: bool = True, after_run: Callable | None = None,
             provenance: dict | None = None) -> dict:
@@ -456,12 +468,7 @@ def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, 
     if train_fn is None:
         from rlhf_jax.trainer import train as train_fn
     ledger = load_ledger(ledger_path)
-    todo = []
-    for run in runs:
-        config = run_config(run, steps, points, runs_dir)
-        record = ledger["runs"].get(run.key)
-        if record is None or record.get("fingerprint") != fingerprint_of(config):
-            todo.append((run, config))
+    todo = runs_to_do(runs, ledger, runs_dir, steps, points)
     print(f"{len(runs)} runs planned: {len(runs) - len(todo)} finished before (skipped), {len(todo)} to run",
           flush=True)
     spent = []

@@ -4,7 +4,7 @@
                                         [--seeds 3] [--steps 1000000] [--ours-overrides KEY=VALUE ...]
     python -m experiments.trpo_reference --report
 
-Figure 2's "RL" line is only a yardstick if it is as strong as the usual TRPO. This benchmark
+Figure 2's "RL" line is only a yardstick if it is as strong as the usual TRPO. This study
 runs both on the standard Gymnasium v5 tasks (control cost kept, each task's own episode ends),
 for the same env steps and seeds:
 
