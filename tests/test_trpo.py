@@ -530,3 +530,17 @@ def test_the_networks_read_observations_standardised_by_every_one_seen():
     assert not np.allclose(policy.apply(after.params["policy"], obs[0])[0], policy.apply(after.params["policy"], standardised)[0])
     plain = trpo.init_runner(jax.random.PRNGKey(5), trpo.TRPOConfig(), env)
     assert set(plain.params) == {"policy", "value"}
+
+
+def test_the_standardisation_clips_and_floors_the_std_as_configured():
+    """``observation_clip`` and ``observation_min_std``: ``clip((x - mean) / max(std, floor))``,
+    worked in NumPy: a coordinate that hardly varies is divided by the floor, not by its std."""
+    moments = ops.Moments(mean=jnp.array([1.0, 0.0]), var=jnp.array([4.0, 1e-6]), count=jnp.array(10.0))
+    obs = jnp.array([[9.0, 0.002], [-3.0, -0.5]])
+    params = {"observations": moments}
+    for clip, floor, expected in [(5.0, 0.1, [[4.0, 0.02], [-2.0, -5.0]]),
+                                  (10.0, 1e-4, [[4.0, 2.0], [-2.0, -10.0]]),
+                                  (3.0, 0.1, [[3.0, 0.02], [-2.0, -3.0]])]:
+        config = trpo.TRPOConfig(normalize_observations=True, observation_clip=clip, observation_min_std=floor)
+        np.testing.assert_allclose(trpo.network_input(config, params, obs), expected, rtol=1e-5)
+    assert trpo.network_input(trpo.TRPOConfig(), params, obs) is obs

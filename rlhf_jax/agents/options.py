@@ -174,6 +174,11 @@ class TRPOConfig:
     # Baselines' TRPO and Schulman's modular_rl feed theirs; the moments take in each batch before
     # its update, as Baselines' do. Not in the paper, which names TRPO and no input scaling.
     normalize_observations: bool = False
+    # The standardisation's clip and its floor on each coordinate's std. Baselines' (5, 0.1) by
+    # default; Stable-Baselines3's VecNormalize, which sb3-contrib's TRPO reads through, clips
+    # at 10 with a floor of 1e-4 (sqrt of its epsilon 1e-8).
+    observation_clip: float = positive(5.0)
+    observation_min_std: float = positive(0.1)
     reward_scale: float = positive(1.0)
 
     def __post_init__(self):

@@ -166,7 +166,9 @@ def _kl(old, new, continuous: bool):
 def network_input(config: TRPOConfig, params, obs):
     """What policy and value read of ``obs``: standardised by the runner's running moments
     (``normalize_observations``), or as it is."""
-    return ops.standardize(params["observations"], obs) if config.normalize_observations else obs
+    if not config.normalize_observations:
+        return obs
+    return ops.standardize(params["observations"], obs, config.observation_clip, config.observation_min_std)
 
 
 def make_policy(config: TRPOConfig, spec: EnvSpec):
