@@ -783,7 +783,11 @@ def run_or_resume_sweep(directory: Path, base: dict, seeds: int) -> None:
     from rlhf_jax.sweep import SWEEP_FILE, Sweep
 
     if (directory / SWEEP_FILE).exists():
-        Sweep.load(directory).run()
+        sweep = Sweep.load(directory)
+        if sweep.seeds != seeds:  # a start with another count must not pass for this one
+            raise ValueError(f"{directory} holds a sweep of {sweep.seeds} seeds, not {seeds}: "
+                             f"remove it or ask for {sweep.seeds}")
+        sweep.run()
     else:
         Sweep.create(directory, base, {}, seeds).run()
 
