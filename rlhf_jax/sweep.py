@@ -26,13 +26,14 @@ stratified bootstrap interval, :mod:`rlhf_jax.statistics`), ``curves.png``, ``st
 ``group<g>/checkpoints/`` (orbax, the stacked state after each chunk): ``--resume`` skips
 finished groups and continues the current one from its newest checkpoint.
 
-EnvPool (Atari, MuJoCo) is stepped outside JAX, by a pool of C++ environments, which cannot
-itself be vmapped. A group on EnvPool builds one pool holding every member's environments (members x
-``env.num_envs``): vmapped over the members, each vector step joins their actions into one call
-of the pool and splits its results among them (``envs.envpool_envs.shared_by_members``). That
-pool lives in one process and feeds one device, so an EnvPool sweep runs on the first device of
-a single process; its members start from the pool's first reset after initialisation (and
-again after a resume: the pool died with the old process).
+EnvPool (Atari, MuJoCo) and Gymnasium environments are stepped outside JAX, by copies in this
+process (``Environment.copies_on_host``), which cannot themselves be vmapped. A group on them
+builds one set holding every member's copies (members x ``env.num_envs``): vmapped over the
+members, each vector step joins their actions into one call and splits its results among them
+(``envs.shared_pool.shared_by_members``); a group of one member runs unbatched. Those copies
+live in one process and feed one device, so such a sweep runs on the first device of a single
+process; its members start from the copies' first reset after initialisation (and again after a
+resume: the copies died with the old process).
 """
 from __future__ import annotations
 
@@ -165,18 +166,32 @@ class GroupProgram:
     def __init__(self, base: dict, members: list[Member], mesh: Mesh):
         self.members = members
         self.configs = [member_config(base, m) for m in members]
-        # Atari: the members step one EnvPool pool together instead of vmapped environments.
-        self.shared_pool = self.configs[0].env.backend == "envpool"
+        self._drivers = {}  # a config without its seed -> its driver, to initialise members with
+        self._chunks = {}  # chunk length -> the compiled, vmapped chunk
+        first = self._driver_for(self.configs[0])
+        # EnvPool, Gymnasium: the members step one set of copies together instead of vmapped ones.
+        self.shared_pool = first.env.copies_on_host
         if self.shared_pool:  # one pool feeds one device (module docstring)
             mesh = Mesh(np.array(jax.local_devices()[:1]), ("members",))
         self.padded = math.ceil(len(members) / mesh.devices.size) * mesh.devices.size
         self.sharding = NamedSharding(mesh, PartitionSpec("members"))
-        self._drivers = {}  # a config without its seed -> its driver, to initialise members with
-        self._chunks = {}  # chunk length -> the compiled, vmapped chunk
-        # Whose chunk every member runs; on Atari with the pool they share.
-        self.driver = (Driver(self.configs[0], members=self.padded) if self.shared_pool
-                       else self._driver_for(self.configs[0]))
+        # Whose chunk every member runs: on a shared pool, the driver of the pool they share.
+        self.driver = Driver(self.configs[0], members=self.padded) if self.shared_pool and self.padded > 1 else first
         self.num_chunks = self.driver.num_chunks
+
+    def over_members(self, fn, in_axes=0):
+        """``jax.vmap(fn, in_axes)`` over the members, but for one member on copies of the host:
+        a pool's call is joined for several members only, and cannot be vmapped, so the one
+        member runs unbatched, its leading axis taken off and put back."""
+        if not (self.shared_pool and self.padded == 1):
+            return jax.vmap(fn, in_axes=in_axes)
+        axes = in_axes if isinstance(in_axes, tuple) else None
+
+        def one(*args):
+            args = [a if axes is not None and axes[i] is None else jax.tree.map(lambda x: x[0], a)
+                    for i, a in enumerate(args)]
+            return jax.tree.map(lambda x: x[None], fn(*args))
+        return one
 
     def _driver_for(self, config: ExperimentConfig) -> Driver:
         key = dataclasses.replace(config, seed=0)
@@ -215,7 +230,7 @@ class GroupProgram:
         if not self.shared_pool:
             return state
         keys = jax.random.split(jax.random.PRNGKey(self.configs[0].seed), self.padded)
-        reset = jax.jit(jax.vmap(self.driver.loop.reset_env), out_shardings=self.sharding, donate_argnums=0)
+        reset = jax.jit(self.over_members(self.driver.loop.reset_env), out_shardings=self.sharding, donate_argnums=0)
         return reset(state, keys)
 
     def run_chunk(self, state, chunk: int):
@@ -224,7 +239,7 @@ class GroupProgram:
         loop = self.driver.loop
         length = loop.chunk_length(chunk)
         if length not in self._chunks:
-            vmapped = jax.vmap(lambda s, w: loop.chunk(s, length, w), in_axes=(0, None))
+            vmapped = self.over_members(lambda s, w: loop.chunk(s, length, w), in_axes=(0, None))
             self._chunks[length] = jax.jit(vmapped, out_shardings=self.sharding, donate_argnums=0)
         return self._chunks[length](state, jnp.int32(loop.wanted[chunk]))
 

@@ -3,6 +3,7 @@ of gymnax environment objects, Brax-interface ``Env``s and Gymnasium environment
 (Jumanji's: tests/test_jumanji_env.py)."""
 from __future__ import annotations
 
+import csv
 import importlib.metadata
 from typing import Any
 
@@ -14,9 +15,12 @@ import numpy as np
 import pytest
 from flax import struct
 
+from compiling import ROOT
+from rlhf_jax.config import apply_overrides, read_yaml
 from rlhf_jax.envs import BraxEnv, EnvConfig, Environment, GymnasiumEnv, GymnaxEnv, make, register, unregister
 from rlhf_jax.envs.registry import ENTRY_POINT_GROUP, factory_of
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.sweep import Sweep
 
 
 def catch(config, members):
@@ -238,6 +242,19 @@ def test_a_gymnasium_env_shared_by_a_sweep_s_members_and_resumed(registered):
     alone._last_obs = None
     _, ts = jax.jit(alone.step)(state, jnp.ones((3,), jnp.int32))
     assert ts.action_ignored.all() and not ts.reward.any() and not ts.done.any()
+
+
+@pytest.mark.parametrize("seeds", [2, 1])
+def test_a_sweep_on_a_gymnasium_env_steps_its_members_on_shared_copies(registered, tmp_path, seeds):
+    """``rlhf-jax sweep`` on an environment stepped on the host: vmapping its host call failed
+    ("Cannot vmap ordered IO callback"); the members now share one vector env, of one seed too."""
+    registered("test-own/HostCartPole", host_cartpole)
+    base = apply_overrides(read_yaml(ROOT / "configs" / "a2c_cartpole.yaml"),
+                           ["env.id=test-own/HostCartPole", "env.num_envs=2", "a2c.total_env_steps=40",
+                            "run.chunk_env_steps=20", "run.tensorboard=false"])
+    directory = Sweep.create(tmp_path / "host", base, {}, seeds=seeds).run(progress=False)
+    rows = list(csv.DictReader((directory / "members.csv").open()))
+    assert [(r["chunk"], r["seed"]) for r in rows] == [(str(c), str(s)) for c in range(2) for s in range(seeds)]
 
 
 def test_gymnasium_options_that_cannot_apply_are_refused(registered):

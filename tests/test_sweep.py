@@ -295,16 +295,19 @@ def test_members_sharing_one_pool_see_what_the_pool_of_all_their_environments_gi
 
 
 @pytest.mark.slow
-def test_an_atari_sweep_runs_its_members_on_one_shared_pool(tmp_path):
+@pytest.mark.parametrize("seeds", [2, 1])
+def test_an_atari_sweep_runs_its_members_on_one_shared_pool(tmp_path, seeds):
+    """Of one seed too: a pool's call cannot be vmapped (it is joined for several members only)."""
     overrides = ["env.num_envs=2", "a2c.total_env_steps=40", "run.chunk_env_steps=20", "run.tensorboard=false"]
     base = apply_overrides(read_yaml(ROOT / "configs" / "paper" / "atari" / "breakout_a2c.yaml"), overrides)
-    directory = Sweep.create(tmp_path / "breakout", base, {}, seeds=2).run(progress=False)
+    directory = Sweep.create(tmp_path / "breakout", base, {}, seeds=seeds).run(progress=False)
     with (directory / "members.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["chunk"], r["seed"], r["env_steps"]) for r in rows] == [
-        ("0", "0", "20.0"), ("0", "1", "20.0"), ("1", "0", "40.0"), ("1", "1", "40.0")]
-    assert rows[-1]["loss"] != rows[-2]["loss"]  # two runs, not one copied
-    assert "| base | 2 |" in (directory / "results.md").read_text()
+        (str(chunk), str(seed), f"{20.0 * (chunk + 1)}") for chunk in range(2) for seed in range(seeds)]
+    if seeds == 2:
+        assert rows[-1]["loss"] != rows[-2]["loss"]  # two runs, not one copied
+    assert f"| base | {seeds} |" in (directory / "results.md").read_text()
 
 
 # ------------------------------------------------------------- statistics

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, NamedTuple, Union
+from typing import Any, ClassVar, NamedTuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -178,6 +178,10 @@ class Environment(abc.ABC):
     """
 
     spec: EnvSpec
+    # Whether the copies live in this process, outside JAX (EnvPool's pools, a Gymnasium vector
+    # env): ``vmap`` cannot give each run of a sweep its own, so the runs share one set of
+    # ``members x num_envs`` copies (the factory's ``members``) and step it together.
+    copies_on_host: ClassVar[bool] = False
 
     @abc.abstractmethod
     def _reset(self, key: jax.Array):

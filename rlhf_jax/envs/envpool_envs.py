@@ -83,6 +83,8 @@ class EnvPoolEnv(Environment):
     Subclasses say what a reset's ``(obs, info)`` gives the agent in ``_first``.
     """
 
+    copies_on_host = True
+
     def __init__(self, config: EnvConfig, spec: EnvSpec, members: int = 1, **pool_options):
         self._config = config
         self.pool_options = pool_options  # what a second pool needs to step as this one does (benchmarks)

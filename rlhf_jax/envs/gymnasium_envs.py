@@ -71,6 +71,8 @@ class GymnasiumEnv(Environment):
     :class:`~rlhf_jax.envs.GymnaxEnv`'s, a JAX function, run on the device.
     """
 
+    copies_on_host = True
+
     def __init__(self, make_env: Union[str, Callable[[], gymnasium.Env]], config: EnvConfig, members: int = 1,
                  *, fps: Optional[float] = None, oracle: Optional[Oracle] = None):
         reject_options(config, "Gymnasium", hide_score=False, episodic_life=False, noop_max=30, control_cost=True,
