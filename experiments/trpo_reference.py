@@ -22,7 +22,9 @@ for the same env steps and seeds:
 ``target_kl`` bounds the KL *per action dimension*, where ours (``trpo.max_kl``), Schulman et
 al.'s and Baselines' bound the KL of the whole action. Its 0.01 is therefore 0.03 on Hopper,
 0.06 on Walker2d and 0.08 on Ant, and the zoo's 0.04 on HalfCheetah is 0.24, in our units.
-``--ours-overrides trpo.max_kl=<target x dims>`` runs ours at the reference's trust region.
+``--ours-overrides trpo.max_kl=<target x dims>`` runs ours at the reference's trust region;
+``--side reference --trace`` prints the reference's policy std and KL after each update (seed 0,
+nothing recorded), to set beside the ``entropy`` and ``kl`` columns of ours in its ``members.csv``.
 
 Both are scored alike: the true return of the training episodes (the policy's own samples),
 averaged per stretch of ``steps / 25`` env steps, and the run's final return is the mean of
@@ -130,7 +132,7 @@ def zoo_settings(task: str) -> dict:
     return dict(table[f"{TASKS[task]}-v4"])
 
 
-def run_reference(task: str, steps: int, seed: int) -> dict:
+def run_reference(task: str, steps: int, seed: int, trace: bool = False) -> dict:
     import sb3_contrib
     import torch
     from sb3_contrib import TRPO
@@ -155,6 +157,13 @@ def run_reference(task: str, steps: int, seed: int) -> dict:
                 if "episode" in info:  # Monitor's record: the raw return, before VecNormalize
                     ends.append((self.num_timesteps, float(info["episode"]["r"])))
             return True
+
+        def _on_rollout_end(self) -> None:
+            if trace:  # the last update's KL as sb3-contrib bounds it (per action dimension) and as ours does
+                logged = self.model.logger.name_to_value
+                kl, dims = logged.get("train/kl_divergence_loss", float("nan")), env.action_space.shape[0]
+                print(f"{self.num_timesteps} env steps: policy std {logged.get('train/std', float('nan')):.3f}, "
+                      f"KL per dimension {kl:.4f}, over the action {kl * dims:.4f}", flush=True)
 
     start = time.perf_counter()
     model = TRPO(policy, env, seed=seed, device="cpu", verbose=0, **settings)
@@ -217,6 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--ours-overrides", nargs="*", default=[])
     parser.add_argument("--report", action="store_true", help="write the table from both sides' records")
+    parser.add_argument("--trace", action="store_true",
+                        help="reference: print the policy's std and the KL after each update; record nothing")
     args = parser.parse_args(argv)
     if args.report:
         report()
@@ -230,6 +241,10 @@ def main(argv: list[str] | None = None) -> None:
     path = ledger_path(args.side)
     provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
                   "command": "python -m experiments.trpo_reference " + " ".join(argv or sys.argv[1:])}
+    if args.side == "reference" and args.trace:
+        for task in tasks:
+            run_reference(task, args.steps, 0, trace=True)
+        return
     if args.side == "reference":
         # seed by seed across the tasks, so that every task has a first comparison early
         for seed in range(args.seeds):
