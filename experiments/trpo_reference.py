@@ -238,13 +238,15 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         parser.error(f"unknown task {unknown[0]!r}; the tasks are {', '.join(TASKS)}")
-    path = ledger_path(args.side)
-    provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
-                  "command": "python -m experiments.trpo_reference " + " ".join(argv or sys.argv[1:])}
-    if args.side == "reference" and args.trace:
+    if args.trace and args.side != "reference":
+        parser.error("--trace prints the reference's updates: give it with --side reference")
+    if args.trace:
         for task in tasks:
             run_reference(task, args.steps, 0, trace=True)
         return
+    path = ledger_path(args.side)
+    provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
+                  "command": "python -m experiments.trpo_reference " + " ".join(argv or sys.argv[1:])}
     if args.side == "reference":
         # seed by seed across the tasks, so that every task has a first comparison early
         for seed in range(args.seeds):

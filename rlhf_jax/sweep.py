@@ -185,11 +185,10 @@ class GroupProgram:
         member runs unbatched, its leading axis taken off and put back."""
         if not (self.shared_pool and self.padded == 1):
             return jax.vmap(fn, in_axes=in_axes)
-        axes = in_axes if isinstance(in_axes, tuple) else None
 
         def one(*args):
-            args = [a if axes is not None and axes[i] is None else jax.tree.map(lambda x: x[0], a)
-                    for i, a in enumerate(args)]
+            axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+            args = [a if axis is None else jax.tree.map(lambda x: x[0], a) for a, axis in zip(args, axes)]
             return jax.tree.map(lambda x: x[None], fn(*args))
         return one
 
