@@ -1,12 +1,14 @@
 """Our TRPO against a reference TRPO (sb3-contrib's), side by side on this machine.
 
     python -m experiments.trpo_reference [--side ours|reference] [--tasks hopper,walker2d,halfcheetah,ant]
-                                        [--seeds 3] [--steps 1000000] [--ours-overrides KEY=VALUE ...]
+                                        [--seeds 3] [--first-seed 0] [--steps 1000000]
+                                        [--ours-overrides KEY=VALUE ...]
     python -m experiments.trpo_reference --report
 
 Figure 2's "RL" line is only a yardstick if it is as strong as the usual TRPO. This study
 runs both on the standard Gymnasium v5 tasks (control cost kept, each task's own episode ends),
-for the same env steps and seeds:
+for the same env steps and seeds (``--seeds`` of them from ``--first-seed``: 0-2 for the
+probes, a fresh block such as 100-102 to confirm what the probes found):
 
 * **ours**: the figure's RL agent, ``configs/paper/mujoco/<task>_trpo.yaml`` on EnvPool's C
   MuJoCo with ``env.control_cost=true`` and ``--ours-overrides`` (none by default), each task's
@@ -23,7 +25,7 @@ for the same env steps and seeds:
 al.'s and Baselines' bound the KL of the whole action. Its 0.01 is therefore 0.03 on Hopper,
 0.06 on Walker2d and 0.08 on Ant, and the zoo's 0.04 on HalfCheetah is 0.24, in our units.
 ``--ours-overrides trpo.max_kl=<target x dims>`` runs ours at the reference's trust region;
-``--side reference --trace`` prints the reference's policy std and KL after each update (seed 0,
+``--side reference --trace`` prints the reference's policy std and KL after each update (the first seed,
 nothing recorded), to set beside the ``entropy`` and ``kl`` columns of ours in its ``members.csv``.
 
 Both are scored alike: the true return of the training episodes (the policy's own samples),
@@ -33,7 +35,8 @@ task is ours over the reference, by the seeds' means; the target is 0.9 on every
 
 Each (side, task) writes its records to ``results/trpo_reference_<side>_runs.json`` as it
 finishes (the two sides can run at once, one process each); ``--report`` writes
-``results/trpo_reference.json`` with the table, and every record names the host
+``results/trpo_reference.json`` with one table per block of seeds and variant of ours, each
+side's runs on the same seeds, and every record names the host
 (:func:`benchmarks.common.cpu_host`) and the commit.
 """
 from __future__ import annotations
@@ -84,23 +87,24 @@ def variant_name(overrides: list[str]) -> str:
     return " ".join(overrides) or "as configured"
 
 
-def our_config(task: str, steps: int, overrides: list[str]):
+def our_config(task: str, steps: int, overrides: list[str], first_seed: int = 0):
     from rlhf_jax.config import ExperimentConfig, load_config
 
     chunk = steps // POINTS
-    keys = [f"env.id=envpool/{TASKS[task]}-v5", "env.num_envs=5", "env.control_cost=true", "seed=0", "env.seed=0",
+    keys = [f"env.id=envpool/{TASKS[task]}-v5", "env.num_envs=5", "env.control_cost=true", f"seed={first_seed}",
+            f"env.seed={first_seed}",
             f"trpo.total_env_steps={steps}", f"run.chunk_env_steps={chunk}", "run.checkpoint_every_updates=1",
             "run.tensorboard=false", *overrides]
     return load_config(ExperimentConfig, PAPER / "mujoco" / f"{task}_trpo.yaml", keys), keys
 
 
-def run_ours(task: str, steps: int, seeds: int, overrides: list[str]) -> list[dict]:
+def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed: int = 0) -> list[dict]:
     import hashlib
 
     from rlhf_jax.config import to_dict
     from rlhf_jax.sweep import Sweep
 
-    config, keys = our_config(task, steps, overrides)
+    config, keys = our_config(task, steps, overrides, first_seed)
     base = to_dict(config)
     tag = hashlib.sha1(json.dumps(base, sort_keys=True).encode()).hexdigest()[:10]
     directory = RUNS / "ours" / f"{task}-{tag}"
@@ -112,7 +116,8 @@ def run_ours(task: str, steps: int, seeds: int, overrides: list[str]) -> list[di
     for seed in sorted({int(r["seed"]) for r in rows}):
         mine = sorted((r for r in rows if int(r["seed"]) == seed), key=lambda r: r["chunk"])
         curve = [None if math.isnan(r["episode_return"]) else r["episode_return"] for r in mine]
-        records.append({"side": "ours", "task": task, "seed": seed, "variant": variant_name(overrides),
+        records.append({"side": "ours", "task": task, "seed": seed, "first_seed": first_seed,
+                        "variant": variant_name(overrides),
                         "episode_return": curve,
                         "final_return": final_return(curve), "config": f"configs/paper/mujoco/{task}_trpo.yaml",
                         "overrides": keys, "fingerprint": tag, "seconds_all_seeds": round(seconds, 1)})
@@ -132,7 +137,7 @@ def zoo_settings(task: str) -> dict:
     return dict(table[f"{TASKS[task]}-v4"])
 
 
-def run_reference(task: str, steps: int, seed: int, trace: bool = False) -> dict:
+def run_reference(task: str, steps: int, seed: int, first_seed: int = 0, trace: bool = False) -> dict:
     import sb3_contrib
     import torch
     from sb3_contrib import TRPO
@@ -169,7 +174,7 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False) -> dict
     model = TRPO(policy, env, seed=seed, device="cpu", verbose=0, **settings)
     model.learn(total_timesteps=steps, callback=EpisodeEnds())
     curve = binned_returns(ends, steps)
-    return {"side": "reference", "task": task, "seed": seed, "episode_return": curve,
+    return {"side": "reference", "task": task, "seed": seed, "first_seed": first_seed, "episode_return": curve,
             "final_return": final_return(curve), "settings": {"normalize": normalize, "n_envs": n_envs,
                                                              "policy": policy, **settings},
             "sb3_contrib": sb3_contrib.__version__, "torch": torch.__version__,
@@ -201,20 +206,26 @@ def comparison(ours: list[dict], reference: list[dict]) -> dict:
 
 
 def report() -> dict:
-    """Every variant of ours against the reference: the figure's table, one per variant."""
+    """Every variant of ours against the reference, block of seeds by block: each table sets
+    one variant's runs against the reference's runs on the same seeds."""
     reference = list(load_ledger(ledger_path("reference"))["runs"].values())
     budgets = {r["steps"] for r in reference}
     # shorter probes of ours (what changes in the first 150k steps) are not finals to compare
     ours = [r for r in load_ledger(ledger_path("ours"))["runs"].values() if r["steps"] in budgets]
-    variants = sorted({r["variant"] for r in ours})
-    result = {"target": TARGET, "reference_host": sorted({r["cpu"] for r in reference}),
-              "variants": {v: comparison([r for r in ours if r["variant"] == v], reference) for v in variants}}
+    blocks = {}
+    for first in sorted({r["first_seed"] for r in ours}):
+        mine, theirs = [r for r in ours if r["first_seed"] == first], [r for r in reference if r["first_seed"] == first]
+        variants = sorted({r["variant"] for r in mine})
+        blocks[str(first)] = {v: comparison([r for r in mine if r["variant"] == v], theirs) for v in variants}
+    result = {"target": TARGET, "reference_host": sorted({r["cpu"] for r in reference}), "seed_blocks": blocks}
     save_json(RESULTS / "trpo_reference.json", result)
-    for variant, table in result["variants"].items():
-        print(f"\nours: {variant}\n| task | ours | reference | ratio (95% interval) |\n| --- | ---: | ---: | ---: |")
-        for task, r in table["tasks"].items():
-            print(f"| {task} | {r['ours']:.0f} | {r['reference']:.0f} | {r['ratio']:.2f} "
-                  f"({r['ratio_95'][0]:.2f}-{r['ratio_95'][1]:.2f}) |")
+    for first, variants in blocks.items():
+        for variant, table in variants.items():
+            print(f"\nseeds from {first}, ours: {variant}\n"
+                  "| task | ours | reference | ratio (95% interval) |\n| --- | ---: | ---: | ---: |")
+            for task, r in table["tasks"].items():
+                print(f"| {task} | {r['ours']:.0f} | {r['reference']:.0f} | {r['ratio']:.2f} "
+                      f"({r['ratio_95'][0]:.2f}-{r['ratio_95'][1]:.2f}) |")
     return result
 
 
@@ -223,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--side", choices=("ours", "reference"))
     parser.add_argument("--tasks", default="hopper,walker2d,halfcheetah,ant")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the block's first seed: 0 for probes, a fresh block (100) to confirm")
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--ours-overrides", nargs="*", default=[])
     parser.add_argument("--report", action="store_true", help="write the table from both sides' records")
@@ -242,26 +255,26 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--trace prints the reference's updates: give it with --side reference")
     if args.trace:
         for task in tasks:
-            run_reference(task, args.steps, 0, trace=True)
+            run_reference(task, args.steps, args.first_seed, args.first_seed, trace=True)
         return
     path = ledger_path(args.side)
     provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
                   "command": "python -m experiments.trpo_reference " + " ".join(argv or sys.argv[1:])}
     if args.side == "reference":
         # seed by seed across the tasks, so that every task has a first comparison early
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for task in tasks:
                 ledger, key = load_ledger(path), f"{task}/seed{seed}"
                 if key in ledger["runs"] and ledger["runs"][key].get("steps") == args.steps:
                     continue
-                record = {**run_reference(task, args.steps, seed), **provenance}
+                record = {**run_reference(task, args.steps, seed, args.first_seed), **provenance}
                 ledger["runs"][key] = record
                 save_json(path, ledger)
                 print(f"reference {task} seed {seed}: final return {record['final_return']:.0f} "
                       f"in {record['seconds'] / 60:.0f} min", flush=True)
         return
     for task in tasks:  # ours: a task's seeds are one program
-        records = run_ours(task, args.steps, args.seeds, args.ours_overrides)
+        records = run_ours(task, args.steps, args.seeds, args.ours_overrides, args.first_seed)
         ledger = load_ledger(path)
         for record in records:
             ledger["runs"][f"{task}/{record['fingerprint']}/seed{record['seed']}"] = {**record, **provenance}
