@@ -94,6 +94,7 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 import warnings
 from enum import StrEnum
@@ -499,21 +500,36 @@ def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, 
 WALL_SECONDS_FILE = "wall_seconds.txt"
 
 
-def run_timed(directory: Path, work: Callable[[], None]) -> float:
+def run_timed(directory: Path, work: Callable[[], None], every: float = 30.0) -> float:
     """Do ``work`` (a run or a sweep that checkpoints into ``directory``) and return the wall
     seconds it has taken over every attempt. Each attempt adds its time to ``directory``'s
     :data:`WALL_SECONDS_FILE`, stopped or not, so a cell resumed after a stop is recorded with
-    its whole time, not the last stretch's."""
+    its whole time, not the last stretch's. The file is rewritten every ``every`` seconds as
+    well as at the end: a process that is killed outright (the machine going away) runs no
+    ``finally``, and would otherwise leave its attempt out."""
     path = directory / WALL_SECONDS_FILE
     before = float(path.read_text()) if path.exists() else 0.0
     start = time.perf_counter()
+    spent = lambda: before + time.perf_counter() - start  # noqa: E731
+
+    def write():
+        if directory.exists():  # an attempt that failed before making it has nothing to resume
+            path.write_text(f"{spent():.1f}\n")
+
+    def keep_writing():
+        while not stopped.wait(every):
+            write()
+
+    stopped = threading.Event()
+    writer = threading.Thread(target=keep_writing, daemon=True)
+    writer.start()
     try:
         work()
     finally:
-        total = before + time.perf_counter() - start
-        if directory.exists():  # an attempt that failed before making it has nothing to resume
-            path.write_text(f"{total:.1f}\n")
-    return total
+        stopped.set()
+        writer.join()
+        write()
+    return spent()
 
 
 def _duration(seconds: float) -> str:

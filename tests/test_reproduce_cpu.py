@@ -5,6 +5,7 @@ import csv
 import dataclasses
 import json
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,20 @@ def test_a_registered_result_change_gives_the_cells_it_touches_a_new_fingerprint
     after = fingerprints()
     assert after[0] != before[0]  # this r̂ fits with dropout: a new cell
     assert after[1] == before[1]  # Hopper's does not: its records stay
+
+
+def test_a_cells_wall_time_is_on_disk_while_it_runs(tmp_path):
+    """A process killed outright runs no ``finally``: the time spent so far must already be written."""
+    seen = []
+
+    def work():  # waits (10 s at most) to see the file grow past the earlier attempt's time
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            value = float((tmp_path / reproduce.WALL_SECONDS_FILE).read_text())
+            if value > 100.0:
+                seen.append(value)
+            time.sleep(0.01)
+
+    (tmp_path / reproduce.WALL_SECONDS_FILE).write_text("100.0\n")  # an earlier attempt's
+    total = reproduce.run_timed(tmp_path, work, every=0.05)
+    assert seen and seen[0] > 100.0 and total > 100.0  # (the file keeps a tenth of a second)
