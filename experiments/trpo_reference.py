@@ -2,7 +2,7 @@
 
     python -m experiments.trpo_reference [--side ours|reference] [--tasks hopper,walker2d,halfcheetah,ant]
                                         [--seeds 3] [--first-seed 0] [--steps 1000000]
-                                        [--ours-overrides KEY=VALUE ...]
+                                        [--ours-as-reference] [--ours-overrides KEY=VALUE ...]
     python -m experiments.trpo_reference --report
 
 Figure 2's "RL" line is only a yardstick if it is as strong as the usual TRPO. This study
@@ -24,7 +24,10 @@ probes, a fresh block such as 100-102 to confirm what the probes found):
 ``target_kl`` bounds the KL *per action dimension*, where ours (``trpo.max_kl``), Schulman et
 al.'s and Baselines' bound the KL of the whole action. Its 0.01 is therefore 0.03 on Hopper,
 0.06 on Walker2d and 0.08 on Ant, and the zoo's 0.04 on HalfCheetah is 0.24, in our units.
-``--ours-overrides trpo.max_kl=<target x dims>`` runs ours at the reference's trust region;
+Its Fisher-vector product is likewise the Hessian of that averaged KL, ``F / dims``, with its
+damping of 0.1 added to it: a damping of ``0.1 x dims`` on ours. And its line search shrinks the
+step by 0.8 per try where ours halves it. ``--ours-as-reference`` runs ours with all of the
+reference's settings translated into our units (:func:`in_our_units`);
 ``--side reference --trace`` prints the reference's policy std and KL after each update (the first seed,
 nothing recorded), to set beside the ``entropy`` and ``kl`` columns of ours in its ``members.csv``.
 
@@ -82,9 +85,50 @@ def binned_returns(ends: list[tuple[int, float]], steps: int, points: int = POIN
 
 
 # ---------------------------------------------------------------- ours
-def variant_name(overrides: list[str]) -> str:
-    """How a run of ours differs from the figure's RL config: its ``--ours-overrides``."""
-    return " ".join(overrides) or "as configured"
+AS_REFERENCE = "the reference's settings"
+
+
+def variant_name(overrides: list[str], as_reference: bool = False) -> str:
+    """How a run of ours differs from the figure's RL config: the reference's settings
+    (``--ours-as-reference``) and its ``--ours-overrides``."""
+    return " ".join([AS_REFERENCE] * as_reference + overrides) or "as configured"
+
+
+# sb3-contrib's TRPO defaults (2.9.2) that the zoo's entries leave as they are.
+REFERENCE_DEFAULTS = {"target_kl": 0.01, "cg_damping": 0.1, "line_search_shrinking_factor": 0.8,
+                      "sub_sampling_factor": 1, "normalize": False, "n_envs": 1}
+
+
+def in_our_units(settings: dict, action_dims: int) -> list[str]:
+    """The reference's settings for a task (:func:`zoo_settings`) as overrides of our TRPO.
+
+    sb3-contrib averages its KL over the action's dimensions, so its bound and the damping it
+    adds to that KL's Hessian are ``dims`` times smaller than ours for the same trust region:
+
+        max_kl = target_kl * dims,    cg_damping = 0.1 * dims.
+
+    VecNormalize's observations become ours standardised with its clip (10) and floor (1e-4);
+    its reward scaling has no counterpart, and V's standardised targets stand in for it."""
+    s = {**REFERENCE_DEFAULTS, **settings}
+    if s["sub_sampling_factor"] != 1:  # it thins the whole batch, ours only the Fisher's
+        raise ValueError(f"sub_sampling_factor {s['sub_sampling_factor']} has no counterpart in ours")
+    batch = s["n_steps"] * s["n_envs"]
+    normalize = "true" if s["normalize"] else "false"
+    return [f"trpo.normalize_observations={normalize}", f"trpo.normalize_value_targets={normalize}",
+            "trpo.observation_clip=10", "trpo.observation_min_std=0.0001",
+            f"trpo.gamma={s['gamma']:g}", f"trpo.gae_lambda={s['gae_lambda']:g}",
+            f"trpo.batch_size={batch}", f"env.num_envs={s['n_envs']}",
+            f"trpo.cg_iterations={s['cg_max_steps']}", "trpo.fisher_subsample=1",
+            f"trpo.max_kl={s['target_kl'] * action_dims:g}", f"trpo.cg_damping={s['cg_damping'] * action_dims:g}",
+            f"trpo.line_search_decay={s['line_search_shrinking_factor']:g}",
+            f"trpo.value_epochs={s['n_critic_updates']}", f"trpo.value_minibatches={batch // s['batch_size']}",
+            f"trpo.value_learning_rate={s['learning_rate']:g}"]
+
+
+def action_dims(task: str) -> int:
+    import gymnasium
+
+    return gymnasium.make(f"{TASKS[task]}-v5").action_space.shape[0]
 
 
 def our_config(task: str, steps: int, overrides: list[str], first_seed: int = 0):
@@ -98,13 +142,15 @@ def our_config(task: str, steps: int, overrides: list[str], first_seed: int = 0)
     return load_config(ExperimentConfig, PAPER / "mujoco" / f"{task}_trpo.yaml", keys), keys
 
 
-def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed: int = 0) -> list[dict]:
+def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed: int = 0,
+             as_reference: bool = False) -> list[dict]:
     import hashlib
 
     from rlhf_jax.config import to_dict
     from rlhf_jax.sweep import Sweep
 
-    config, keys = our_config(task, steps, overrides, first_seed)
+    settings = in_our_units(zoo_settings(task), action_dims(task)) if as_reference else []
+    config, keys = our_config(task, steps, settings + overrides, first_seed)
     base = to_dict(config)
     tag = hashlib.sha1(json.dumps(base, sort_keys=True).encode()).hexdigest()[:10]
     directory = RUNS / "ours" / f"{task}-{tag}"
@@ -117,7 +163,7 @@ def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed
         mine = sorted((r for r in rows if int(r["seed"]) == seed), key=lambda r: r["chunk"])
         curve = [None if math.isnan(r["episode_return"]) else r["episode_return"] for r in mine]
         records.append({"side": "ours", "task": task, "seed": seed, "first_seed": first_seed,
-                        "variant": variant_name(overrides),
+                        "variant": variant_name(overrides, as_reference),
                         "episode_return": curve,
                         "final_return": final_return(curve), "config": f"configs/paper/mujoco/{task}_trpo.yaml",
                         "overrides": keys, "fingerprint": tag, "seconds_all_seeds": round(seconds, 1)})
@@ -238,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the block's first seed: 0 for probes, a fresh block (100) to confirm")
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--ours-overrides", nargs="*", default=[])
+    parser.add_argument("--ours-as-reference", action="store_true",
+                        help="ours with the reference's settings for each task, in our units")
     parser.add_argument("--report", action="store_true", help="write the table from both sides' records")
     parser.add_argument("--trace", action="store_true",
                         help="reference: print the policy's std and the KL after each update; record nothing")
@@ -274,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"in {record['seconds'] / 60:.0f} min", flush=True)
         return
     for task in tasks:  # ours: a task's seeds are one program
-        records = run_ours(task, args.steps, args.seeds, args.ours_overrides, args.first_seed)
+        records = run_ours(task, args.steps, args.seeds, args.ours_overrides, args.first_seed, args.ours_as_reference)
         ledger = load_ledger(path)
         for record in records:
             ledger["runs"][f"{task}/{record['fingerprint']}/seed{record['seed']}"] = {**record, **provenance}

@@ -61,3 +61,23 @@ def test_a_sweep_begun_with_another_seed_count_is_refused_not_resumed(tmp_path):
     Sweep.create(tmp_path / "sweep", base, {}, 1)
     with pytest.raises(ValueError, match="holds a sweep of 1 seeds, not 2"):
         reproduce.run_or_resume_sweep(tmp_path / "sweep", base, 2)
+
+
+def test_the_references_settings_in_our_units_scale_its_kl_bound_and_damping_by_the_action_dims():
+    """sb3-contrib averages the KL over action dimensions: 0.04 on HalfCheetah's 6 is our 0.24."""
+    zoo = {"normalize": True, "n_envs": 2, "policy": "MlpPolicy", "batch_size": 128, "n_steps": 1024, "gamma": 0.99,
+           "gae_lambda": 0.95, "sub_sampling_factor": 1, "cg_max_steps": 25, "cg_damping": 0.1,
+           "n_critic_updates": 20, "learning_rate": 0.001, "target_kl": 0.04}
+    keys = dict(key.split("=") for key in trpo_reference.in_our_units(zoo, action_dims=6))
+    assert keys["trpo.max_kl"] == "0.24" and keys["trpo.cg_damping"] == "0.6"
+    assert keys["trpo.line_search_decay"] == "0.8"  # sb3-contrib's shrinking factor, where ours halves
+    assert keys["trpo.batch_size"] == "2048" and keys["env.num_envs"] == "2"
+    assert keys["trpo.value_minibatches"] == "16" and keys["trpo.value_epochs"] == "20"
+    assert keys["trpo.normalize_observations"] == "true" and keys["trpo.observation_clip"] == "10"
+    without_target = dict(key.split("=") for key in trpo_reference.in_our_units(
+        {k: v for k, v in zoo.items() if k != "target_kl"}, action_dims=8))
+    assert without_target["trpo.max_kl"] == "0.08"  # sb3-contrib's default 0.01, on Ant's 8
+    with pytest.raises(ValueError, match="sub_sampling_factor 5"):
+        trpo_reference.in_our_units({**zoo, "sub_sampling_factor": 5}, action_dims=6)
+    config, _ = trpo_reference.our_config("halfcheetah", 100_000, trpo_reference.in_our_units(zoo, 6))
+    assert config.trpo.max_kl == pytest.approx(0.24) and config.trpo.line_search_decay == pytest.approx(0.8)
