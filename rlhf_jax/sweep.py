@@ -42,6 +42,7 @@ import csv
 import dataclasses
 import itertools
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -396,7 +397,7 @@ class Sweep:
                                       flush=True)
                     self.write_rows(rows)
                     returns = [judged_return(r) for r in rows if int(r["group"]) == g and int(r["chunk"]) == chunk]
-                    bar.set_postfix(true_return=f"{np.nanmean(returns):.4g}")
+                    bar.set_postfix(true_return=f"{over_seeds(np.nanmean, returns):.4g}")
                     bar.update()
 
                 _, _, stopping = run_chunks(program, state, first, checkpoints, stop, driver.config.run,
@@ -422,6 +423,14 @@ def number(text: str) -> int | float:
         return float(text)
 
 
+def over_seeds(statistic, values, axis=None):
+    """``statistic`` (``np.nanmean`` and its kin) of the seeds' values that exist: NaN where none
+    does (a chunk in which no seed's episode ended), without numpy's warning for that."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return statistic(values, axis=axis)
+
+
 def write_results(directory: Path, rows: list[dict], swept_keys: list[str]) -> None:
     """``results.csv``/``results.md``: per combination, the last chunk's true return over seeds
     (their mean and std, and their IQM with its interval); ``curves.png``: true return against
@@ -443,14 +452,14 @@ def write_results(directory: Path, rows: list[dict], swept_keys: list[str]) -> N
         finals = [last_row(r) for r in members.values()]
         returns = np.array([judged_return(f) for f in finals])
         table.append({"combination": label, "seeds": len(finals),
-                      "final_true_return_mean": float(np.nanmean(returns)),
-                      "final_true_return_std": float(np.nanstd(returns)),
+                      "final_true_return_mean": float(over_seeds(np.nanmean, returns)),
+                      "final_true_return_std": float(over_seeds(np.nanstd, returns)),
                       "env_steps": int(finals[0]["env_steps"])})
         curves = [sorted(r, key=lambda r: r["chunk"]) for r in members.values()]
         steps = [r["env_steps"] for r in curves[0]]
         values = np.array([[judged_return(r) for r in curve] for curve in curves])
-        axes.plot(steps, np.nanmean(values, 0), label=label)
-        axes.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0), alpha=0.2)
+        axes.plot(steps, over_seeds(np.nanmean, values, 0), label=label)
+        axes.fill_between(steps, over_seeds(np.nanmin, values, 0), over_seeds(np.nanmax, values, 0), alpha=0.2)
     axes.set_xlabel("env steps")
     axes.set_ylabel("true episode return (on the task where scored)")
     axes.set_title(f"sweep over {', '.join(swept_keys) or 'seeds'}: mean and range over seeds")

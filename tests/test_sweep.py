@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -322,6 +323,14 @@ def results_of(tmp_path, finals: dict[str, list[float]]) -> Path:
             member += 1
     write_results(tmp_path, rows, ["a2c.learning_rate"])
     return tmp_path
+
+
+def test_a_combination_whose_seeds_ended_no_episode_is_nan_without_warnings(tmp_path):
+    """Chunks too short for any episode to end left numpy's "All-NaN slice" warning in the log."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        directory = results_of(tmp_path, {"a": [np.nan, np.nan]})
+    assert "| a | 2 | nan ± nan |" in (directory / "results.md").read_text()
 
 
 def test_sweep_seeds_have_a_maximum(tmp_path, capsys):
