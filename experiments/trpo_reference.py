@@ -55,7 +55,8 @@ import numpy as np
 
 from benchmarks.common import cpu_host
 from experiments.common import RESULTS
-from experiments.reproduce import PAPER, final_return, git_commit, load_ledger, run_or_resume_sweep, save_json
+from experiments.reproduce import (PAPER, final_return, git_commit, load_ledger, run_or_resume_sweep, run_timed,
+                                  save_json)
 
 POINTS = 25
 TARGET = 0.9
@@ -154,9 +155,7 @@ def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed
     base = to_dict(config)
     tag = hashlib.sha1(json.dumps(base, sort_keys=True).encode()).hexdigest()[:10]
     directory = RUNS / "ours" / f"{task}-{tag}"
-    start = time.perf_counter()
-    run_or_resume_sweep(directory, base, seeds)
-    seconds = time.perf_counter() - start
+    seconds = run_timed(directory, lambda: run_or_resume_sweep(directory, base, seeds))  # over every attempt
     rows = Sweep.load(directory).rows()
     records = []
     for seed in sorted({int(r["seed"]) for r in rows}):
