@@ -13,7 +13,8 @@ with the command, the commit and the host (:func:`benchmarks.common.cpu_host`). 
 config's fingerprint is not the registered one is refused before it runs and again before it
 is recorded. ``report`` (also written after every cell) is ``experiments/results/<name>.json``
 and ``.png``: per task the seeds' final returns, each label budget's gain ratio with its
-intervals, and the counts the decision rule reads.
+intervals, the counts the decision rule reads, and how the RL line compares with a reference
+TRPO (:func:`experiments.trpo_reference.figure_rl_line`).
 
 The designs (:data:`DESIGNS`), fixed here and copied into each registration:
 
@@ -45,6 +46,7 @@ from experiments.common import RESULTS
 from experiments.reproduce import (FIGURES, MUJOCO_TASKS, ROOT, Kind, budget_line, budget_of, cpu_overrides,
                                    curve_of, final_return, git_commit, load_ledger, pinned_segment_length, plot,
                                    run_or_resume_sweep, run_timed, save_json, shown, slug, summary)
+from experiments.trpo_reference import figure_rl_line
 from rlhf_jax.config import ExperimentConfig, build, to_dict
 from rlhf_jax.errors import ConfigError, Interrupted
 
@@ -277,6 +279,7 @@ def table(result: dict) -> str:
 def publish(registration: Registration, ledger: dict) -> dict:
     result = report(registration, ledger)
     result["table"] = table(result)
+    result["rl_line_against_reference"] = figure_rl_line()
     png = RESULTS / f"{registration.name}.png"
     title = f"labels against RL, confirmatory, {registration.steps / 1e6:g}M env steps"
     plot(ledger, dataclasses.replace(FIGURES[2], title=title), list(MUJOCO_TASKS), png, quick=False)

@@ -86,13 +86,13 @@ def binned_returns(ends: list[tuple[int, float]], steps: int, points: int = POIN
 
 
 # ---------------------------------------------------------------- ours
-AS_REFERENCE = "the reference's settings"
+AS_CONFIGURED, AS_REFERENCE = "as configured", "the reference's settings"
 
 
 def variant_name(overrides: list[str], as_reference: bool = False) -> str:
     """How a run of ours differs from the figure's RL config: the reference's settings
     (``--ours-as-reference``) and its ``--ours-overrides``."""
-    return " ".join([AS_REFERENCE] * as_reference + overrides) or "as configured"
+    return " ".join([AS_REFERENCE] * as_reference + overrides) or AS_CONFIGURED
 
 
 # sb3-contrib's TRPO defaults (2.9.2) that the zoo's entries leave as they are.
@@ -272,6 +272,19 @@ def report() -> dict:
                 print(f"| {task} | {r['ours']:.0f} | {r['reference']:.0f} | {r['ratio']:.2f} "
                       f"({r['ratio_95'][0]:.2f}-{r['ratio_95'][1]:.2f}) |")
     return result
+
+
+def figure_rl_line(path: Path | None = None) -> dict | None:
+    """The figure's RL agent (ours as configured) against the reference, as the last ``--report``
+    left it (``results/trpo_reference.json``): per block of seeds, each task's ratio with its
+    interval and how many tasks reach the target. None before any report."""
+    path = path or RESULTS / "trpo_reference.json"
+    if not path.exists():
+        return None
+    study = json.loads(path.read_text())
+    return {"target": study["target"], "reference_host": study["reference_host"],
+            "seed_blocks": {first: variants[AS_CONFIGURED] for first, variants in study["seed_blocks"].items()
+                            if AS_CONFIGURED in variants}}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -169,3 +169,12 @@ def test_the_report_reads_the_registered_cells_only(tmp_path, monkeypatch):
     assert cell["gain_ratio"]["mean"] == pytest.approx(1.0)
     assert result["counts"]["700 labels"]["at_threshold_by_mean"] == ["hopper"]
     assert json.dumps(result)  # the JSON the report writes
+
+
+def test_the_figures_json_says_how_its_rl_line_compares_with_the_reference(tmp_path, monkeypatch):
+    monkeypatch.setattr(confirm, "RESULTS", tmp_path)
+    monkeypatch.setattr(confirm, "plot", lambda *args, **kwargs: None)
+    comparison = {"target": 0.9, "seed_blocks": {"100": {"tasks_at_target": 3, "tasks_compared": 4}}}
+    monkeypatch.setattr(confirm, "figure_rl_line", lambda: comparison)
+    confirm.publish(registration(small_cell()), {"runs": {}})
+    assert json.loads((tmp_path / "test.json").read_text())["rl_line_against_reference"] == comparison

@@ -81,3 +81,20 @@ def test_the_references_settings_in_our_units_scale_its_kl_bound_and_damping_by_
         trpo_reference.in_our_units({**zoo, "sub_sampling_factor": 5}, action_dims=6)
     config, _ = trpo_reference.our_config("halfcheetah", 100_000, trpo_reference.in_our_units(zoo, 6))
     assert config.trpo.max_kl == pytest.approx(0.24) and config.trpo.line_search_decay == pytest.approx(0.8)
+
+
+def test_the_figure_reads_its_own_rl_config_against_the_reference_block_by_block(ledgers, tmp_path):
+    ledgers["reference"]["runs"] = {
+        "ant/seed0": record("reference", "ant", 200.0, 1_000_000),
+        "ant/seed100": record("reference", "ant", 400.0, 1_000_000, seed=100, first_seed=100)}
+    ledgers["ours"]["runs"] = {
+        "a": record("ours", "ant", 100.0, 1_000_000),
+        "b": record("ours", "ant", 800.0, 1_000_000, variant=trpo_reference.AS_REFERENCE),
+        "c": record("ours", "ant", 380.0, 1_000_000, seed=100, first_seed=100)}
+    trpo_reference.report()
+    line = trpo_reference.figure_rl_line(tmp_path / "trpo_reference.json")
+    assert line["target"] == 0.9
+    assert line["seed_blocks"]["0"]["tasks"]["ant"]["ratio"] == pytest.approx(0.5)  # not the other variant's 4.0
+    assert line["seed_blocks"]["100"]["tasks"]["ant"]["ratio"] == pytest.approx(0.95)
+    assert line["seed_blocks"]["100"]["tasks_at_target"] == 1
+    assert trpo_reference.figure_rl_line(tmp_path / "no_report_yet.json") is None
