@@ -324,10 +324,12 @@ def main(argv: list[str] | None = None) -> None:
         # seed by seed across the tasks, so that every task has a first comparison early
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for task in tasks:
-                ledger, key = load_ledger(path), f"{task}/seed{seed}"
-                if key in ledger["runs"] and ledger["runs"][key].get("steps") == args.steps:
+                key = f"{task}/seed{seed}"
+                done = load_ledger(path)["runs"].get(key)
+                if done is not None and done["steps"] == args.steps:
                     continue
                 record = {**run_reference(task, args.steps, seed, args.first_seed), **provenance}
+                ledger = load_ledger(path)  # as it is now: another process may have added to it meanwhile
                 ledger["runs"][key] = record
                 save_json(path, ledger)
                 print(f"reference {task} seed {seed}: final return {record['final_return']:.0f} "

@@ -98,3 +98,18 @@ def test_the_figure_reads_its_own_rl_config_against_the_reference_block_by_block
     assert line["seed_blocks"]["100"]["tasks"]["ant"]["ratio"] == pytest.approx(0.95)
     assert line["seed_blocks"]["100"]["tasks_at_target"] == 1
     assert trpo_reference.figure_rl_line(tmp_path / "no_report_yet.json") is None
+
+
+def test_a_reference_run_keeps_what_another_process_recorded_while_it_ran(tmp_path, monkeypatch):
+    """The ledger was read before a run of 15 minutes and written back after it: another
+    process's record from those minutes was lost."""
+    path = tmp_path / "reference_runs.json"
+    monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: path)
+
+    def run_reference(task, steps, seed, first_seed):
+        reproduce.save_json(path, {"runs": {"hopper/seed0": record("reference", "hopper", 1.0, steps)}})
+        return {**record("reference", task, 2.0, steps, seed=seed), "seconds": 900.0}
+
+    monkeypatch.setattr(trpo_reference, "run_reference", run_reference)
+    trpo_reference.main(["--side", "reference", "--tasks", "ant", "--seeds", "1", "--steps", "100"])
+    assert sorted(reproduce.load_ledger(path)["runs"]) == ["ant/seed0", "hopper/seed0"]
