@@ -182,7 +182,7 @@ def zoo_settings(task: str) -> dict:
     return dict(table[f"{TASKS[task]}-v4"])
 
 
-def run_reference(task: str, steps: int, seed: int, first_seed: int = 0, trace: bool = False) -> dict:
+def run_reference(task: str, steps: int, seed: int, trace: bool = False) -> dict:
     import sb3_contrib
     import torch
     from sb3_contrib import TRPO
@@ -219,7 +219,7 @@ def run_reference(task: str, steps: int, seed: int, first_seed: int = 0, trace: 
     model = TRPO(policy, env, seed=seed, device="cpu", verbose=0, **settings)
     model.learn(total_timesteps=steps, callback=EpisodeEnds())
     curve = binned_returns(ends, steps)
-    return {"side": "reference", "task": task, "seed": seed, "first_seed": first_seed, "episode_return": curve,
+    return {"side": "reference", "task": task, "seed": seed, "episode_return": curve,
             "final_return": final_return(curve), "settings": {"normalize": normalize, "n_envs": n_envs,
                                                              "policy": policy, **settings},
             "sb3_contrib": sb3_contrib.__version__, "torch": torch.__version__,
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--trace prints the reference's updates: give it with --side reference")
     if args.trace:
         for task in tasks:
-            run_reference(task, args.steps, args.first_seed, args.first_seed, trace=True)
+            run_reference(task, args.steps, args.first_seed, trace=True)
         return
     path = ledger_path(args.side)
     provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
                 done = load_ledger(path)["runs"].get(key)
                 if done is not None and done["steps"] == args.steps:
                     continue
-                record = {**run_reference(task, args.steps, seed, args.first_seed), **provenance}
+                record = {**run_reference(task, args.steps, seed), "first_seed": args.first_seed, **provenance}
                 ledger = load_ledger(path)  # as it is now: another process may have added to it meanwhile
                 ledger["runs"][key] = record
                 save_json(path, ledger)

@@ -106,10 +106,13 @@ def test_a_reference_run_keeps_what_another_process_recorded_while_it_ran(tmp_pa
     path = tmp_path / "reference_runs.json"
     monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: path)
 
-    def run_reference(task, steps, seed, first_seed):
+    def run_reference(task, steps, seed):
         reproduce.save_json(path, {"runs": {"hopper/seed0": record("reference", "hopper", 1.0, steps)}})
         return {**record("reference", task, 2.0, steps, seed=seed), "seconds": 900.0}
 
     monkeypatch.setattr(trpo_reference, "run_reference", run_reference)
-    trpo_reference.main(["--side", "reference", "--tasks", "ant", "--seeds", "1", "--steps", "100"])
-    assert sorted(reproduce.load_ledger(path)["runs"]) == ["ant/seed0", "hopper/seed0"]
+    trpo_reference.main(["--side", "reference", "--tasks", "ant", "--seeds", "1", "--first-seed", "100",
+                         "--steps", "100"])
+    runs = reproduce.load_ledger(path)["runs"]
+    assert sorted(runs) == ["ant/seed100", "hopper/seed0"]
+    assert runs["ant/seed100"]["first_seed"] == 100  # the block it belongs to, for the report
