@@ -426,8 +426,8 @@ def number(text: str) -> int | float:
 def over_seeds(statistic, values, axis=None):
     """``statistic`` (``np.nanmean`` and its kin) of the seeds' values that exist: NaN where none
     does (a chunk in which no seed's episode ended), without numpy's warning for that."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    with warnings.catch_warnings():  # numpy's words for a slice with no value; others (overflow) still show
+        warnings.filterwarnings("ignore", "Mean of empty slice|Degrees of freedom|All-NaN slice", RuntimeWarning)
         return statistic(values, axis=axis)
 
 
