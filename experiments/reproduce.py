@@ -317,7 +317,8 @@ ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "l
                            ("trpo", "normalize_value_targets"): False, ("run", "score_on_task"): False,
                            ("env", "oracle"): "penalty", ("trpo", "fisher_subsample"): 1,
                            ("reward_model", "clip_actions"): True, ("trpo", "normalize_observations"): False,
-                           ("trpo", "observation_clip"): 5.0, ("trpo", "observation_min_std"): 0.1}
+                           ("trpo", "observation_clip"): 5.0, ("trpo", "observation_min_std"): 0.1,
+                           ("trpo", "observation_moments"): "before_update"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """TRPO: its trust-region maths against NumPy, its returns at episode ends, and learning Pendulum."""
 from pathlib import Path
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -530,6 +531,31 @@ def test_the_networks_read_observations_standardised_by_every_one_seen():
     assert not np.allclose(policy.apply(after.params["policy"], obs[0])[0], policy.apply(after.params["policy"], standardised)[0])
     plain = trpo.init_runner(jax.random.PRNGKey(5), trpo.TRPOConfig(), env)
     assert set(plain.params) == {"policy", "value"}
+
+
+@pytest.mark.slow
+def test_after_update_the_policy_update_reads_the_batch_as_it_was_acted_on():
+    """``observation_moments="after_update"``: the first iteration's update reads the batch
+    standardised by the runner's first moments (mean 0, variance 1: the observations as they
+    are, the clip set out of reach), so its policy and value are those of the same iteration
+    without standardisation; the batch joins the moments afterwards all the same. Before the
+    update (the default) it reads them by the moments with the batch merged, and ends elsewhere."""
+    env = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=4))
+    small = dict(batch_size=32, total_env_steps=32, policy_hidden=(8,), value_hidden=(8,), value_minibatches=2)
+    reward = lambda p, o, a, ts: ts.reward
+    key = jax.random.PRNGKey(5)
+
+    def one_iteration(**options):
+        config = trpo.TRPOConfig(**small, **options)
+        return jax.jit(trpo.make_iteration(config, env, reward))(trpo.init_runner(key, config, env))[0]
+
+    plain = one_iteration()
+    after = one_iteration(normalize_observations=True, observation_clip=1e6, observation_moments="after_update")
+    before = one_iteration(normalize_observations=True, observation_clip=1e6)
+    for part in ("policy", "value"):
+        chex.assert_trees_all_close(after.params[part], plain.params[part], rtol=1e-6, atol=1e-7)
+    assert not np.allclose(ravel_pytree(before.params["policy"])[0], ravel_pytree(plain.params["policy"])[0])
+    chex.assert_trees_all_close(after.params["observations"], before.params["observations"])
 
 
 def test_the_standardisation_clips_and_floors_the_std_as_configured():

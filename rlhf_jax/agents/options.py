@@ -179,6 +179,11 @@ class TRPOConfig:
     # at 10 with a floor of 1e-4 (sqrt of its epsilon 1e-8).
     observation_clip: float = positive(5.0)
     observation_min_std: float = positive(0.1)
+    # When a batch joins the moments. "before_update", as Baselines: the update reads the batch
+    # standardised otherwise than the policy that acted on it read it, so its old policy is not
+    # the one that drew the actions, by more the narrower the policy. "after_update": the update
+    # reads the batch as it was acted on, as sb3-contrib's TRPO (through VecNormalize) does.
+    observation_moments: Literal["before_update", "after_update"] = "before_update"
     reward_scale: float = positive(1.0)
 
     def __post_init__(self):

@@ -320,7 +320,8 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
             std = jnp.sqrt(ops.masked_mean((advantages - mean) ** 2, mask))
             advantages = (advantages - mean) / (std + 1e-8)
 
-        if config.normalize_observations:  # this batch joins the moments before the update, as in Baselines
+        moments_first = config.observation_moments == "before_update"
+        if config.normalize_observations and moments_first:
             params = {**params, "observations": ops.merge_moments(params["observations"], observations)}
         inputs = network_input(config, params, observations)
         policy_params, policy_metrics = update_policy(params["policy"], inputs, actions, advantages, mask)
@@ -330,6 +331,8 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         value_params, opt_state, value_loss = update_value(
             params["value"], runner.opt_state, inputs, returns, mask, value_key, scale
         )
+        if config.normalize_observations and not moments_first:
+            params = {**params, "observations": ops.merge_moments(params["observations"], observations)}
         env_steps = runner.env_steps + env_steps_per_iteration(config, env)
         metrics = {**policy_metrics, "value_loss": value_loss, "env_steps": env_steps,
                    **episode_metrics(timesteps.info)}
