@@ -480,6 +480,31 @@ def test_the_fisher_is_estimated_from_every_kth_time_step_of_every_copy():
     assert np.abs((thirds - start) - (full - start)).max() > 0.05 * np.abs(full - start).max()
 
 
+@pytest.mark.slow
+def test_a_kl_per_action_dimension_is_the_whole_actions_bound_and_damping_times_its_dimensions():
+    """``kl_per_action_dimension``: the KL averaged over the action's 2 dimensions, bounded by
+    ``max_kl`` with ``cg_damping`` added to its Hessian, takes the step the whole action's KL takes
+    with both times 2 (sb3-contrib's trust region in ours); with the same numbers it steps further."""
+    env = TwinSteps(num_envs=4)
+
+    def policy_after_one_update(**options):
+        config = trpo.TRPOConfig(batch_size=32, total_env_steps=32, policy_hidden=(8,), value_hidden=(8,),
+                                 value_minibatches=2, fisher_subsample=1, **options)
+        runner = trpo.init_runner(jax.random.PRNGKey(0), config, env)
+        after, metrics, _ = jax.jit(trpo.make_iteration(config, env, lambda p, o, a, ts: ts.reward))(runner)
+        assert float(metrics["step_fraction"]) == 1.0
+        return ravel_pytree(after.params["policy"])[0] - ravel_pytree(runner.params["policy"])[0]
+
+    per_dimension = policy_after_one_update(max_kl=0.01, cg_damping=0.1, kl_per_action_dimension=True)
+    whole_times_two = policy_after_one_update(max_kl=0.02, cg_damping=0.2)
+    whole = policy_after_one_update(max_kl=0.01, cg_damping=0.1)
+    np.testing.assert_allclose(per_dimension, whole_times_two, rtol=1e-3, atol=1e-6)
+    assert np.linalg.norm(per_dimension) > 1.2 * np.linalg.norm(whole)
+    cartpole = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=2))
+    with pytest.raises(ConfigError, match="kl_per_action_dimension"):
+        trpo.make_iteration(trpo.TRPOConfig(kl_per_action_dimension=True), cartpole, lambda p, o, a, ts: ts.reward)
+
+
 def test_bad_config_values():
     with pytest.raises(ConfigError, match="gamma"):
         trpo.TRPOConfig(gamma=1.5)

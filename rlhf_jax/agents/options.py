@@ -143,6 +143,10 @@ class TRPOConfig:
     gamma: float = in_range(0.995, 0, 1)
     gae_lambda: float = in_range(0.97, 0, 1)
     max_kl: float = positive(0.01)  # delta: the bound on the mean KL(pi_old || pi_new)
+    # The KL that max_kl bounds and whose Hessian (plus cg_damping) is the Fisher: the whole
+    # action's (Schulman et al.'s, Baselines'), or its mean over the action's dimensions
+    # (sb3-contrib's), a trust region dims times wider for the same numbers. Gaussian policies only.
+    kl_per_action_dimension: bool = False
     cg_iterations: int = positive(10, 1000)
     cg_damping: float = non_negative(0.1)
     # The Fisher-vector products from every k-th time step of every copy (1: from the whole

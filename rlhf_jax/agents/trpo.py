@@ -228,9 +228,15 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         raise ConfigError(f"trpo.batch_size ({config.batch_size}) must be at least trpo.value_minibatches "
                           f"({config.value_minibatches})")
 
+    if config.kl_per_action_dimension and not continuous:
+        raise ConfigError(f"trpo.kl_per_action_dimension: {env.spec.id} has discrete actions; "
+                          f"the option divides a Gaussian's KL by its action's dimensions")
+    # The KL of the whole action, or per action dimension (kl_per_action_dimension).
+    kl_unit = env.spec.action_space.shape[0] if continuous and config.kl_per_action_dimension else 1
+
     def mean_kl(mask):
         """``(d_old, d) -> `` the mean KL from the old distribution over the steps of ``mask``."""
-        return lambda old, new: ops.masked_mean(_kl(old, new, continuous), mask)
+        return lambda old, new: ops.masked_mean(_kl(old, new, continuous), mask) / kl_unit
 
     def fisher_sample(network, flat_old, unravel, observations, mask):
         """The linearised network and the mask the Fisher-vector products average over: the whole
