@@ -3,6 +3,7 @@
     python -m experiments.trpo_reference [--side ours|reference] [--tasks hopper,walker2d,halfcheetah,ant]
                                         [--seeds 3] [--first-seed 0] [--steps 1000000]
                                         [--ours-as-reference] [--ours-overrides KEY=VALUE ...]
+                                        [--reference-overrides KEY=VALUE ...]
     python -m experiments.trpo_reference --report
 
 Figure 2's "RL" line is only a yardstick if it is as strong as the usual TRPO. This study
@@ -16,7 +17,9 @@ probes, a fresh block such as 100-102 to confirm what the probes found):
 * **reference**: sb3-contrib's ``TRPO`` with the RL Zoo's settings for the task
   (``rl_zoo3/hyperparams/trpo.yml``, the ``-v4`` entry: observations and rewards normalised by
   ``VecNormalize``, 2 copies of 1,024 steps, gamma 0.99, lambda 0.95, 25 CG steps, 20 critic
-  epochs), on Gymnasium's ``<Task>-v5``, torch on one thread. Needs the ``peers`` extra and
+  epochs), on Gymnasium's ``<Task>-v5``, torch on one thread, or with ``--reference-overrides``
+  in place of the zoo's (``gamma=0.995 gae_lambda=0.97``: the paper's, as the figure's agent
+  has them), recorded as another variant of the reference. Needs the ``peers`` extra and
   ``sb3-contrib`` and ``rl_zoo3``.
 
 **The two bound different KLs.** sb3-contrib's TRPO (2.9.2) takes the mean of
@@ -39,7 +42,8 @@ task is ours over the reference, by the seeds' means; the target is 0.9 on every
 Each (side, task) writes its records to ``results/trpo_reference_<side>_runs.json`` as it
 finishes (the two sides can run at once, one process each); ``--report`` writes
 ``results/trpo_reference.json`` with one table per block of seeds and variant of ours, each
-side's runs on the same seeds, and every record names the host
+side's runs on the same seeds (against the zoo's settings in ``seed_blocks``, against the
+reference's other variants in ``reference_variants``), and every record names the host
 (:func:`benchmarks.common.cpu_host`) and the commit.
 """
 from __future__ import annotations
@@ -87,6 +91,7 @@ def binned_returns(ends: list[tuple[int, float]], steps: int, points: int = POIN
 
 # ---------------------------------------------------------------- ours
 AS_CONFIGURED, AS_REFERENCE = "as configured", "the reference's settings"
+ZOO = "the zoo's settings"  # the reference's variant without --reference-overrides
 
 
 def variant_name(overrides: list[str], as_reference: bool = False) -> str:
@@ -182,7 +187,29 @@ def zoo_settings(task: str) -> dict:
     return dict(table[f"{TASKS[task]}-v4"])
 
 
-def run_reference(task: str, steps: int, seed: int, trace: bool = False) -> dict:
+def reference_variant(overrides: dict) -> str:
+    """How a reference run differs from the zoo's settings (``--reference-overrides``)."""
+    return " ".join([ZOO, *(f"{key}={value}" for key, value in overrides.items())])
+
+
+def reference_overrides(pairs: list[str], task: str) -> dict:
+    """``KEY=VALUE`` pairs as settings of sb3-contrib's TRPO; a key neither the zoo's entry for the
+    task nor :data:`REFERENCE_DEFAULTS` names is refused."""
+    import yaml
+
+    if not pairs:
+        return {}
+    known = {**REFERENCE_DEFAULTS, **zoo_settings(task)}
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"--reference-overrides {pair!r}: give KEY=VALUE with KEY one of {', '.join(sorted(known))}")
+        settings[key] = yaml.safe_load(value)
+    return settings
+
+
+def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrides: dict | None = None) -> dict:
     import sb3_contrib
     import torch
     from sb3_contrib import TRPO
@@ -191,7 +218,7 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False) -> dict
     from stable_baselines3.common.vec_env import VecNormalize
 
     torch.set_num_threads(1)
-    settings = zoo_settings(task)
+    settings = {**zoo_settings(task), **(overrides or {})}
     normalize = settings.pop("normalize", False)
     n_envs = settings.pop("n_envs", 1)
     settings.pop("n_timesteps", None)
@@ -219,7 +246,8 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False) -> dict
     model = TRPO(policy, env, seed=seed, device="cpu", verbose=0, **settings)
     model.learn(total_timesteps=steps, callback=EpisodeEnds())
     curve = binned_returns(ends, steps)
-    return {"side": "reference", "task": task, "seed": seed, "episode_return": curve,
+    return {"side": "reference", "task": task, "seed": seed, "variant": reference_variant(overrides or {}),
+            "episode_return": curve,
             "final_return": final_return(curve), "settings": {"normalize": normalize, "n_envs": n_envs,
                                                              "policy": policy, **settings},
             "sb3_contrib": sb3_contrib.__version__, "torch": torch.__version__,
@@ -253,8 +281,11 @@ def comparison(ours: list[dict], reference: list[dict]) -> dict:
 def report() -> dict:
     """Every variant of ours against the reference, block of seeds by block: each table sets
     one variant's runs against the reference's runs on the same seeds."""
-    reference = list(load_ledger(ledger_path("reference"))["runs"].values())
-    budgets = {r["steps"] for r in reference}
+    every_reference = list(load_ledger(ledger_path("reference"))["runs"].values())
+    budgets = {r["steps"] for r in every_reference}
+    # records made before the reference had variants are the zoo's settings
+    variant_of = lambda r: r.get("variant", ZOO)
+    reference = [r for r in every_reference if variant_of(r) == ZOO]
     # shorter probes of ours (what changes in the first 150k steps) are not finals to compare
     ours = [r for r in load_ledger(ledger_path("ours"))["runs"].values() if r["steps"] in budgets]
     blocks = {}
@@ -262,11 +293,24 @@ def report() -> dict:
         mine, theirs = [r for r in ours if r["first_seed"] == first], [r for r in reference if r["first_seed"] == first]
         variants = sorted({r["variant"] for r in mine})
         blocks[str(first)] = {v: comparison([r for r in mine if r["variant"] == v], theirs) for v in variants}
-    result = {"target": TARGET, "reference_host": sorted({r["cpu"] for r in reference}), "seed_blocks": blocks}
+    # ours against the reference with other settings (--reference-overrides), block by block
+    others = {}
+    for name in sorted({variant_of(r) for r in every_reference} - {ZOO}):
+        theirs_all = [r for r in every_reference if variant_of(r) == name]
+        others[name] = {}
+        for first in sorted({r["first_seed"] for r in theirs_all}):
+            mine = [r for r in ours if r["first_seed"] == first]
+            theirs = [r for r in theirs_all if r["first_seed"] == first]
+            others[name][str(first)] = {v: comparison([r for r in mine if r["variant"] == v], theirs)
+                                        for v in sorted({r["variant"] for r in mine})}
+    result = {"target": TARGET, "reference_host": sorted({r["cpu"] for r in every_reference}),
+              "seed_blocks": blocks, "reference_variants": others}
     save_json(RESULTS / "trpo_reference.json", result)
-    for first, variants in blocks.items():
+    tables = [(ZOO, first, variants) for first, variants in blocks.items()]
+    tables += [(name, first, variants) for name, by_block in others.items() for first, variants in by_block.items()]
+    for name, first, variants in tables:
         for variant, table in variants.items():
-            print(f"\nseeds from {first}, ours: {variant}\n"
+            print(f"\nseeds from {first}, reference: {name}, ours: {variant}\n"
                   "| task | ours | reference | ratio (95% interval) |\n| --- | ---: | ---: | ---: |")
             for task, r in table["tasks"].items():
                 print(f"| {task} | {r['ours']:.0f} | {r['reference']:.0f} | {r['ratio']:.2f} "
@@ -296,6 +340,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the block's first seed: 0 for probes, a fresh block (100) to confirm")
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--ours-overrides", nargs="*", default=[])
+    parser.add_argument("--reference-overrides", nargs="*", default=[],
+                        help="the reference with other settings than the zoo's, KEY=VALUE (e.g. gamma=0.995)")
     parser.add_argument("--ours-as-reference", action="store_true",
                         help="ours with the reference's settings for each task, in our units")
     parser.add_argument("--report", action="store_true", help="write the table from both sides' records")
@@ -313,9 +359,17 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown task {unknown[0]!r}; the tasks are {', '.join(TASKS)}")
     if args.trace and args.side != "reference":
         parser.error("--trace prints the reference's updates: give it with --side reference")
+    if args.reference_overrides and args.side != "reference":
+        parser.error("--reference-overrides sets the reference's settings: give it with --side reference")
+    try:
+        for task in tasks:
+            reference_overrides(args.reference_overrides, task)
+    except ValueError as error:
+        parser.error(str(error))
     if args.trace:
         for task in tasks:
-            run_reference(task, args.steps, args.first_seed, trace=True)
+            run_reference(task, args.steps, args.first_seed, trace=True,
+                          overrides=reference_overrides(args.reference_overrides, task))
         return
     path = ledger_path(args.side)
     provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
@@ -324,11 +378,14 @@ def main(argv: list[str] | None = None) -> None:
         # seed by seed across the tasks, so that every task has a first comparison early
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for task in tasks:
-                key = f"{task}/seed{seed}"
+                overrides = reference_overrides(args.reference_overrides, task)
+                # the zoo's settings keep the keys they had before the reference had variants
+                key = f"{task}/seed{seed}" + "".join(f"/{k}={v}" for k, v in overrides.items())
                 done = load_ledger(path)["runs"].get(key)
                 if done is not None and done["steps"] == args.steps:
                     continue
-                record = {**run_reference(task, args.steps, seed), "first_seed": args.first_seed, **provenance}
+                record = {**run_reference(task, args.steps, seed, overrides=overrides), "first_seed": args.first_seed,
+                          **provenance}
                 ledger = load_ledger(path)  # as it is now: another process may have added to it meanwhile
                 ledger["runs"][key] = record
                 save_json(path, ledger)

@@ -6,9 +6,10 @@ from rlhf_jax.config import ExperimentConfig, load_config, to_dict
 from rlhf_jax.sweep import Sweep
 
 
-def record(side, task, final, steps, variant="as configured", seed=0, first_seed=0):
+def record(side, task, final, steps, variant=None, seed=0, first_seed=0):
+    default = trpo_reference.AS_CONFIGURED if side == "ours" else trpo_reference.ZOO
     return {"side": side, "task": task, "seed": seed, "first_seed": first_seed, "final_return": final, "steps": steps,
-            "variant": variant, "cpu": "test"}
+            "variant": variant or default, "cpu": "test"}
 
 
 @pytest.fixture
@@ -106,7 +107,7 @@ def test_a_reference_run_keeps_what_another_process_recorded_while_it_ran(tmp_pa
     path = tmp_path / "reference_runs.json"
     monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: path)
 
-    def run_reference(task, steps, seed):
+    def run_reference(task, steps, seed, overrides=None):
         reproduce.save_json(path, {"runs": {"hopper/seed0": record("reference", "hopper", 1.0, steps)}})
         return {**record("reference", task, 2.0, steps, seed=seed), "seconds": 900.0}
 
@@ -116,3 +117,26 @@ def test_a_reference_run_keeps_what_another_process_recorded_while_it_ran(tmp_pa
     runs = reproduce.load_ledger(path)["runs"]
     assert sorted(runs) == ["ant/seed100", "hopper/seed0"]
     assert runs["ant/seed100"]["first_seed"] == 100  # the block it belongs to, for the report
+
+
+def test_the_reference_with_the_papers_gamma_is_its_own_variant_block_by_block(ledgers, monkeypatch):
+    """``--reference-overrides``: records of the reference with other settings are set against
+    ours in ``reference_variants``, and leave the zoo's comparison as it was."""
+    paper = "the zoo's settings gamma=0.995 gae_lambda=0.97"
+    ledgers["reference"]["runs"] = {
+        "ant/seed100": record("reference", "ant", 400.0, 1_000_000, variant=None, seed=100, first_seed=100),
+        "ant/seed100/gamma=0.995": record("reference", "ant", 100.0, 1_000_000, variant=paper, seed=100,
+                                          first_seed=100)}
+    del ledgers["reference"]["runs"]["ant/seed100"]["variant"]  # made before the reference had variants
+    ledgers["ours"]["runs"] = {"c": record("ours", "ant", 200.0, 1_000_000, seed=100, first_seed=100)}
+    result = trpo_reference.report()
+    assert result["seed_blocks"]["100"]["as configured"]["tasks"]["ant"]["ratio"] == pytest.approx(0.5)
+    assert result["reference_variants"][paper]["100"]["as configured"]["tasks"]["ant"]["ratio"] == pytest.approx(2.0)
+    monkeypatch.setattr(trpo_reference, "zoo_settings", lambda task: {"gamma": 0.99, "gae_lambda": 0.95})
+    assert trpo_reference.reference_overrides(["gamma=0.995", "gae_lambda=0.97"], "ant") == {
+        "gamma": 0.995, "gae_lambda": 0.97}
+    assert trpo_reference.reference_variant({"gamma": 0.995, "gae_lambda": 0.97}) == paper
+    with pytest.raises(ValueError, match="gama=0.995"):
+        trpo_reference.reference_overrides(["gama=0.995"], "ant")
+    with pytest.raises(SystemExit):
+        trpo_reference.main(["--side", "ours", "--reference-overrides", "gamma=0.995"])
