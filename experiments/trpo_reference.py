@@ -204,7 +204,8 @@ def reference_overrides(pairs: list[str], task: str) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or key not in known:
-            raise ValueError(f"--reference-overrides {pair!r}: give KEY=VALUE with KEY one of {', '.join(sorted(known))}")
+            raise ValueError(f"--reference-overrides {pair!r}: give KEY=VALUE with KEY one of "
+                             f"{', '.join(sorted(known))}")
         settings[key] = yaml.safe_load(value)
     return settings
 
@@ -281,29 +282,28 @@ def comparison(ours: list[dict], reference: list[dict]) -> dict:
 def report() -> dict:
     """Every variant of ours against the reference, block of seeds by block: each table sets
     one variant's runs against the reference's runs on the same seeds."""
-    every_reference = list(load_ledger(ledger_path("reference"))["runs"].values())
-    budgets = {r["steps"] for r in every_reference}
-    # records made before the reference had variants are the zoo's settings
-    variant_of = lambda r: r.get("variant", ZOO)
-    reference = [r for r in every_reference if variant_of(r) == ZOO]
+    reference = list(load_ledger(ledger_path("reference"))["runs"].values())
+    budgets = {r["steps"] for r in reference}
     # shorter probes of ours (what changes in the first 150k steps) are not finals to compare
     ours = [r for r in load_ledger(ledger_path("ours"))["runs"].values() if r["steps"] in budgets]
-    blocks = {}
-    for first in sorted({r["first_seed"] for r in ours}):
-        mine, theirs = [r for r in ours if r["first_seed"] == first], [r for r in reference if r["first_seed"] == first]
-        variants = sorted({r["variant"] for r in mine})
-        blocks[str(first)] = {v: comparison([r for r in mine if r["variant"] == v], theirs) for v in variants}
-    # ours against the reference with other settings (--reference-overrides), block by block
-    others = {}
-    for name in sorted({variant_of(r) for r in every_reference} - {ZOO}):
-        theirs_all = [r for r in every_reference if variant_of(r) == name]
-        others[name] = {}
+
+    def block_by_block(theirs_all: list[dict]) -> dict:
+        """Each of our variants against these reference runs, on each block of seeds they ran."""
+        tables = {}
         for first in sorted({r["first_seed"] for r in theirs_all}):
             mine = [r for r in ours if r["first_seed"] == first]
             theirs = [r for r in theirs_all if r["first_seed"] == first]
-            others[name][str(first)] = {v: comparison([r for r in mine if r["variant"] == v], theirs)
-                                        for v in sorted({r["variant"] for r in mine})}
-    result = {"target": TARGET, "reference_host": sorted({r["cpu"] for r in every_reference}),
+            tables[str(first)] = {v: comparison([r for r in mine if r["variant"] == v], theirs)
+                                  for v in sorted({r["variant"] for r in mine})}
+        return tables
+
+    # records made before the reference had variants are the zoo's settings
+    variant_of = lambda r: r.get("variant", ZOO)
+    by_variant = {name: block_by_block([r for r in reference if variant_of(r) == name])
+                  for name in sorted({variant_of(r) for r in reference})}
+    blocks = by_variant.pop(ZOO, {})
+    others = by_variant  # ours against the reference with other settings (--reference-overrides)
+    result = {"target": TARGET, "reference_host": sorted({r["cpu"] for r in reference}),
               "seed_blocks": blocks, "reference_variants": others}
     save_json(RESULTS / "trpo_reference.json", result)
     tables = [(ZOO, first, variants) for first, variants in blocks.items()]
@@ -362,14 +362,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.reference_overrides and args.side != "reference":
         parser.error("--reference-overrides sets the reference's settings: give it with --side reference")
     try:
-        for task in tasks:
-            reference_overrides(args.reference_overrides, task)
+        overrides_of = {task: reference_overrides(args.reference_overrides, task) for task in tasks}
     except ValueError as error:
         parser.error(str(error))
     if args.trace:
         for task in tasks:
-            run_reference(task, args.steps, args.first_seed, trace=True,
-                          overrides=reference_overrides(args.reference_overrides, task))
+            run_reference(task, args.steps, args.first_seed, trace=True, overrides=overrides_of[task])
         return
     path = ledger_path(args.side)
     provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
@@ -378,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         # seed by seed across the tasks, so that every task has a first comparison early
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for task in tasks:
-                overrides = reference_overrides(args.reference_overrides, task)
+                overrides = overrides_of[task]
                 # the zoo's settings keep the keys they had before the reference had variants
                 key = f"{task}/seed{seed}" + "".join(f"/{k}={v}" for k, v in overrides.items())
                 done = load_ledger(path)["runs"].get(key)

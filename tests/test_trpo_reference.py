@@ -124,7 +124,7 @@ def test_the_reference_with_the_papers_gamma_is_its_own_variant_block_by_block(l
     ours in ``reference_variants``, and leave the zoo's comparison as it was."""
     paper = "the zoo's settings gamma=0.995 gae_lambda=0.97"
     ledgers["reference"]["runs"] = {
-        "ant/seed100": record("reference", "ant", 400.0, 1_000_000, variant=None, seed=100, first_seed=100),
+        "ant/seed100": record("reference", "ant", 400.0, 1_000_000, seed=100, first_seed=100),
         "ant/seed100/gamma=0.995": record("reference", "ant", 100.0, 1_000_000, variant=paper, seed=100,
                                           first_seed=100)}
     del ledgers["reference"]["runs"]["ant/seed100"]["variant"]  # made before the reference had variants

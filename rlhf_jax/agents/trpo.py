@@ -232,7 +232,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         raise ConfigError(f"trpo.kl_per_action_dimension: {env.spec.id} has discrete actions; "
                           f"the option divides a Gaussian's KL by its action's dimensions")
     # The KL of the whole action, or per action dimension (kl_per_action_dimension).
-    kl_unit = env.spec.action_space.shape[0] if continuous and config.kl_per_action_dimension else 1
+    kl_unit = env.spec.action_space.shape[0] if config.kl_per_action_dimension else 1
 
     def mean_kl(mask):
         """``(d_old, d) -> `` the mean KL from the old distribution over the steps of ``mask``."""
