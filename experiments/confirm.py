@@ -94,6 +94,7 @@ class Design:
     lines: tuple[Line, ...]  # in the order they run: the claim's two lines first, task by task
     label_overrides: tuple[str, ...] = ()  # one value for every task's label cells
     per_task_settings: tuple[dict, ...] = PER_TASK_SETTINGS
+    agent: tuple[str, ...] = ()  # the agent's settings beyond its config files: every cell, RL's and the labels'
 
 
 # The tasks' own episodes in the label runs: one value (0, the task's own limit) for all eight.
@@ -119,7 +120,7 @@ def design_cells(design: Design, tasks: list[str]) -> list[RegisteredCell]:
     for line, task in order:
         panel = MUJOCO_TASKS[task]
         path = panel.baselines[0].config if line.budget is None else panel.rlhf
-        overrides = [*cpu_overrides(path), f"env.num_envs={NUM_ENVS}"]
+        overrides = [*cpu_overrides(path), f"env.num_envs={NUM_ENVS}", *design.agent]
         if line.budget is not None:
             overrides += [f"preferences.labels={line.budget}", *design.label_overrides]
         overrides += [*seed_keys(line.first_seed, NUM_ENVS), f"trpo.total_env_steps={design.steps}",
@@ -138,7 +139,7 @@ def register(name: str, tasks: list[str] | None = None, directory: Path = REGIST
     design = DESIGNS[name]
     cells = design_cells(design, tasks or list(MUJOCO_TASKS))
     registration = Registration(name, design.steps, design.steps // CHUNK_ENV_STEPS, THRESHOLD, CLAIM_BUDGET,
-                                CLAIM_TASKS, DECISION_RULE, design.per_task_settings, tuple(cells))
+                                CLAIM_TASKS, DECISION_RULE, design.per_task_settings, tuple(cells), design.agent)
     commit = git_commit()
     header = (f"# Figure 2, confirmatory ({name}): registered before any of its cells ran, from the configs at\n"
               f"# commit {commit['commit']}{' (with uncommitted changes)' if commit['uncommitted_changes'] else ''}.\n"
@@ -279,7 +280,7 @@ def table(result: dict) -> str:
 def publish(registration: Registration, ledger: dict) -> dict:
     result = report(registration, ledger)
     result["table"] = table(result)
-    result["rl_line_against_reference"] = figure_rl_line()
+    result["rl_line_against_reference"] = figure_rl_line(list(registration.agent))
     png = RESULTS / f"{registration.name}.png"
     title = f"labels against RL, confirmatory, {registration.steps / 1e6:g}M env steps"
     plot(ledger, dataclasses.replace(FIGURES[2], title=title), list(MUJOCO_TASKS), png, quick=False)

@@ -67,6 +67,9 @@ class Registration:
     decision_rule: str
     per_task_settings: tuple[dict, ...]  # each {task, key, value, reason}: the only values that differ by task
     cells: tuple[RegisteredCell, ...]
+    # the agent's settings beyond its config files, the same in every cell (RL's and the label runs'); each
+    # cell's overrides hold them too, so its fingerprint does
+    agent: tuple[str, ...] = ()
 
     def cell(self, key: str) -> RegisteredCell:
         return next(c for c in self.cells if c.key == key)
@@ -105,8 +108,11 @@ def save(registration: Registration, path: Path, header: str) -> None:
     """Write a new registration; an existing one is never overwritten (it is the record)."""
     if path.exists():
         raise RegistrationError(f"{path} exists: a registration is never rewritten; register anew under another name")
-    data = dataclasses.asdict(registration)
+    data = {field.name: getattr(registration, field.name) for field in dataclasses.fields(Registration)
+            if field.name not in ("per_task_settings", "cells", "agent")}
     data["per_task_settings"] = [dict(s) for s in registration.per_task_settings]
+    if registration.agent:  # written before the cells; the registrations from before it have none
+        data["agent"] = list(registration.agent)
     data["cells"] = [{**dataclasses.asdict(c), "overrides": list(c.overrides), "seeds": list(c.seeds)}
                      for c in registration.cells]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +123,8 @@ def load(path: Path) -> Registration:
     data = yaml.safe_load(Path(path).read_text())
     cells = tuple(RegisteredCell(**{**c, "overrides": tuple(c["overrides"]), "seeds": tuple(c["seeds"])})
                   for c in data.pop("cells"))
-    return Registration(**{**data, "per_task_settings": tuple(data["per_task_settings"]), "cells": cells})
+    return Registration(**{**data, "per_task_settings": tuple(data["per_task_settings"]), "cells": cells,
+                           "agent": tuple(data.get("agent", ()))})
 
 
 # ---------------------------------------------------------------- the decision rule

@@ -318,17 +318,25 @@ def report() -> dict:
     return result
 
 
-def figure_rl_line(path: Path | None = None) -> dict | None:
-    """The figure's RL agent (ours as configured) against the reference, as the last ``--report``
-    left it (``results/trpo_reference.json``): per block of seeds, each task's ratio with its
-    interval and how many tasks reach the target. None before any report."""
+def figure_rl_line(agent: list[str] | None = None, path: Path | None = None) -> dict | None:
+    """The figure's RL agent (ours as configured, with the ``agent`` overrides a registration
+    gives it) against the reference, as the last ``--report`` left it
+    (``results/trpo_reference.json``): per block of seeds, each task's ratio with its interval
+    and how many tasks reach the target, against the zoo's settings (``seed_blocks``) and
+    against each other variant of the reference (``reference_variants``). None before any report."""
     path = path or RESULTS / "trpo_reference.json"
     if not path.exists():
         return None
     study = json.loads(path.read_text())
-    return {"target": study["target"], "reference_host": study["reference_host"],
-            "seed_blocks": {first: variants[AS_CONFIGURED] for first, variants in study["seed_blocks"].items()
-                            if AS_CONFIGURED in variants}}
+    ours = variant_name(agent or [])
+
+    def this_agent(blocks: dict) -> dict:
+        return {first: variants[ours] for first, variants in blocks.items() if ours in variants}
+
+    others = {name: this_agent(blocks) for name, blocks in study.get("reference_variants", {}).items()}
+    return {"target": study["target"], "reference_host": study["reference_host"], "agent": ours,
+            "seed_blocks": this_agent(study["seed_blocks"]),
+            "reference_variants": {name: blocks for name, blocks in others.items() if blocks}}
 
 
 def main(argv: list[str] | None = None) -> None:

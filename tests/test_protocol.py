@@ -128,6 +128,27 @@ def test_the_own_episodes_design_changes_only_the_label_runs_episode_length_on_f
     assert [s["key"] for s in design.per_task_settings].count("env.max_episode_steps") == 1
 
 
+def test_a_designs_agent_runs_in_every_cell_and_is_written_in_its_registration(tmp_path):
+    """One agent for RL and the label runs alike: its settings are in every cell's config, and so
+    in every fingerprint; the registration names them once, and reads them back."""
+    agent = ("trpo.kl_per_action_dimension=true", "trpo.max_kl=0.01", "trpo.batch_size=2048")
+    design = dataclasses.replace(confirm.DESIGNS["figure2_1m"], agent=agent)
+    cells = confirm.design_cells(design, ["hopper"])
+    before = {c.key: c for c in confirm.design_cells(confirm.DESIGNS["figure2_1m"], ["hopper"])}
+    for cell in cells:
+        config = protocol.cell_config(cell)
+        assert config.trpo.kl_per_action_dimension and config.trpo.max_kl == 0.01 and config.trpo.batch_size == 2048
+        assert cell.fingerprint != before[cell.key].fingerprint
+    path = tmp_path / "r.yaml"
+    protocol.save(dataclasses.replace(registration(*cells), agent=agent), path, "")
+    assert protocol.load(path).agent == agent
+    assert yaml.safe_load(path.read_text())["agent"] == list(agent)
+    # a registration without an agent is written as before agents had one
+    protocol.save(registration(*cells), tmp_path / "plain.yaml", "")
+    assert "agent" not in yaml.safe_load((tmp_path / "plain.yaml").read_text())
+    assert protocol.load(tmp_path / "plain.yaml").agent == ()
+
+
 def test_the_gain_ratio_and_its_interval_by_hand():
     estimate = protocol.gain_ratio_estimate([3.0, 5.0, 7.0], [9.0, 11.0], start=1.0)
     # RL's mean gain is 10 - 1 = 9; the seeds' gains 2, 4, 6
@@ -175,6 +196,6 @@ def test_the_figures_json_says_how_its_rl_line_compares_with_the_reference(tmp_p
     monkeypatch.setattr(confirm, "RESULTS", tmp_path)
     monkeypatch.setattr(confirm, "plot", lambda *args, **kwargs: None)
     comparison = {"target": 0.9, "seed_blocks": {"100": {"tasks_at_target": 3, "tasks_compared": 4}}}
-    monkeypatch.setattr(confirm, "figure_rl_line", lambda: comparison)
+    monkeypatch.setattr(confirm, "figure_rl_line", lambda agent: comparison if agent == [] else None)
     confirm.publish(registration(small_cell()), {"runs": {}})
     assert json.loads((tmp_path / "test.json").read_text())["rl_line_against_reference"] == comparison

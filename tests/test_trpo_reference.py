@@ -93,12 +93,32 @@ def test_the_figure_reads_its_own_rl_config_against_the_reference_block_by_block
         "b": record("ours", "ant", 800.0, 1_000_000, variant=trpo_reference.AS_REFERENCE),
         "c": record("ours", "ant", 380.0, 1_000_000, seed=100, first_seed=100)}
     trpo_reference.report()
-    line = trpo_reference.figure_rl_line(tmp_path / "trpo_reference.json")
+    line = trpo_reference.figure_rl_line(path=tmp_path / "trpo_reference.json")
     assert line["target"] == 0.9
     assert line["seed_blocks"]["0"]["tasks"]["ant"]["ratio"] == pytest.approx(0.5)  # not the other variant's 4.0
     assert line["seed_blocks"]["100"]["tasks"]["ant"]["ratio"] == pytest.approx(0.95)
     assert line["seed_blocks"]["100"]["tasks_at_target"] == 1
-    assert trpo_reference.figure_rl_line(tmp_path / "no_report_yet.json") is None
+    assert trpo_reference.figure_rl_line(path=tmp_path / "no_report_yet.json") is None
+
+
+def test_a_registered_agent_is_read_against_every_variant_of_the_reference(ledgers, tmp_path):
+    """An agent with settings of its own is its variant of ours: the figure reads that variant,
+    against the zoo's reference and against the reference at the same gamma and lambda."""
+    agent = ["trpo.max_kl=0.01", "trpo.batch_size=2048"]
+    same = "gamma=0.995 gae_lambda=0.97"
+    ledgers["reference"]["runs"] = {
+        "zoo": record("reference", "ant", 400.0, 1_000_000, seed=110, first_seed=110),
+        "paper": record("reference", "ant", 200.0, 1_000_000, variant=same, seed=110, first_seed=110)}
+    ledgers["ours"]["runs"] = {
+        "configured": record("ours", "ant", 100.0, 1_000_000, seed=110, first_seed=110),
+        "agent": record("ours", "ant", 380.0, 1_000_000, variant=" ".join(agent), seed=110, first_seed=110)}
+    trpo_reference.report()
+    line = trpo_reference.figure_rl_line(agent, tmp_path / "trpo_reference.json")
+    assert line["agent"] == " ".join(agent)
+    assert line["seed_blocks"]["110"]["tasks"]["ant"]["ratio"] == pytest.approx(0.95)  # not 100 / 400
+    assert line["reference_variants"][same]["110"]["tasks"]["ant"]["ratio"] == pytest.approx(1.9)
+    as_configured = trpo_reference.figure_rl_line(path=tmp_path / "trpo_reference.json")
+    assert as_configured["seed_blocks"]["110"]["tasks"]["ant"]["ratio"] == pytest.approx(0.25)
 
 
 def test_a_reference_run_keeps_what_another_process_recorded_while_it_ran(tmp_path, monkeypatch):
