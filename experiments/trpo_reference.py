@@ -1,7 +1,7 @@
 """Our TRPO against a reference TRPO (sb3-contrib's), side by side on this machine.
 
     python -m experiments.trpo_reference [--side ours|reference] [--tasks hopper,walker2d,halfcheetah,ant]
-                                        [--seeds 3] [--first-seed 0] [--steps 1000000]
+                                        [--seeds 3] [--first-seed 0] [--steps 1000000] [--no-control-cost]
                                         [--ours-as-reference] [--ours-overrides KEY=VALUE ...]
                                         [--reference-overrides KEY=VALUE ...]
     python -m experiments.trpo_reference --report
@@ -9,7 +9,9 @@
 Figure 2's "RL" line is only a yardstick if it is as strong as the usual TRPO. This study
 runs both on the standard Gymnasium v5 tasks (control cost kept, each task's own episode ends),
 for the same env steps and seeds (``--seeds`` of them from ``--first-seed``: 0-2 for the
-probes, a fresh block such as 100-102 to confirm what the probes found):
+probes, a fresh block such as 100-102 to confirm what the probes found), or, with
+``--no-control-cost``, on the tasks as figure 2 scores them (appendix A.1 removes the torque
+cost; each side's records say which, and the report keeps the two apart):
 
 * **ours**: the figure's RL agent, ``configs/paper/mujoco/<task>_trpo.yaml`` on EnvPool's C
   MuJoCo with ``env.control_cost=true`` and ``--ours-overrides`` (none by default), each task's
@@ -137,11 +139,12 @@ def action_dims(task: str) -> int:
     return gymnasium.make(f"{TASKS[task]}-v5").action_space.shape[0]
 
 
-def our_config(task: str, steps: int, overrides: list[str], first_seed: int = 0):
+def our_config(task: str, steps: int, overrides: list[str], first_seed: int = 0, control_cost: bool = True):
     from rlhf_jax.config import ExperimentConfig, load_config
 
     chunk = steps // POINTS
-    keys = [f"env.id=envpool/{TASKS[task]}-v5", "env.num_envs=5", "env.control_cost=true", f"seed={first_seed}",
+    keys = [f"env.id=envpool/{TASKS[task]}-v5", "env.num_envs=5", f"env.control_cost={str(control_cost).lower()}",
+            f"seed={first_seed}",
             f"env.seed={first_seed}",
             f"trpo.total_env_steps={steps}", f"run.chunk_env_steps={chunk}", "run.checkpoint_every_updates=1",
             "run.tensorboard=false", *overrides]
@@ -149,14 +152,14 @@ def our_config(task: str, steps: int, overrides: list[str], first_seed: int = 0)
 
 
 def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed: int = 0,
-             as_reference: bool = False) -> list[dict]:
+             as_reference: bool = False, control_cost: bool = True) -> list[dict]:
     import hashlib
 
     from rlhf_jax.config import to_dict
     from rlhf_jax.sweep import Sweep
 
     settings = in_our_units(zoo_settings(task), action_dims(task)) if as_reference else []
-    config, keys = our_config(task, steps, settings + overrides, first_seed)
+    config, keys = our_config(task, steps, settings + overrides, first_seed, control_cost)
     base = to_dict(config)
     tag = hashlib.sha1(json.dumps(base, sort_keys=True).encode()).hexdigest()[:10]
     directory = RUNS / "ours" / f"{task}-{tag}"
@@ -167,7 +170,7 @@ def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed
         mine = sorted((r for r in rows if int(r["seed"]) == seed), key=lambda r: r["chunk"])
         curve = [None if math.isnan(r["episode_return"]) else r["episode_return"] for r in mine]
         records.append({"side": "ours", "task": task, "seed": seed, "first_seed": first_seed,
-                        "variant": variant_name(overrides, as_reference),
+                        "variant": variant_name(overrides, as_reference), "control_cost": control_cost,
                         "episode_return": curve,
                         "final_return": final_return(curve), "config": f"configs/paper/mujoco/{task}_trpo.yaml",
                         "overrides": keys, "fingerprint": tag, "seconds_all_seeds": round(seconds, 1)})
@@ -210,12 +213,21 @@ def reference_overrides(pairs: list[str], task: str) -> dict:
     return settings
 
 
-def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrides: dict | None = None) -> dict:
+def reference_env(task: str, n_envs: int, seed: int, control_cost: bool = True):
+    """Gymnasium's ``<Task>-v5`` in ``n_envs`` copies, each in a ``Monitor``; without the control
+    cost, the task as figure 2 scores it (appendix A.1; every v5 task names its weight so)."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    return make_vec_env(f"{TASKS[task]}-v5", n_envs=n_envs, seed=seed,
+                        env_kwargs=None if control_cost else {"ctrl_cost_weight": 0.0})
+
+
+def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrides: dict | None = None,
+                  control_cost: bool = True) -> dict:
     import sb3_contrib
     import torch
     from sb3_contrib import TRPO
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
     torch.set_num_threads(1)
@@ -224,7 +236,7 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
     n_envs = settings.pop("n_envs", 1)
     settings.pop("n_timesteps", None)
     policy = settings.pop("policy")
-    env = make_vec_env(f"{TASKS[task]}-v5", n_envs=n_envs, seed=seed)
+    env = reference_env(task, n_envs, seed, control_cost)
     if normalize:
         env = VecNormalize(env, gamma=settings.get("gamma", 0.99))
     ends: list[tuple[int, float]] = []
@@ -248,7 +260,7 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
     model.learn(total_timesteps=steps, callback=EpisodeEnds())
     curve = binned_returns(ends, steps)
     return {"side": "reference", "task": task, "seed": seed, "variant": reference_variant(overrides or {}),
-            "episode_return": curve,
+            "control_cost": control_cost, "episode_return": curve,
             "final_return": final_return(curve), "settings": {"normalize": normalize, "n_envs": n_envs,
                                                              "policy": policy, **settings},
             "sb3_contrib": sb3_contrib.__version__, "torch": torch.__version__,
@@ -281,40 +293,53 @@ def comparison(ours: list[dict], reference: list[dict]) -> dict:
 
 def report() -> dict:
     """Every variant of ours against the reference, block of seeds by block: each table sets
-    one variant's runs against the reference's runs on the same seeds."""
-    reference = list(load_ledger(ledger_path("reference"))["runs"].values())
-    budgets = {r["steps"] for r in reference}
+    one variant's runs against the reference's runs on the same seeds and the same tasks (with
+    the control cost, or without it as figure 2 scores them, ``without_control_cost``)."""
+    reference_all = list(load_ledger(ledger_path("reference"))["runs"].values())
+    budgets = {r["steps"] for r in reference_all}
     # shorter probes of ours (what changes in the first 150k steps) are not finals to compare
-    ours = [r for r in load_ledger(ledger_path("ours"))["runs"].values() if r["steps"] in budgets]
+    ours_all = [r for r in load_ledger(ledger_path("ours"))["runs"].values() if r["steps"] in budgets]
 
-    def block_by_block(theirs_all: list[dict]) -> dict:
-        """Each of our variants against these reference runs, on each block of seeds they ran."""
-        tables = {}
-        for first in sorted({r["first_seed"] for r in theirs_all}):
-            mine = [r for r in ours if r["first_seed"] == first]
-            theirs = [r for r in theirs_all if r["first_seed"] == first]
-            tables[str(first)] = {v: comparison([r for r in mine if r["variant"] == v], theirs)
-                                  for v in sorted({r["variant"] for r in mine})}
-        return tables
+    def study(control_cost: bool) -> tuple[dict, dict]:
+        """Against the zoo's settings, and against each other variant of the reference."""
+        # records made before the option are with the control cost, as the standard tasks are
+        ours = [r for r in ours_all if r.get("control_cost", True) == control_cost]
+        reference = [r for r in reference_all if r.get("control_cost", True) == control_cost]
 
-    # records made before the reference had variants are the zoo's settings
-    variant_of = lambda r: r.get("variant", ZOO)
-    by_variant = {name: block_by_block([r for r in reference if variant_of(r) == name])
-                  for name in sorted({variant_of(r) for r in reference})}
-    blocks = by_variant.pop(ZOO, {})
-    others = by_variant  # ours against the reference with other settings (--reference-overrides)
-    result = {"target": TARGET, "reference_host": sorted({r["cpu"] for r in reference}),
-              "seed_blocks": blocks, "reference_variants": others}
+        def block_by_block(theirs_all: list[dict]) -> dict:
+            """Each of our variants against these reference runs, on each block of seeds they ran."""
+            tables = {}
+            for first in sorted({r["first_seed"] for r in theirs_all}):
+                mine = [r for r in ours if r["first_seed"] == first]
+                theirs = [r for r in theirs_all if r["first_seed"] == first]
+                tables[str(first)] = {v: comparison([r for r in mine if r["variant"] == v], theirs)
+                                      for v in sorted({r["variant"] for r in mine})}
+            return tables
+
+        # records made before the reference had variants are the zoo's settings
+        variant_of = lambda r: r.get("variant", ZOO)
+        by_variant = {name: block_by_block([r for r in reference if variant_of(r) == name])
+                      for name in sorted({variant_of(r) for r in reference})}
+        return by_variant.pop(ZOO, {}), by_variant
+
+    blocks, others = study(control_cost=True)
+    figure_blocks, figure_others = study(control_cost=False)
+    result = {"target": TARGET, "reference_host": sorted({r["cpu"] for r in reference_all}),
+              "seed_blocks": blocks, "reference_variants": others,
+              "without_control_cost": {"seed_blocks": figure_blocks, "reference_variants": figure_others}}
     save_json(RESULTS / "trpo_reference.json", result)
-    tables = [(ZOO, first, variants) for first, variants in blocks.items()]
-    tables += [(name, first, variants) for name, by_block in others.items() for first, variants in by_block.items()]
-    for name, first, variants in tables:
-        for variant, table in variants.items():
-            print(f"\nseeds from {first}, reference: {name}, ours: {variant}\n"
-                  "| task | ours | reference | ratio (95% interval) |\n| --- | ---: | ---: | ---: |")
-            for task, r in table["tasks"].items():
-                print(f"| {task} | {r['ours']:.0f} | {r['reference']:.0f} | {r['ratio']:.2f} "
-                      f"({r['ratio_95'][0]:.2f}-{r['ratio_95'][1]:.2f}) |")
+    for scoring, (zoo, variants_of) in {"": (blocks, others),
+                                        ", without the control cost": (figure_blocks, figure_others)}.items():
+        tables = [(ZOO, first, variants) for first, variants in zoo.items()]
+        tables += [(name, first, variants) for name, by_block in variants_of.items()
+                   for first, variants in by_block.items()]
+        for name, first, variants in tables:
+            for variant, table in variants.items():
+                print(f"\nseeds from {first}{scoring}, reference: {name}, ours: {variant}\n"
+                      "| task | ours | reference | ratio (95% interval) |\n| --- | ---: | ---: | ---: |")
+                for task, r in table["tasks"].items():
+                    print(f"| {task} | {r['ours']:.0f} | {r['reference']:.0f} | {r['ratio']:.2f} "
+                          f"({r['ratio_95'][0]:.2f}-{r['ratio_95'][1]:.2f}) |")
     return result
 
 
@@ -330,13 +355,17 @@ def figure_rl_line(agent: list[str] | None = None, path: Path | None = None) -> 
     study = json.loads(path.read_text())
     ours = variant_name(agent or [])
 
-    def this_agent(blocks: dict) -> dict:
-        return {first: variants[ours] for first, variants in blocks.items() if ours in variants}
+    def this_agent(zoo: dict, variants_of: dict) -> dict:
+        def blocks_of(blocks: dict) -> dict:
+            return {first: variants[ours] for first, variants in blocks.items() if ours in variants}
 
-    others = {name: this_agent(blocks) for name, blocks in study.get("reference_variants", {}).items()}
+        others = {name: blocks_of(blocks) for name, blocks in variants_of.items()}
+        return {"seed_blocks": blocks_of(zoo), "reference_variants": {n: b for n, b in others.items() if b}}
+
+    figure_scoring = study.get("without_control_cost", {"seed_blocks": {}, "reference_variants": {}})
     return {"target": study["target"], "reference_host": study["reference_host"], "agent": ours,
-            "seed_blocks": this_agent(study["seed_blocks"]),
-            "reference_variants": {name: blocks for name, blocks in others.items() if blocks}}
+            **this_agent(study["seed_blocks"], study.get("reference_variants", {})),
+            "without_control_cost": this_agent(figure_scoring["seed_blocks"], figure_scoring["reference_variants"])}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -352,6 +381,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the reference with other settings than the zoo's, KEY=VALUE (e.g. gamma=0.995)")
     parser.add_argument("--ours-as-reference", action="store_true",
                         help="ours with the reference's settings for each task, in our units")
+    parser.add_argument("--no-control-cost", action="store_true",
+                        help="both sides: the tasks without their control cost, as figure 2 scores them")
     parser.add_argument("--report", action="store_true", help="write the table from both sides' records")
     parser.add_argument("--trace", action="store_true",
                         help="reference: print the policy's std and the KL after each update; record nothing")
@@ -375,7 +406,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(error))
     if args.trace:
         for task in tasks:
-            run_reference(task, args.steps, args.first_seed, trace=True, overrides=overrides_of[task])
+            run_reference(task, args.steps, args.first_seed, trace=True, overrides=overrides_of[task],
+                          control_cost=not args.no_control_cost)
         return
     path = ledger_path(args.side)
     provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
@@ -386,12 +418,14 @@ def main(argv: list[str] | None = None) -> None:
             for task in tasks:
                 overrides = overrides_of[task]
                 # the zoo's settings keep the keys they had before the reference had variants
-                key = f"{task}/seed{seed}" + "".join(f"/{k}={v}" for k, v in overrides.items())
+                key = (f"{task}/seed{seed}" + "".join(f"/{k}={v}" for k, v in overrides.items())
+                       + "/no_control_cost" * args.no_control_cost)
                 done = load_ledger(path)["runs"].get(key)
                 if done is not None and done["steps"] == args.steps:
                     continue
-                record = {**run_reference(task, args.steps, seed, overrides=overrides), "first_seed": args.first_seed,
-                          **provenance}
+                record = {**run_reference(task, args.steps, seed, overrides=overrides,
+                                          control_cost=not args.no_control_cost),
+                          "first_seed": args.first_seed, **provenance}
                 ledger = load_ledger(path)  # as it is now: another process may have added to it meanwhile
                 ledger["runs"][key] = record
                 save_json(path, ledger)
@@ -399,7 +433,8 @@ def main(argv: list[str] | None = None) -> None:
                       f"in {record['seconds'] / 60:.0f} min", flush=True)
         return
     for task in tasks:  # ours: a task's seeds are one program
-        records = run_ours(task, args.steps, args.seeds, args.ours_overrides, args.first_seed, args.ours_as_reference)
+        records = run_ours(task, args.steps, args.seeds, args.ours_overrides, args.first_seed, args.ours_as_reference,
+                           control_cost=not args.no_control_cost)
         ledger = load_ledger(path)
         for record in records:
             ledger["runs"][f"{task}/{record['fingerprint']}/seed{record['seed']}"] = {**record, **provenance}

@@ -127,7 +127,7 @@ def test_a_reference_run_keeps_what_another_process_recorded_while_it_ran(tmp_pa
     path = tmp_path / "reference_runs.json"
     monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: path)
 
-    def run_reference(task, steps, seed, overrides=None):
+    def run_reference(task, steps, seed, overrides=None, control_cost=True):
         reproduce.save_json(path, {"runs": {"hopper/seed0": record("reference", "hopper", 1.0, steps)}})
         return {**record("reference", task, 2.0, steps, seed=seed), "seconds": 900.0}
 
@@ -160,3 +160,46 @@ def test_the_reference_with_the_papers_gamma_is_its_own_variant_block_by_block(l
         trpo_reference.reference_overrides(["gama=0.995"], "ant")
     with pytest.raises(SystemExit):
         trpo_reference.main(["--side", "ours", "--reference-overrides", "gamma=0.995"])
+
+
+def test_the_tasks_without_their_control_cost_are_a_study_of_their_own(ledgers, tmp_path, monkeypatch):
+    """``--no-control-cost``: both sides run the task as figure 2 scores it; the report never sets
+    a run without the control cost against one with it, and the figure reads both."""
+    paper = "the zoo's settings gamma=0.995 gae_lambda=0.97"
+    agent = ["trpo.max_kl=0.01"]
+    without = lambda r: {**r, "control_cost": False}
+    ledgers["reference"]["runs"] = {
+        "with": record("reference", "ant", -10.0, 1_000_000, variant=paper, seed=120, first_seed=120),
+        "without": without(record("reference", "ant", 500.0, 1_000_000, variant=paper, seed=120, first_seed=120))}
+    ledgers["ours"]["runs"] = {
+        "without": without(record("ours", "ant", 450.0, 1_000_000, variant=" ".join(agent), seed=120,
+                                  first_seed=120))}
+    result = trpo_reference.report()
+    assert result["reference_variants"][paper]["120"] == {}  # ours ran no task with its control cost here
+    figure = result["without_control_cost"]["reference_variants"][paper]["120"][" ".join(agent)]
+    assert figure["tasks"]["ant"]["ratio"] == pytest.approx(0.9) and figure["tasks_at_target"] == 1
+    line = trpo_reference.figure_rl_line(agent, tmp_path / "trpo_reference.json")
+    assert line["without_control_cost"]["reference_variants"][paper]["120"]["tasks"]["ant"]["ratio"] == \
+        pytest.approx(0.9)
+    assert line["reference_variants"] == {}
+    # each side's run is the task without its control cost
+    config, _ = trpo_reference.our_config("ant", 100_000, [], control_cost=False)
+    assert config.env.control_cost is False
+    assert trpo_reference.our_config("ant", 100_000, [])[0].env.control_cost is True
+    path = tmp_path / "reference_runs.json"
+    monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: path)
+    monkeypatch.setattr(trpo_reference, "load_ledger", reproduce.load_ledger)  # a real file, from here on
+    asked = []
+    monkeypatch.setattr(trpo_reference, "run_reference", lambda task, steps, seed, overrides=None, control_cost=True:
+                        asked.append(control_cost) or {**record("reference", task, 2.0, steps), "seconds": 1.0})
+    trpo_reference.main(["--side", "reference", "--tasks", "ant", "--seeds", "1", "--first-seed", "120",
+                         "--steps", "100", "--no-control-cost"])
+    assert asked == [False] and list(reproduce.load_ledger(path)["runs"]) == ["ant/seed120/no_control_cost"]
+
+
+def test_the_reference_plays_the_task_without_its_control_cost_when_asked():
+    pytest.importorskip("stable_baselines3")
+    for task in ("ant", "halfcheetah"):
+        weights = [e.unwrapped._ctrl_cost_weight for e in trpo_reference.reference_env(task, 2, 0, False).envs]
+        assert weights == [0.0, 0.0]
+        assert trpo_reference.reference_env(task, 1, 0).envs[0].unwrapped._ctrl_cost_weight > 0
