@@ -27,7 +27,13 @@ The designs (:data:`DESIGNS`), fixed here and copied into each registration:
   tasks with ends: ``figure2_1m``'s Hopper and Walker2d label policies fell on the true task
   after the 200 steps they were trained on (``experiments/log/figure2.md``).
 
-Seeds from 100 up are fresh: every probe and every exploratory cell ran seeds 0-15.
+* ``figure2_matched_1m`` and ``figure2_matched_5m``: ``figure2_1m``'s four lines (seeds 400-409,
+  400-404) and ``figure2_5m``'s two (500-504) with the agent matched against the reference TRPO
+  (:data:`MATCHED_TRPO`, in every cell) and each task's own episodes in the label runs (one value
+  for all eight, as in ``figure2_own_episodes_1m``).
+
+Seeds from 100 up are fresh: every probe and every exploratory cell ran seeds 0-15; the
+reference comparison ran 100-102, 110-112 and 120-122.
 """
 from __future__ import annotations
 
@@ -103,11 +109,26 @@ OWN_EPISODES = ({"task": "all", "key": "env.max_episode_steps", "value": "the ta
                  "own (1,000; Reacher 50), so the label runs' episodes are the task's, as RL's are"},)
 PER_TASK_OWN_EPISODES = tuple(s for s in PER_TASK_SETTINGS if s["key"] != "env.max_episode_steps") + OWN_EPISODES
 
+# The figure's RL agent matched against sb3-contrib's TRPO on the standard tasks (seeds 110-112 and, on the
+# figure's own Ant, 120-122; experiments/log/figure2.md): its trust region bounds the KL averaged over the
+# action's dimensions with the damping and line search in those units, its batch of 2,048 steps in 5 copies,
+# 25 CG steps on the whole batch, 20 x 16 critic minibatches, and the observations standardised with a clip of
+# 10 and a floor of 1e-4 after each update. The paper's gamma and lambda, as every figure 2 config has them.
+MATCHED_TRPO = ("trpo.kl_per_action_dimension=true", "trpo.max_kl=0.01", "trpo.cg_damping=0.1",
+                "trpo.line_search_decay=0.8", "trpo.batch_size=2048", "trpo.cg_iterations=25",
+                "trpo.fisher_subsample=1", "trpo.value_epochs=20", "trpo.value_minibatches=16",
+                "trpo.observation_clip=10", "trpo.observation_min_std=0.0001", "trpo.observation_moments=after_update")
+
 DESIGNS = {
     "figure2_1m": Design(1_000_000, (Line(None, 10, 100), Line(700, 10, 100), Line(1400, 5, 100), Line(350, 5, 100))),
     "figure2_5m": Design(5_000_000, (Line(None, 5, 200), Line(700, 5, 200))),
     "figure2_own_episodes_1m": Design(1_000_000, (Line(None, 10, 300), Line(700, 10, 300)),
                                       ("env.max_episode_steps=0",), PER_TASK_OWN_EPISODES),
+    "figure2_matched_1m": Design(1_000_000, (Line(None, 10, 400), Line(700, 10, 400), Line(1400, 5, 400),
+                                             Line(350, 5, 400)),
+                                 ("env.max_episode_steps=0",), PER_TASK_OWN_EPISODES, MATCHED_TRPO),
+    "figure2_matched_5m": Design(5_000_000, (Line(None, 5, 500), Line(700, 5, 500)),
+                                 ("env.max_episode_steps=0",), PER_TASK_OWN_EPISODES, MATCHED_TRPO),
 }
 
 

@@ -149,6 +149,22 @@ def test_a_designs_agent_runs_in_every_cell_and_is_written_in_its_registration(t
     assert protocol.load(tmp_path / "plain.yaml").agent == ()
 
 
+def test_every_design_has_seeds_of_its_own_and_the_matched_agent_is_in_every_cell():
+    seeds = {name: {seed for c in confirm.design_cells(design, ["hopper"]) for seed in c.seeds}
+             for name, design in confirm.DESIGNS.items()}
+    for name, mine in seeds.items():
+        assert min(mine) >= 100
+        assert all(not mine & theirs for other, theirs in seeds.items() if other != name), name
+    comparison = set(range(110, 113)) | set(range(120, 123))  # where the matched agent was compared
+    for name in ("figure2_matched_1m", "figure2_matched_5m"):
+        assert not seeds[name] & comparison
+        for cell in confirm.design_cells(confirm.DESIGNS[name], ["hopper", "swimmer"]):
+            config = protocol.cell_config(cell)
+            assert config.trpo.kl_per_action_dimension and config.trpo.batch_size == 2048
+            assert config.trpo.gamma == 0.995 and config.trpo.gae_lambda == 0.97  # the paper's
+            assert config.env.max_episode_steps == 0 or cell.kind == "baseline"
+
+
 def test_the_gain_ratio_and_its_interval_by_hand():
     estimate = protocol.gain_ratio_estimate([3.0, 5.0, 7.0], [9.0, 11.0], start=1.0)
     # RL's mean gain is 10 - 1 = 9; the seeds' gains 2, 4, 6
