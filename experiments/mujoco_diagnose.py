@@ -17,9 +17,10 @@ With ``--against OTHER`` (another cell's sweep directory: RL, TRPO on the oracle
 every policy of both cells also plays the cell's own training task (its fixed-length
 episodes, ends hidden) on ``--episodes`` copies, and each seed's r̂ judges pairs of clips,
 one of its own policy's against one of OTHER's: how often the oracle prefers OTHER's clip and
-how often r̂ does, and r̂'s mean per step on each side's healthy and unhealthy steps
-(:func:`rhat_by_health`). Per policy: the oracle's reward per step, the share of unhealthy steps
-and the share of drawn action components outside the bounds (which the environment clips).
+how often r̂ does, and r̂'s and the oracle's mean per step on each side's healthy and unhealthy
+steps, each in its own standard deviation (:func:`by_health`). Per policy: the oracle's reward
+per step, the share of unhealthy steps and the share of drawn action components outside the
+bounds (which the environment clips).
 This asks whether a stuck seed's r̂ knows that another policy's play is better, and whether
 the oracle the labels come from tells the two apart at all.
 
@@ -129,21 +130,21 @@ def clip_sums(x: np.ndarray, length: int) -> np.ndarray:
     return x[:whole].reshape(-1, length, x.shape[1]).sum(axis=1).ravel()
 
 
-def rhat_by_health(plays: dict, rhat: dict) -> dict:
-    """Where r̂ puts its highs: its mean per step on the healthy and the unhealthy steps of the
-    cell's own play and of the other cell's, in units of its standard deviation over all of them
-    (so seeds compare). A policy that lies fallen while r̂ pays less for lying than for the other
-    cell's upright steps is stuck by the optimisation; one whose fallen steps r̂ pays as much is
-    stuck by r̂."""
+def by_health(plays: dict, per_step: dict, name: str) -> dict:
+    """Where a reward puts its highs: its mean per step (``per_step[who]``, ``[T, copies]``) on
+    the healthy and the unhealthy steps of the cell's own play and of the other cell's, in units
+    of its standard deviation over all of them, so that r̂ and the oracle compare. A policy that
+    lies fallen while r̂ pays less for lying than for upright steps, as the oracle does, is stuck
+    by its optimisation; one whose fallen steps r̂ pays about as much is stuck by r̂."""
     steps = {side: ([], []) for side in ("cell", "other")}
-    for (side, seed), (_, _, t) in plays.items():
-        per_step = rhat[(side, seed)].ravel()
+    for who, (_, _, t) in plays.items():
+        values = per_step[who].ravel()
         unhealthy = np.asarray(t.info.get("unhealthy", np.zeros_like(t.reward))).ravel() > 0
-        steps[side][0].append(per_step[~unhealthy])
-        steps[side][1].append(per_step[unhealthy])
+        steps[who[0]][0].append(values[~unhealthy])
+        steps[who[0]][1].append(values[unhealthy])
     scale = np.std(np.concatenate([x for pair in steps.values() for part in pair for x in part])) or 1.0
     mean = lambda parts: float(np.mean(np.concatenate(parts)) / scale) if sum(map(len, parts)) else float("nan")
-    return {f"rhat_{side}_{health}": mean(parts)
+    return {f"{name}_{side}_{health}": mean(parts)
             for side, pair in steps.items() for health, parts in zip(("healthy", "unhealthy"), pair)}
 
 
@@ -176,12 +177,14 @@ def rank_against(program: GroupProgram, state, other: Path, episodes: int) -> di
         sums = {who: (clip_sums(np.asarray(t.reward), length), clip_sums(rhat[who], length))
                 for who, (_, _, t) in plays.items()}
         own_oracle, own_rhat = sums[("cell", s)]
+        judged = {who: play for who, play in plays.items() if who == ("cell", s) or who[0] == "other"}
         others = [sums[who] for who in sums if who[0] == "other"]
         oracle_diff = np.concatenate([(o[None, :] - own_oracle[:, None]).ravel() for o, _ in others])
         rhat_diff = np.concatenate([(h[None, :] - own_rhat[:, None]).ravel() for _, h in others])
         judges.append({"seed": s, "oracle_prefers_other": float(np.mean(oracle_diff > 0)),
                        "rhat_prefers_other": float(np.mean(rhat_diff > 0)),
-                       **rhat_by_health(plays, rhat)})
+                       **by_health(judged, rhat, "rhat"),
+                       **by_health(judged, {who: np.asarray(t.reward) for who, (_, _, t) in judged.items()}, "oracle")})
     return {"against": str(other), "clip_length": length, "copies": episodes, "policies": policies, "judges": judges}
 
 

@@ -144,10 +144,10 @@ def test_the_mujoco_throughput_benchmark_times_the_tasks_of_figure_2_in_its_orde
         assert panel.baselines[0].config == mujoco_throughput.PAPER_MUJOCO / f"{task}_trpo.yaml"
 
 
-def test_rhat_by_health_averages_each_side_s_healthy_and_unhealthy_steps_in_units_of_r_hat_s_std():
+def test_by_health_averages_each_side_s_healthy_and_unhealthy_steps_in_units_of_the_reward_s_std():
     from types import SimpleNamespace
 
-    from experiments.mujoco_diagnose import rhat_by_health
+    from experiments.mujoco_diagnose import by_health
 
     def timestep(unhealthy):
         unhealthy = np.asarray(unhealthy, float)[:, None]  # [T=4, copies=1]
@@ -156,6 +156,6 @@ def test_rhat_by_health_averages_each_side_s_healthy_and_unhealthy_steps_in_unit
     plays = {("cell", 0): (None, None, timestep([0, 0, 1, 1])), ("other", 0): (None, None, timestep([0, 0, 0, 1]))}
     rhat = {("cell", 0): np.array([[2.0], [2.0], [0.0], [0.0]]), ("other", 0): np.array([[4.0], [4.0], [4.0], [-2.0]])}
     scale = np.std([2, 2, 0, 0, 4, 4, 4, -2])  # every step of both sides
-    got = rhat_by_health(plays, rhat)
+    got = by_health(plays, rhat, "rhat")
     assert got == pytest.approx({"rhat_cell_healthy": 2 / scale, "rhat_cell_unhealthy": 0.0,
                                  "rhat_other_healthy": 4 / scale, "rhat_other_unhealthy": -2 / scale})
