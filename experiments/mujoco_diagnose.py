@@ -130,6 +130,11 @@ def clip_sums(x: np.ndarray, length: int) -> np.ndarray:
     return x[:whole].reshape(-1, length, x.shape[1]).sum(axis=1).ravel()
 
 
+def unhealthy(timestep) -> np.ndarray:
+    """Which steps of a play the task counts unhealthy (none where it has no such notion)."""
+    return np.asarray(timestep.info.get("unhealthy", np.zeros_like(timestep.reward))) > 0
+
+
 def by_health(plays: dict, per_step: dict, name: str) -> dict:
     """Where a reward puts its highs: its mean per step (``per_step[who]``, ``[T, copies]``) on
     the healthy and the unhealthy steps of the cell's own play and of the other cell's, in units
@@ -138,10 +143,9 @@ def by_health(plays: dict, per_step: dict, name: str) -> dict:
     by its optimisation; one whose fallen steps r̂ pays about as much is stuck by r̂."""
     steps = {side: ([], []) for side in ("cell", "other")}
     for who, (_, _, t) in plays.items():
-        values = per_step[who].ravel()
-        unhealthy = np.asarray(t.info.get("unhealthy", np.zeros_like(t.reward))).ravel() > 0
-        steps[who[0]][0].append(values[~unhealthy])
-        steps[who[0]][1].append(values[unhealthy])
+        values, fallen = per_step[who].ravel(), unhealthy(t).ravel()
+        steps[who[0]][0].append(values[~fallen])
+        steps[who[0]][1].append(values[fallen])
     scale = np.std(np.concatenate([x for pair in steps.values() for part in pair for x in part])) or 1.0
     mean = lambda parts: float(np.mean(np.concatenate(parts)) / scale) if sum(map(len, parts)) else float("nan")
     return {f"{name}_{side}_{health}": mean(parts)
@@ -165,17 +169,18 @@ def rank_against(program: GroupProgram, state, other: Path, episodes: int) -> di
     low, high = env.spec.action_space.low, env.spec.action_space.high
     policies = {f"{side} seed {s}": {
         "oracle_reward_per_step": float(np.mean(timestep.reward)),
-        "unhealthy_share": float(np.mean(timestep.info.get("unhealthy", np.zeros_like(timestep.reward)))),
+        "unhealthy_share": float(np.mean(unhealthy(timestep))),
         # How wide the policy has grown: the environment clips every action into its bounds.
         "actions_out_of_bounds": float(np.mean((np.asarray(action) < low) | (np.asarray(action) > high)))}
         for (side, s), (_, action, timestep) in plays.items()}
     reward = jax.jit(lambda params, o, a, t: rollout_rewards(driver.learner.reward_fn, params, o, a, t))
+    oracle = {who: np.asarray(t.reward) for who, (_, _, t) in plays.items()}
+    oracle_sums = {who: clip_sums(x, length) for who, x in oracle.items()}
     judges = []
     for i, s in enumerate(seeds):
         learned = driver.learned_reward(one_seed(state, i))
         rhat = {who: np.asarray(reward(learned.params, o, a, t)) for who, (o, a, t) in plays.items()}
-        sums = {who: (clip_sums(np.asarray(t.reward), length), clip_sums(rhat[who], length))
-                for who, (_, _, t) in plays.items()}
+        sums = {who: (oracle_sums[who], clip_sums(rhat[who], length)) for who in plays}
         own_oracle, own_rhat = sums[("cell", s)]
         judged = {who: play for who, play in plays.items() if who == ("cell", s) or who[0] == "other"}
         others = [sums[who] for who in sums if who[0] == "other"]
@@ -184,7 +189,7 @@ def rank_against(program: GroupProgram, state, other: Path, episodes: int) -> di
         judges.append({"seed": s, "oracle_prefers_other": float(np.mean(oracle_diff > 0)),
                        "rhat_prefers_other": float(np.mean(rhat_diff > 0)),
                        **by_health(judged, rhat, "rhat"),
-                       **by_health(judged, {who: np.asarray(t.reward) for who, (_, _, t) in judged.items()}, "oracle")})
+                       **by_health(judged, oracle, "oracle")})
     return {"against": str(other), "clip_length": length, "copies": episodes, "policies": policies, "judges": judges}
 
 
