@@ -28,7 +28,7 @@ from rlhf_jax.head_start import HeadStartFiles
 from rlhf_jax.loop import Loop, LoopState
 from rlhf_jax.reward.ibt_learner import IBTLearner
 from rlhf_jax.reward.kinds import PREFERENCES, feedback_kind
-from rlhf_jax.reward.learner import HeadStart, RewardLearner
+from rlhf_jax.reward.learner import HeadStart, RewardLearner, fitting_blocks
 from rlhf_jax.reward.preference_learner import PreferenceLearner
 
 
@@ -100,11 +100,15 @@ class CompiledLoop:
         """:meth:`Loop.fit_and_refresh <rlhf_jax.loop.Loop.fit_and_refresh>`."""
         if self.dispatch == "scan":
             return self._fit_and_refresh(state, steps)
-        loss = jnp.nan
-        if steps:
-            state, losses = self._fit(state, steps)
-            loss = jnp.mean(losses)
-        state, metrics = self.refresh(state)
+        losses = []
+        for length, count in fitting_blocks(steps, self.loop.learner.refresh_every):
+            for _ in range(count):
+                state, block = self._fit(state, length)
+                losses.append(block)
+                state, metrics = self.refresh(state)
+        if not losses:
+            state, metrics = self.refresh(state)
+        loss = jnp.mean(jnp.concatenate(losses)) if losses else jnp.nan
         return state, {**metrics, "reward_fit_loss": loss}
 
     def chunk(self, state, length: int, wanted: int):

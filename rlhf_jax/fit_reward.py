@@ -6,9 +6,10 @@ learner's state exactly as a run started from the dataset (``preferences.labels_
 ``ibt.marks_from``) puts them (:mod:`rlhf_jax.head_start`), and the model is fitted by the
 learner's own steps, as a run fits it: ``fit_step`` again and again (preferences: one Adam
 step of every member on equation 1; IBT: one Adam step on Algorithm 1's loss over a batch of
-marked clips), and ``refresh`` after every epoch (preferences: each member's l2 adapted to
-its validation loss on the labels it holds out, and r̂ normalised on the dataset's segments;
-IBT: U's rise rescaled on the dataset's clips). What it fits is saved with
+marked clips), and ``refresh`` after every block of them, as a run refreshes (preferences:
+about every ``reward_model.l2_adapt_every`` steps, each member's l2 adapted to its validation
+loss on the labels it holds out, and r̂ normalised on the dataset's segments; IBT: after every
+epoch, U's rise rescaled on the dataset's clips). What it fits is saved with
 :func:`rlhf_jax.reward.saved_model.save`, its kind recorded, for a run of the same kind to
 start from with ``reward_model.init_from``.
 
@@ -44,6 +45,7 @@ from rlhf_jax.ops.ring import full_ring
 from rlhf_jax.reward import saved_model
 from rlhf_jax.replay import frame_stack
 from rlhf_jax.reward.data import LabelledPairs, MarkedClips, Segments, action_shape_dtype, stacks_on_host
+from rlhf_jax.reward.learner import fitting_blocks
 
 EPOCHS = 200  # over the dataset: the paper's Atari pretraining (appendix A.2), about a CartPole run's fitting
 
@@ -140,8 +142,10 @@ def fit_reward(dataset_dir: str | Path, out: str | Path | None = None, overrides
     say(f"fitting {kind.fitted(config)} to {labels} {kind.answers} of {config.env.id}: {total} steps of {batch} "
         f"{kind.batch_unit}", flush=True)
     done, began, last_said = 0, time.perf_counter(), 0.0
-    while done < total:
-        size = min(per_epoch, total - done)
+    # Refreshed as a run refreshes (preferences: l2 adapted every reward_model.l2_adapt_every
+    # steps); a learner whose refresh adapts nothing, after every epoch.
+    blocks = [size for size, count in fitting_blocks(total, learner.refresh_every or per_epoch) for _ in range(count)]
+    for size in blocks:
         key, fit_key, refresh_key = jax.random.split(key, 3)
         state, losses = fit(state, jax.random.split(fit_key, size))
         state, metrics = refresh(state, clips, refresh_key)

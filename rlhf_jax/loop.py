@@ -36,7 +36,7 @@ import numpy as np
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.data import Segments, empty_segments
-from rlhf_jax.reward.learner import HeadStart, Queries, RewardLearner
+from rlhf_jax.reward.learner import HeadStart, Queries, RewardLearner, fitting_blocks
 from rlhf_jax.reward.segments import Recent, cut_segments, empty_recent, record
 
 
@@ -205,9 +205,23 @@ class Loop:
         return state._replace(learner=learner, key=key), metrics
 
     def fit_and_refresh(self, state: LoopState, steps: int) -> tuple[LoopState, dict]:
-        state, loss = self.fit(state, steps)
-        state, metrics = self.refresh(state)
-        return state, {**metrics, "reward_fit_loss": loss}
+        """``steps`` (static) fitting steps in blocks, each followed by a refresh
+        (:func:`~rlhf_jax.reward.learner.fitting_blocks`): the last refresh's metrics, and
+        the mean loss of every step (NaN for none)."""
+        blocks = fitting_blocks(steps, self.learner.refresh_every)
+        if not blocks:
+            state, metrics = self.refresh(state)
+            return state, {**metrics, "reward_fit_loss": jnp.float32(jnp.nan)}
+        total_loss = 0.0
+        for length, count in blocks:
+            def block(state, _, length=length):
+                state, loss = self.fit(state, length)
+                state, metrics = self.refresh(state)
+                return state, (loss, metrics)
+
+            state, (losses, metrics) = jax.lax.scan(block, state, None, count)
+            total_loss = total_loss + losses.sum() * length
+        return state, {**jax.tree.map(lambda x: x[-1], metrics), "reward_fit_loss": total_loss / steps}
 
     def learn(self, state: LoopState, wanted, via=None) -> tuple[LoopState, dict]:
         """The end of a chunk: ``wanted`` answers from the synthetic labeler, fitting, refresh

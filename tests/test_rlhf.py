@@ -14,6 +14,7 @@ from rlhf_jax.cli import main
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.config import resolve
+from rlhf_jax.reward.learner import fitting_blocks
 from rlhf_jax.driver import Driver
 from rlhf_jax.host_loop import summarize
 from rlhf_jax.people_seam import attach_people
@@ -249,6 +250,35 @@ def test_fitting_from_python_equals_the_compiled_loop(learner):
         name = jax.tree_util.keystr(path)
         free = learner == "preferences" and name == "['Dense_2']['bias']"
         np.testing.assert_allclose(a, theirs[name], rtol=1e-3, atol=2 * steps * lr if free else 2e-4, err_msg=name)
+
+
+def test_a_fit_is_cut_into_blocks_of_about_so_many_steps():
+    assert fitting_blocks(187, 50) == ((47, 3), (46, 1))  # 187 / 50 rounds to 4 blocks
+    assert fitting_blocks(40, 10) == ((10, 4),)
+    assert fitting_blocks(24, 50) == ((24, 1),)  # fewer than one block's steps: one block
+    assert fitting_blocks(100, 0) == ((100, 1),)  # a learner whose refresh adapts nothing
+    assert fitting_blocks(0, 50) == ()
+
+
+@pytest.mark.slow
+def test_l2_adapts_every_so_many_fitting_steps_however_the_fit_is_called():
+    """Section 2.2.3's adaptive l2 moves at a rate per fitting step, not per chunk: with
+    ``reward_model.l2_adapt_every=10``, 40 fitting steps adapt it 4 times, whether in one call or
+    in two of 20, compiled or from Python. ``l2_high`` is set so low that every member is
+    overfitting by it, so each adaptation multiplies its l2 by 1.1."""
+    small = [*SMALL_RUN, *SMALL_LEARNERS["preferences"], "reward_model.l2_adapt_every=10",
+             "reward_model.l2_low=0.0001", "reward_model.l2_high=0.001"]
+    copy = lambda state: jax.tree.map(jnp.copy, state)
+    for loop in ("scan", "python"):
+        driver = Driver(experiment([*small, f"run.loop={loop}"]))
+        state = driver.init(jax.random.PRNGKey(0))
+        start = np.asarray(state.learner.ensemble.l2)
+        once, metrics = driver.compiled.fit_and_refresh(copy(state), 40)
+        twice, _ = driver.compiled.fit_and_refresh(driver.compiled.fit_and_refresh(copy(state), 20)[0], 20)
+        np.testing.assert_allclose(once.learner.ensemble.l2, start * 1.1 ** 4, rtol=1e-5, err_msg=loop)
+        np.testing.assert_allclose(twice.learner.ensemble.l2, start * 1.1 ** 4, rtol=1e-5, err_msg=loop)
+        assert np.isfinite(metrics["reward_fit_loss"]) and float(metrics["reward_l2"]) == pytest.approx(
+            start.mean() * 1.1 ** 4, rel=1e-5)
 
 
 @pytest.mark.slow

@@ -69,6 +69,7 @@ class IBTLearner:
         self.budget = Budget(config.episodes, initial, config.annotation_decay_steps, preloaded)
         self.pretrain_steps = max(1, fit_steps(config.pretrain_epochs, self.budget.held_before_rl,
                                                config.batch_episodes))
+        self.refresh_every = 0  # a refresh adapts nothing: once, after each fit
         self.reward_fn = ibt.make_reward_fn(config, spec)
 
     def fit_steps(self, env_steps: int) -> int:

@@ -15,7 +15,11 @@ the answers it holds)::
     answers = learner.oracle(key, queries)               # the synthetic labeler, on the device
     state = learner.store(state, queries, answers, key)  # answers that say nothing are dropped
     state, loss = learner.fit_step(state, key)           # one step of fitting
-    state, metrics = learner.refresh(state, clips, key)  # after fitting: normalise, score
+    state, metrics = learner.refresh(state, clips, key)  # after a block of fitting: adapt, normalise, score
+
+A fit of many steps is cut into blocks of about ``learner.refresh_every`` steps, each followed
+by a refresh (:func:`fitting_blocks`), so that what a refresh adapts (the preferences' l2)
+moves at a rate per fitting step, not per call.
 
 People answer the same :class:`Queries` from the host (:mod:`rlhf_jax.reward.people`): the
 kind of feedback (:class:`~rlhf_jax.reward.kinds.FeedbackKind`, ``answers_from_people``)
@@ -108,6 +112,7 @@ class RewardLearner(Protocol):
     clip_capacity: int  # recent clips kept to propose queries from
     budget: Budget
     pretrain_steps: int  # fitting steps over the initial answers before RL (at least one)
+    refresh_every: int  # fitting steps between two refreshes inside one fit (0: one refresh, after it)
     batch_size: int  # answers a fitting step draws
     reward_fn: Callable  # reward_fn(reward_params, obs, action, timestep) -> [N]
 
@@ -130,6 +135,18 @@ class RewardLearner(Protocol):
     def fit_step(self, state, key: jax.Array) -> tuple[Any, jax.Array]: ...
 
     def refresh(self, state, clips: Segments, key: jax.Array) -> tuple[Any, dict]: ...
+
+
+def fitting_blocks(steps: int, every: int) -> tuple[tuple[int, int], ...]:
+    """``steps`` fitting steps as blocks of about ``every`` steps, each to be followed by a refresh:
+    ``n = max(1, round(steps / every))`` blocks (``every = 0``: one) of as equal a length as can be,
+    given as ``(length, how many)``, the longer first (``()`` for no step). E.g. 187 steps, every 50:
+    ``((47, 3), (46, 1))``."""
+    if steps <= 0:
+        return ()
+    blocks = 1 if every <= 0 else max(1, round(steps / every))
+    length, longer = divmod(steps, blocks)
+    return tuple((size, count) for size, count in ((length + 1, longer), (length, blocks - longer)) if count)
 
 
 def fit_steps(examples_per_env_step: float, env_steps: int, batch_size: int) -> int:

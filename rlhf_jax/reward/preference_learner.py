@@ -29,8 +29,8 @@ from rlhf_jax.reward.queries import candidate_pairs, returns_of_rows, select_que
 # Steps of recent segments the normalisation statistics are taken over.
 NORMALIZATION_STEPS = 4_096
 # The adaptive l2's losses are estimated on at most this many labels at each refresh (a
-# uniform sample once more are held; the paper does not say how often or on how many): on
-# Pong, scoring all 3,000 of them was most of a chunk's refresh, 52 s on 2 cores.
+# uniform sample once more are held; the paper does not say on how many): on Pong, scoring
+# all 3,000 of them was most of a chunk's refresh, 52 s on 2 cores.
 VALIDATION_PAIRS = 1_024
 
 
@@ -60,6 +60,8 @@ class PreferenceLearner:
         self.batch_size = model.batch_size
         self.pretrain_steps = max(1, fit_steps(self.settings.pretrain_epochs, self.budget.held_before_rl,
                                                model.batch_size))
+        # Each refresh adapts l2 once (section 2.2.3): so many fitting steps between two.
+        self.refresh_every = model.l2_adapt_every if model.adapt_l2 else 0
         self.reward_fn = reward_model.make_reward_fn(model, spec)
 
     def fit_steps(self, env_steps: int) -> int:
