@@ -32,6 +32,16 @@ The designs (:data:`DESIGNS`), fixed here and copied into each registration:
   (:data:`MATCHED_TRPO`, in every cell) and each task's own episodes in the label runs (one value
   for all eight, as in ``figure2_own_episodes_1m``).
 
+* ``figure2_reset_1m`` and ``figure2_reset_5m``: ``figure2_matched_1m``'s four lines (seeds 600-609,
+  600-604) and ``figure2_matched_5m``'s two (700-704), with the matched agent, and three values in
+  every label cell (:data:`RESET_LABEL_RUNS`): a copy that fails restarts at once, unseen by the
+  agent, where before it ran on fallen to the end of its 1,000 steps; r̂ reads the action the
+  environment takes, clipped into its bounds; and l2 adapts every 50 fitting steps
+  (``reward_model.l2_adapt_every``, the library's rule since it no longer follows the chunk).
+  On the matched figure's Hopper and Walker2d the label policies lay fallen 71-98% of their steps,
+  and on probe seeds 900-902 TRPO on the exact oracle in that task ended far below RL; with the
+  restart Hopper's 700-label line rose from about 40 to 680-960 there (``experiments/log/figure2.md``).
+
 Seeds from 100 up are fresh: every probe and every exploratory cell ran seeds 0-15; the
 reference comparison ran 100-102, 110-112 and 120-122.
 """
@@ -119,6 +129,18 @@ MATCHED_TRPO = ("trpo.kl_per_action_dimension=true", "trpo.max_kl=0.01", "trpo.c
                 "trpo.fisher_subsample=1", "trpo.value_epochs=20", "trpo.value_minibatches=16",
                 "trpo.observation_clip=10", "trpo.observation_min_std=0.0001", "trpo.observation_moments=after_update")
 
+# The label runs of figure2_reset_*: one value each for all eight tasks (the restart acts on the five with ends).
+RESET_LABEL_RUNS = ("env.max_episode_steps=0", "env.hidden_end=reset", "reward_model.clip_actions=true")
+RESET_SETTINGS = PER_TASK_OWN_EPISODES + (
+    {"task": "all", "key": "env.hidden_end", "value": "reset",
+     "reason": "appendix A hides the ends and, for Atari, says the environment is still reset; a Hopper or Walker2d "
+     "that has fallen cannot rise, so run on it spends the rest of its 1,000 steps lying, which is most of what its "
+     "clips show; on the three tasks without an end it changes nothing"},
+    {"task": "all", "key": "reward_model.clip_actions", "value": True,
+     "reason": "r(o, a) of the action the environment takes: the policy's draws fall far outside the bounds, and "
+     "read unclipped they collapsed three Walker2d reward models of the matched figure"},
+)
+
 DESIGNS = {
     "figure2_1m": Design(1_000_000, (Line(None, 10, 100), Line(700, 10, 100), Line(1400, 5, 100), Line(350, 5, 100))),
     "figure2_5m": Design(5_000_000, (Line(None, 5, 200), Line(700, 5, 200))),
@@ -129,6 +151,10 @@ DESIGNS = {
                                  ("env.max_episode_steps=0",), PER_TASK_OWN_EPISODES, MATCHED_TRPO),
     "figure2_matched_5m": Design(5_000_000, (Line(None, 5, 500), Line(700, 5, 500)),
                                  ("env.max_episode_steps=0",), PER_TASK_OWN_EPISODES, MATCHED_TRPO),
+    "figure2_reset_1m": Design(1_000_000, (Line(None, 10, 600), Line(700, 10, 600), Line(1400, 5, 600),
+                                           Line(350, 5, 600)), RESET_LABEL_RUNS, RESET_SETTINGS, MATCHED_TRPO),
+    "figure2_reset_5m": Design(5_000_000, (Line(None, 5, 700), Line(700, 5, 700)), RESET_LABEL_RUNS, RESET_SETTINGS,
+                               MATCHED_TRPO),
 }
 
 
