@@ -40,7 +40,7 @@ The designs (:data:`DESIGNS`), fixed here and copied into each registration:
   (``reward_model.l2_adapt_every``, the library's rule since it no longer follows the chunk).
   On the matched figure's Hopper and Walker2d the label policies lay fallen 71-98% of their steps,
   and on probe seeds 900-902 TRPO on the exact oracle in that task ended far below RL; with the
-  restart Hopper's 700-label line rose from about 40 to 680-960 there (``experiments/log/figure2.md``).
+  restart Hopper's 700-label line rose from about 40 to 714-1,140 there (``experiments/log/figure2.md``).
 
 Seeds from 100 up are fresh: every probe and every exploratory cell ran seeds 0-15; the
 reference comparison ran 100-102, 110-112 and 120-122.
