@@ -683,8 +683,8 @@ def plot(ledger: dict, figure: Figure, task_order: list[str], path: Path, quick:
 
 
 def summary(ledger: dict, task_order: list[str], max_points: int = 200) -> dict:
-    """Per task and line: the seeds' final returns, the mean curve (at most ``max_points``), and
-    the command and commit that made it."""
+    """Per task and line: the seeds' final returns, the mean curve (at most ``max_points``), the
+    command and commit that made it, and the hosts it ran on (CPU, vector extensions, XLA flags)."""
     result = {}
     for task, lines in lines_by_task(ledger, task_order).items():
         result[task] = {}
@@ -701,6 +701,9 @@ def summary(ledger: dict, task_order: list[str], max_points: int = 200) -> dict:
                 "seconds_per_seed": [r["seconds"] for r in records],
                 # What made the cell (one sweep: the same for every seed); absent from old ledgers.
                 "made_by": sorted({(r.get("command"), r.get("commit")) for r in records if "commit" in r}),
+                # Where (benchmarks.common.cpu_host): the same digits on one such host only.
+                "hosts": sorted({(r["cpu"], " ".join(r["vector_extensions"]), r["xla_flags"]) for r in records
+                                 if "cpu" in r}),
                 "env_steps": steps[::every].tolist(),
                 "mean_return": [None if not np.isfinite(v) else round(float(v), 3) for v in mean[::every]],
             }

@@ -138,7 +138,8 @@ def fake_sweep(calls, interrupt_at=None):
 def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     cells = reproduce.cpu_cells(reproduce.FIGURES[2], ["hopper"], [700], ["trpo"])
     ledger_path, runs_dir = tmp_path / "ledger.json", tmp_path / "runs"
-    made_by = {"command": "python -m experiments.reproduce --figure 2 --backend cpu", "commit": "abc", "uncommitted_changes": False}
+    made_by = {"command": "python -m experiments.reproduce --figure 2 --backend cpu", "commit": "abc", "uncommitted_changes": False,
+               "cpu": "Some CPU", "vector_extensions": ["avx", "avx2"], "xla_flags": ""}
     planned = [(cell, reproduce.cell_config(cell, 10_000, 2, runs_dir)) for cell in cells]
     execute = lambda calls, **kw: reproduce.execute_cells(  # noqa: E731
         planned, ledger_path, 2, run_sweep=fake_sweep(calls, **kw), provenance=made_by)
@@ -163,6 +164,7 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     result = reproduce.with_ratios(reproduce.summary(ledger, ["hopper"]))
     cell = result["hopper"]["700 labels"]
     assert cell["made_by"] == [(made_by["command"], "abc")]
+    assert cell["hosts"] == [("Some CPU", "avx avx2", "")]  # and where: its digits are that host's
     assert cell["ratio_to_rl"] == pytest.approx(0.8)
     # gains over the first point (the mean of both lines' first points, 45): (80 - 45) / (100 - 45)
     assert cell["gain_ratio_to_rl"] == pytest.approx(35 / 55, abs=1e-4)
