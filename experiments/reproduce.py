@@ -319,7 +319,7 @@ ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "l
                            ("reward_model", "clip_actions"): True, ("trpo", "normalize_observations"): False,
                            ("trpo", "observation_clip"): 5.0, ("trpo", "observation_min_std"): 0.1,
                            ("trpo", "observation_moments"): "before_update",
-                           ("trpo", "kl_per_action_dimension"): False}
+                           ("trpo", "kl_per_action_dimension"): False, ("env", "penalty_step"): "failing"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -159,6 +159,37 @@ def test_a_hidden_end_that_resets_restarts_the_copy_untold_and_charges_the_oracl
         assert not np.allclose(restarted.obs[last, 0], obs[last], **tolerance)  # a new episode, not the fallen one
 
 
+def test_a_penalty_on_the_restart_step_falls_where_the_failed_state_is_observed(reference):
+    """env.penalty_step=restart: up to the first end the oracle pays Gymnasium's reward without
+    the penalty; the next step (EnvPool's restart, whose observation is the failed state) pays
+    minus the penalty and is an ordinary step to the agent (not marked as ignoring its action)."""
+    name, _, actions, obs, reward, terminated, ctrl_cost, _ = reference
+    tolerance = dict(rtol=1e-4, atol=1e-4)
+    config = EnvConfig(id=f"envpool/{name}", num_envs=1, seed=SEED, hide_episode_end=True, hidden_end="reset",
+                       control_cost=False, termination_penalty=PENALTY, penalty_step="restart")
+    _, restarted = rollout(make(config), actions)
+    ends = np.flatnonzero(terminated)
+    last = ends[0] + 1 if len(ends) else len(actions)
+    np.testing.assert_allclose(restarted.reward[:last, 0], (reward + ctrl_cost)[:last], **tolerance)
+    np.testing.assert_array_equal(restarted.info["unhealthy"][:last, 0], terminated[:last])
+    assert not restarted.action_ignored[:last + 1, 0].any()
+    if len(ends):
+        np.testing.assert_allclose(restarted.obs[last - 1, 0], obs[last - 1], **tolerance)  # the failed state
+        assert restarted.reward[last, 0] == -PENALTY and restarted.info["true_reward"][last, 0] == 0.0
+
+
+@pytest.mark.parametrize("options", [
+    dict(id="envpool/Hopper-v5", hide_episode_end=True),  # hidden_end=continue
+    dict(id="envpool/Hopper-v5", hidden_end="reset"),  # ends not hidden
+    dict(id="envpool/Hopper-v5", hide_episode_end=True, hidden_end="reset", oracle="smooth"),
+    dict(id="mjx/Hopper-v5", hide_episode_end=True, hidden_end="reset"),
+    dict(id="gymnax/CartPole-v1", hide_episode_end=True, hidden_end="reset"),
+])
+def test_a_penalty_on_the_restart_step_is_refused_where_there_is_no_restart_step(options):
+    with pytest.raises(ConfigError, match="env.penalty_step='restart' applies only to EnvPool MuJoCo"):
+        EnvConfig(**options, penalty_step="restart")
+
+
 def test_the_smooth_oracle_pays_gymnasiums_reward_without_health_and_with_the_height(reference):
     """env.oracle=smooth: Gymnasium's reward without the control cost and without the healthy
     bonus it pays while not terminated, plus the task's smooth bonus, on every step."""

@@ -62,6 +62,7 @@ class PoolState(NamedTuple):
     handle: jax.Array
     lives: jax.Array  # Atari: lives before this step, to see a life lost
     failed: jax.Array  # MuJoCo with hidden episode ends: unhealthy earlier in this episode
+    # (hidden_end="reset": the previous step failed, so this one is its restart)
 
 
 def x64():
@@ -299,14 +300,23 @@ class MujocoPoolEnv(EnvPoolEnv):
         if self._run_on or self._restart_hidden:
             oracle = jnp.where(reset_step, 0.0, hidden_end_oracle(self._config, self._name, task_reward,
                                                                   self._healthy_reward * healthy, ~healthy, obs))
+        action_ignored = reset_step
         if self._run_on:
             true_reward = jnp.where(failed, 0.0, task_reward)  # the unmodified episode has ended
             failed = (failed | ~healthy) & ~game_over & ~reset_step
+        elif self._restart_hidden:
+            if self._config.penalty_step == "restart":
+                # The penalty moves to the restart, the one step whose observation shows the
+                # failed state; that step is an ordinary one to the agent (it is told of neither).
+                shows_failure = reset_step & inner.failed
+                oracle = jnp.where(reset_step, -self._config.termination_penalty * inner.failed, task_reward)
+                action_ignored = reset_step & ~shows_failure
+            failed = ~healthy & ~reset_step
         # hidden_end="reset": the pool ends the episode and restarts the copy on its next step,
         # and the agent is not told; only a time limit ends its episode.
         told_terminated = terminated & ~self._restart_hidden
         info = {"true_reward": true_reward, "true_done": game_over, "unhealthy": ~healthy & ~reset_step}
-        timestep = TimeStep(obs, oracle, told_terminated, truncated & ~terminated, obs, reset_step, info)
+        timestep = TimeStep(obs, oracle, told_terminated, truncated & ~terminated, obs, action_ignored, info)
         return PoolState(handle, inner.lives, failed), timestep
 
 

@@ -57,6 +57,13 @@ class EnvConfig:
     # learning about. On InvertedPendulum it made a fall too cheap (experiments/log/figure2.md,
     # "InvertedPendulum's stuck seed").
     hidden_end: Literal["continue", "reset"] = "continue"
+    # EnvPool MuJoCo only, with hidden_end="reset" and oracle="penalty": which step of a fall pays
+    # termination_penalty. "failing": the step whose result ends the task, whose observation
+    # (what r̂ reads) is still the last healthy one. "restart": the next step, the pool's
+    # restart, whose observation is the failed state; the agent is not told that its action
+    # there was ignored, so r̂ is read and paid there like on any step (experiments/log/figure2.md,
+    # "Under the restart the penalty sits on the last upright step").
+    penalty_step: Literal["failing", "restart"] = "failing"
     # Atari only: paint the score (and BeamRider's enemy count, Enduro's speedometer) black.
     hide_score: bool = False
     # Atari only: a lost life ends the agent's episode (DQN on the true reward), the game goes on.
@@ -74,6 +81,13 @@ class EnvConfig:
             raise ConfigError(f"unknown environment id {self.id!r}; known ids:\n  {known}\n"
                               f"(an environment of your own: rlhf_jax.envs.register(id, factory), docs/your-own-task.md)")
         check_fields(self)
+        if self.penalty_step != "failing":
+            mujoco = self.backend == "envpool" and self.name in MUJOCO_NAMES
+            if not (mujoco and self.hide_episode_end and self.hidden_end == "reset" and self.oracle == "penalty"):
+                raise ConfigError(f"env.penalty_step={self.penalty_step!r} applies only to EnvPool MuJoCo with "
+                                  f"env.hide_episode_end=true, env.hidden_end=reset and env.oracle=penalty "
+                                  f"(here {self.id}, hide_episode_end={self.hide_episode_end}, "
+                                  f"hidden_end={self.hidden_end}, oracle={self.oracle}); leave it at 'failing'")
 
     @property
     def backend(self) -> str:
