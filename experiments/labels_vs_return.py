@@ -78,7 +78,7 @@ def experiment(overrides: list[str]) -> ExperimentConfig:
 
 def evaluation_env(env_config):
     """``EVAL_EPISODES`` copies of the unmodified task (episode ends visible), seeded apart from training's."""
-    return make(dataclasses.replace(env_config, num_envs=EVAL_EPISODES, hide_episode_end=False,
+    return make(dataclasses.replace(env_config, num_envs=EVAL_EPISODES, hide_episode_end=False, penalty_step="failing",
                                     seed=env_config.seed + 10_000))
 
 

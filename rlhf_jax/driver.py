@@ -56,7 +56,8 @@ def scoring_env_config(config: ExperimentConfig) -> EnvConfig:
     itself, without the run's changes to episode ends, lengths and the oracle (the true reward scores)."""
     env = dataclasses.replace(config.env, num_envs=config.run.eval_episodes, seed=config.env.seed + 10_000)
     if config.run.score_on_task:
-        env = dataclasses.replace(env, hide_episode_end=False, max_episode_steps=0, oracle="penalty")
+        env = dataclasses.replace(env, hide_episode_end=False, max_episode_steps=0, oracle="penalty",
+                                  penalty_step="failing")
     return env
 
 

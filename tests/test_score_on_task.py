@@ -98,6 +98,17 @@ def test_the_task_scored_on_has_none_of_the_runs_changes_the_oracle_included():
     assert make(env).spec.max_episode_steps == 1000
 
 
+def test_the_task_scored_on_charges_no_fall_on_the_restart_step():
+    """A run whose hidden restarts charge the restart step (``env.penalty_step=restart``) is
+    scored on the task, where no restart is hidden and the option would be refused."""
+    config = load_config(ExperimentConfig, None, [
+        "agent=trpo", "env.id=envpool/Hopper-v5", "env.hide_episode_end=true", "env.hidden_end=reset",
+        "env.penalty_step=restart", "run.score_on_task=true"])
+    env = scoring_env_config(config)
+    assert (env.hide_episode_end, env.penalty_step) == (False, "failing")
+    assert make(env).spec.max_episode_steps == 1000
+
+
 def test_a_row_is_judged_by_its_task_return_where_it_has_one():
     """The rule the sweep's table, the learning curve and the figures share."""
     assert judged_return({"episode_return": 20.0, "task_return": 500.0}) == 500.0
