@@ -297,26 +297,26 @@ class MujocoPoolEnv(EnvPoolEnv):
         task_reward = jnp.where(reset_step, 0.0, reward - ctrl_cost * self._config.control_cost)
         oracle = true_reward = task_reward
         failed = inner.failed
+        failing = ~healthy & ~reset_step  # this step's result is outside the healthy range
+        # The steps that pay termination_penalty: the failing ones, or with penalty_step="restart"
+        # the restart after a hidden failure, the one step whose observation shows the failed state.
+        charged = failing
+        if self._restart_hidden and self._config.penalty_step == "restart":
+            charged = reset_step & inner.failed
         if self._run_on or self._restart_hidden:
-            oracle = jnp.where(reset_step, 0.0, hidden_end_oracle(self._config, self._name, task_reward,
-                                                                  self._healthy_reward * healthy, ~healthy, obs))
-        action_ignored = reset_step
+            oracle = jnp.where(reset_step & ~charged, 0.0, hidden_end_oracle(
+                self._config, self._name, task_reward, self._healthy_reward * healthy, charged, obs))
         if self._run_on:
             true_reward = jnp.where(failed, 0.0, task_reward)  # the unmodified episode has ended
             failed = (failed | ~healthy) & ~game_over & ~reset_step
         elif self._restart_hidden:
-            if self._config.penalty_step == "restart":
-                # The penalty moves to the restart, the one step whose observation shows the
-                # failed state; that step is an ordinary one to the agent (it is told of neither).
-                shows_failure = reset_step & inner.failed
-                oracle = jnp.where(reset_step, -self._config.termination_penalty * inner.failed, task_reward)
-                action_ignored = reset_step & ~shows_failure
-            failed = ~healthy & ~reset_step
+            failed = failing  # the next step is this copy's restart
         # hidden_end="reset": the pool ends the episode and restarts the copy on its next step,
-        # and the agent is not told; only a time limit ends its episode.
+        # and the agent is not told; only a time limit ends its episode. A charged restart is an
+        # ordinary step to the agent, which is told neither of the restart nor of its ignored action.
         told_terminated = terminated & ~self._restart_hidden
-        info = {"true_reward": true_reward, "true_done": game_over, "unhealthy": ~healthy & ~reset_step}
-        timestep = TimeStep(obs, oracle, told_terminated, truncated & ~terminated, obs, action_ignored, info)
+        info = {"true_reward": true_reward, "true_done": game_over, "unhealthy": failing}
+        timestep = TimeStep(obs, oracle, told_terminated, truncated & ~terminated, obs, reset_step & ~charged, info)
         return PoolState(handle, inner.lives, failed), timestep
 
 
