@@ -36,6 +36,7 @@ from experiments.reproduce import read_ablations
 from rlhf_jax.agents.base import env_reward
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build
 from rlhf_jax.envs import Discrete, make
+from rlhf_jax.envs.options import without_run_changes
 from rlhf_jax.evaluation import evaluate
 from rlhf_jax.statistics import (CONFIDENCE, REPLICATIONS, IntervalEstimate, PerformanceProfile, draw_intervals,
                                  draw_profiles, interval_estimate, normalize, performance_profile, require_rliable)
@@ -78,8 +79,8 @@ def experiment(overrides: list[str]) -> ExperimentConfig:
 
 def evaluation_env(env_config):
     """``EVAL_EPISODES`` copies of the unmodified task (episode ends visible), seeded apart from training's."""
-    return make(dataclasses.replace(env_config, num_envs=EVAL_EPISODES, hide_episode_end=False, penalty_step="failing",
-                                    seed=env_config.seed + 10_000))
+    return make(without_run_changes(dataclasses.replace(env_config, num_envs=EVAL_EPISODES,
+                                                        seed=env_config.seed + 10_000)))
 
 
 def evaluate_seeds(driver, params, seed: int) -> list[float]:

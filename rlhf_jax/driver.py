@@ -22,6 +22,7 @@ from rlhf_jax.checkpoints import Checkpoints, write_atomically
 from rlhf_jax.config import ExperimentConfig, to_dict
 from rlhf_jax.dispatch import dispatch_of, repeat
 from rlhf_jax.envs import ATARI_NAMES, EnvConfig, make
+from rlhf_jax.envs.options import without_run_changes
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.evaluation import LearnedReward, evaluate
 from rlhf_jax.head_start import HeadStartFiles
@@ -55,10 +56,7 @@ def scoring_env_config(config: ExperimentConfig) -> EnvConfig:
     copies of its environment, seeded apart from training's; with ``run.score_on_task``, the task
     itself, without the run's changes to episode ends, lengths and the oracle (the true reward scores)."""
     env = dataclasses.replace(config.env, num_envs=config.run.eval_episodes, seed=config.env.seed + 10_000)
-    if config.run.score_on_task:
-        env = dataclasses.replace(env, hide_episode_end=False, max_episode_steps=0, oracle="penalty",
-                                  penalty_step="failing")
-    return env
+    return without_run_changes(env) if config.run.score_on_task else env
 
 
 def scoring_steps(config: ExperimentConfig, spec) -> int:

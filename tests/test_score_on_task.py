@@ -109,6 +109,16 @@ def test_the_task_scored_on_charges_no_fall_on_the_restart_step():
     assert make(env).spec.max_episode_steps == 1000
 
 
+def test_the_small_tasks_experiment_scores_on_the_task_the_driver_scores_on():
+    """``experiments.labels_vs_return`` builds its scoring copies itself; its task is the driver's."""
+    from experiments.labels_vs_return import EVAL_EPISODES, evaluation_env
+    config = load_config(ExperimentConfig, None, ["env.hide_episode_end=true", "env.max_episode_steps=50",
+                                                  "run.score_on_task=true", f"run.eval_episodes={EVAL_EPISODES}"])
+    env = evaluation_env(config.env)
+    assert env._config == scoring_env_config(config)
+    assert (env._config.hide_episode_end, env.spec.max_episode_steps) == (False, 500)
+
+
 def test_a_row_is_judged_by_its_task_return_where_it_has_one():
     """The rule the sweep's table, the learning curve and the figures share."""
     assert judged_return({"episode_return": 20.0, "task_return": 500.0}) == 500.0

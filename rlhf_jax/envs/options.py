@@ -98,6 +98,13 @@ class EnvConfig:
         return self.id.split("/", 1)[1] if "/" in self.id else self.id
 
 
+def without_run_changes(config: EnvConfig) -> EnvConfig:
+    """The task ``config`` trains on as its library defines it, where the true reward scores a
+    policy: episode ends visible, the task's own length and oracle, the penalty where it falls."""
+    return dataclasses.replace(config, hide_episode_end=False, max_episode_steps=0, oracle="penalty",
+                               penalty_step="failing")
+
+
 # How a run steps its environment, not what the environment is: labels made on one run's
 # environment apply to another's whatever these say.
 HOW_RUN = ("num_envs", "seed")
