@@ -17,7 +17,8 @@ cost; each side's records say which, and the report keeps the two apart):
   MuJoCo with ``env.control_cost=true`` and ``--ours-overrides`` (none by default), each task's
   seeds one ``rlhf-jax sweep`` (resumable chunk by chunk);
 * **reference**: sb3-contrib's ``TRPO`` with the RL Zoo's settings for the task
-  (``rl_zoo3/hyperparams/trpo.yml``, the ``-v4`` entry: observations and rewards normalised by
+  (``rl_zoo3/hyperparams/trpo.yml``, the task's ``-v4`` entry, or the zoo's MuJoCo defaults for the
+  three tasks it has none for: observations and rewards normalised by
   ``VecNormalize``, 2 copies of 1,024 steps, gamma 0.99, lambda 0.95, 25 CG steps, 20 critic
   epochs), on Gymnasium's ``<Task>-v5``, torch on one thread, or with ``--reference-overrides``
   in place of the zoo's (``gamma=0.995 gae_lambda=0.97``: the paper's, as the figure's agent
@@ -178,16 +179,33 @@ def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed
 
 
 # ---------------------------------------------------------------- the reference
-def zoo_settings(task: str) -> dict:
-    """The RL Zoo's TRPO settings for the task (its ``-v4`` entry), as the zoo's YAML has them."""
+def zoo_table() -> dict:
+    """The RL Zoo's TRPO settings, every entry, as its YAML has them (anchors merged)."""
     import rl_zoo3
     import yaml
 
     class ZooLoader(yaml.SafeLoader):  # the zoo's YAML merges anchors; plain safe loading does
         pass
 
-    table = yaml.load((Path(rl_zoo3.__file__).parent / "hyperparams" / "trpo.yml").read_text(), ZooLoader)
-    return dict(table[f"{TASKS[task]}-v4"])
+    return yaml.load((Path(rl_zoo3.__file__).parent / "hyperparams" / "trpo.yml").read_text(), ZooLoader)
+
+
+# The zoo's MuJoCo entries share one anchor, and its Ant-v4 entry is that anchor alone: the
+# settings it gives a MuJoCo task it has not tuned (its YAML names the anchor "mujoco-defaults").
+ZOO_MUJOCO_DEFAULTS = "Ant-v4"
+
+
+def zoo_entry(table: dict, task: str) -> str:
+    """The zoo's entry for the task: its own ``-v4`` entry, or, for the MuJoCo tasks the zoo has
+    none for (InvertedPendulum, InvertedDoublePendulum, Reacher), :data:`ZOO_MUJOCO_DEFAULTS`."""
+    own = f"{TASKS[task]}-v4"
+    return own if own in table else ZOO_MUJOCO_DEFAULTS
+
+
+def zoo_settings(task: str) -> dict:
+    """The RL Zoo's TRPO settings for the task (:func:`zoo_entry`)."""
+    table = zoo_table()
+    return dict(table[zoo_entry(table, task)])
 
 
 def reference_variant(overrides: dict) -> str:
@@ -260,6 +278,7 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
     model.learn(total_timesteps=steps, callback=EpisodeEnds())
     curve = binned_returns(ends, steps)
     return {"side": "reference", "task": task, "seed": seed, "variant": reference_variant(overrides or {}),
+            "zoo_entry": zoo_entry(zoo_table(), task),
             "control_cost": control_cost, "episode_return": curve,
             "final_return": final_return(curve), "settings": {"normalize": normalize, "n_envs": n_envs,
                                                              "policy": policy, **settings},

@@ -203,3 +203,10 @@ def test_the_reference_plays_the_task_without_its_control_cost_when_asked():
         weights = [e.unwrapped._ctrl_cost_weight for e in trpo_reference.reference_env(task, 2, 0, False).envs]
         assert weights == [0.0, 0.0]
         assert trpo_reference.reference_env(task, 1, 0).envs[0].unwrapped._ctrl_cost_weight > 0
+
+
+def test_a_task_the_zoo_has_not_tuned_takes_its_mujoco_defaults():
+    table = {"Ant-v4": {"gamma": 0.99}, "Swimmer-v4": {"gamma": 0.9999}}
+    assert trpo_reference.zoo_entry(table, "swimmer") == "Swimmer-v4"
+    assert trpo_reference.zoo_entry(table, "ant") == "Ant-v4"
+    assert trpo_reference.zoo_entry(table, "invertedpendulum") == trpo_reference.ZOO_MUJOCO_DEFAULTS == "Ant-v4"
