@@ -249,7 +249,9 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
     from stable_baselines3.common.vec_env import VecNormalize
 
     torch.set_num_threads(1)
-    settings = {**zoo_settings(task), **(overrides or {})}
+    table = zoo_table()
+    entry = zoo_entry(table, task)
+    settings = {**table[entry], **(overrides or {})}
     normalize = settings.pop("normalize", False)
     n_envs = settings.pop("n_envs", 1)
     settings.pop("n_timesteps", None)
@@ -278,7 +280,7 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
     model.learn(total_timesteps=steps, callback=EpisodeEnds())
     curve = binned_returns(ends, steps)
     return {"side": "reference", "task": task, "seed": seed, "variant": reference_variant(overrides or {}),
-            "zoo_entry": zoo_entry(zoo_table(), task),
+            "zoo_entry": entry,
             "control_cost": control_cost, "episode_return": curve,
             "final_return": final_return(curve), "settings": {"normalize": normalize, "n_envs": n_envs,
                                                              "policy": policy, **settings},
