@@ -3,7 +3,7 @@
     python -m experiments.trpo_reference [--side ours|reference] [--tasks hopper,walker2d,halfcheetah,ant]
                                         [--seeds 3] [--first-seed 0] [--steps 1000000] [--no-control-cost]
                                         [--ours-as-reference] [--ours-overrides KEY=VALUE ...]
-                                        [--reference-overrides KEY=VALUE ...]
+                                        [--reference-overrides KEY=VALUE ...] [--reference-on envpool]
     python -m experiments.trpo_reference --report
 
 Figure 2's "RL" line is only a yardstick if it is as strong as the usual TRPO. This study
@@ -22,8 +22,9 @@ cost; each side's records say which, and the report keeps the two apart):
   ``VecNormalize``, 2 copies of 1,024 steps, gamma 0.99, lambda 0.95, 25 CG steps, 20 critic
   epochs), on Gymnasium's ``<Task>-v5``, torch on one thread, or with ``--reference-overrides``
   in place of the zoo's (``gamma=0.995 gae_lambda=0.97``: the paper's, as the figure's agent
-  has them), recorded as another variant of the reference. Needs the ``peers`` extra and
-  ``sb3-contrib`` and ``rl_zoo3``.
+  has them), recorded as another variant of the reference; with ``--reference-on envpool``, on
+  EnvPool's ``<Task>-v5``, the task ours plays (:mod:`experiments.sb3_envpool`), its own variant
+  too. Needs the ``peers`` extra and ``sb3-contrib`` and ``rl_zoo3``.
 
 **The two bound different KLs.** sb3-contrib's TRPO (2.9.2) takes the mean of
 ``kl_divergence(new, old)`` over a ``[batch, action dims]`` array: for a diagonal Gaussian its
@@ -208,9 +209,14 @@ def zoo_settings(task: str) -> dict:
     return dict(table[zoo_entry(table, task)])
 
 
-def reference_variant(overrides: dict) -> str:
-    """How a reference run differs from the zoo's settings (``--reference-overrides``)."""
-    return " ".join([ZOO, *(f"{key}={value}" for key, value in overrides.items())])
+ON_ENVPOOL = "on EnvPool's task"
+
+
+def reference_variant(overrides: dict, simulator: str = "gymnasium") -> str:
+    """How a reference run differs from the zoo's settings on Gymnasium's task
+    (``--reference-overrides``, ``--reference-on``)."""
+    return " ".join([ZOO, *(f"{key}={value}" for key, value in overrides.items()),
+                     *[ON_ENVPOOL] * (simulator == "envpool")])
 
 
 def reference_overrides(pairs: list[str], task: str) -> dict:
@@ -231,17 +237,27 @@ def reference_overrides(pairs: list[str], task: str) -> dict:
     return settings
 
 
-def reference_env(task: str, n_envs: int, seed: int, control_cost: bool = True):
-    """Gymnasium's ``<Task>-v5`` in ``n_envs`` copies, each in a ``Monitor``; without the control
+SIMULATORS = ("gymnasium", "envpool")  # whose <Task>-v5 the reference plays; ours always plays EnvPool's
+
+
+def reference_env(task: str, n_envs: int, seed: int, control_cost: bool = True, simulator: str = "gymnasium"):
+    """``<Task>-v5`` in ``n_envs`` copies, Gymnasium's (each copy in a ``Monitor``) or EnvPool's,
+    the task ours plays (:mod:`experiments.sb3_envpool`, in a ``VecMonitor``); without the control
     cost, the task as figure 2 scores it (appendix A.1; every v5 task names its weight so)."""
+    options = {} if control_cost else {"ctrl_cost_weight": 0.0}
+    if simulator == "envpool":
+        from stable_baselines3.common.vec_env import VecMonitor
+
+        from experiments.sb3_envpool import EnvPoolVecEnv
+
+        return VecMonitor(EnvPoolVecEnv(f"{TASKS[task]}-v5", n_envs, seed, **options))
     from stable_baselines3.common.env_util import make_vec_env
 
-    return make_vec_env(f"{TASKS[task]}-v5", n_envs=n_envs, seed=seed,
-                        env_kwargs=None if control_cost else {"ctrl_cost_weight": 0.0})
+    return make_vec_env(f"{TASKS[task]}-v5", n_envs=n_envs, seed=seed, env_kwargs=options or None)
 
 
 def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrides: dict | None = None,
-                  control_cost: bool = True) -> dict:
+                  control_cost: bool = True, simulator: str = "gymnasium") -> dict:
     import sb3_contrib
     import torch
     from sb3_contrib import TRPO
@@ -256,7 +272,7 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
     n_envs = settings.pop("n_envs", 1)
     settings.pop("n_timesteps", None)
     policy = settings.pop("policy")
-    env = reference_env(task, n_envs, seed, control_cost)
+    env = reference_env(task, n_envs, seed, control_cost, simulator)
     if normalize:
         env = VecNormalize(env, gamma=settings.get("gamma", 0.99))
     ends: list[tuple[int, float]] = []
@@ -264,7 +280,7 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
     class EpisodeEnds(BaseCallback):
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
-                if "episode" in info:  # Monitor's record: the raw return, before VecNormalize
+                if "episode" in info:  # (Vec)Monitor's record: the raw return, before VecNormalize
                     ends.append((self.num_timesteps, float(info["episode"]["r"])))
             return True
 
@@ -279,8 +295,8 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
     model = TRPO(policy, env, seed=seed, device="cpu", verbose=0, **settings)
     model.learn(total_timesteps=steps, callback=EpisodeEnds())
     curve = binned_returns(ends, steps)
-    return {"side": "reference", "task": task, "seed": seed, "variant": reference_variant(overrides or {}),
-            "zoo_entry": entry,
+    return {"side": "reference", "task": task, "seed": seed,
+            "variant": reference_variant(overrides or {}, simulator), "zoo_entry": entry, "simulator": simulator,
             "control_cost": control_cost, "episode_return": curve,
             "final_return": final_return(curve), "settings": {"normalize": normalize, "n_envs": n_envs,
                                                              "policy": policy, **settings},
@@ -402,6 +418,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the reference with other settings than the zoo's, KEY=VALUE (e.g. gamma=0.995)")
     parser.add_argument("--ours-as-reference", action="store_true",
                         help="ours with the reference's settings for each task, in our units")
+    parser.add_argument("--reference-on", choices=SIMULATORS, default="gymnasium",
+                        help="reference: whose task it plays, Gymnasium's or EnvPool's (the one ours plays)")
     parser.add_argument("--no-control-cost", action="store_true",
                         help="both sides: the tasks without their control cost, as figure 2 scores them")
     parser.add_argument("--report", action="store_true", help="write the table from both sides' records")
@@ -419,6 +437,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown task {unknown[0]!r}; the tasks are {', '.join(TASKS)}")
     if args.trace and args.side != "reference":
         parser.error("--trace prints the reference's updates: give it with --side reference")
+    if args.reference_on != "gymnasium" and args.side != "reference":
+        parser.error("--reference-on chooses the reference's task: give it with --side reference")
     if args.reference_overrides and args.side != "reference":
         parser.error("--reference-overrides sets the reference's settings: give it with --side reference")
     try:
@@ -428,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.trace:
         for task in tasks:
             run_reference(task, args.steps, args.first_seed, trace=True, overrides=overrides_of[task],
-                          control_cost=not args.no_control_cost)
+                          control_cost=not args.no_control_cost, simulator=args.reference_on)
         return
     path = ledger_path(args.side)
     provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
@@ -440,12 +460,12 @@ def main(argv: list[str] | None = None) -> None:
                 overrides = overrides_of[task]
                 # the zoo's settings keep the keys they had before the reference had variants
                 key = (f"{task}/seed{seed}" + "".join(f"/{k}={v}" for k, v in overrides.items())
-                       + "/no_control_cost" * args.no_control_cost)
+                       + "/no_control_cost" * args.no_control_cost + "/envpool" * (args.reference_on == "envpool"))
                 done = load_ledger(path)["runs"].get(key)
                 if done is not None and done["steps"] == args.steps:
                     continue
                 record = {**run_reference(task, args.steps, seed, overrides=overrides,
-                                          control_cost=not args.no_control_cost),
+                                          control_cost=not args.no_control_cost, simulator=args.reference_on),
                           "first_seed": args.first_seed, **provenance}
                 ledger = load_ledger(path)  # as it is now: another process may have added to it meanwhile
                 ledger["runs"][key] = record

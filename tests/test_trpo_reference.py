@@ -1,4 +1,5 @@
 """The TRPO reference study's bookkeeping: what its report compares, and its sweeps' resumption."""
+import numpy as np
 import pytest
 
 from experiments import reproduce, trpo_reference
@@ -127,7 +128,7 @@ def test_a_reference_run_keeps_what_another_process_recorded_while_it_ran(tmp_pa
     path = tmp_path / "reference_runs.json"
     monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: path)
 
-    def run_reference(task, steps, seed, overrides=None, control_cost=True):
+    def run_reference(task, steps, seed, overrides=None, control_cost=True, simulator="gymnasium"):
         reproduce.save_json(path, {"runs": {"hopper/seed0": record("reference", "hopper", 1.0, steps)}})
         return {**record("reference", task, 2.0, steps, seed=seed), "seconds": 900.0}
 
@@ -190,8 +191,9 @@ def test_the_tasks_without_their_control_cost_are_a_study_of_their_own(ledgers, 
     monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: path)
     monkeypatch.setattr(trpo_reference, "load_ledger", reproduce.load_ledger)  # a real file, from here on
     asked = []
-    monkeypatch.setattr(trpo_reference, "run_reference", lambda task, steps, seed, overrides=None, control_cost=True:
-                        asked.append(control_cost) or {**record("reference", task, 2.0, steps), "seconds": 1.0})
+    monkeypatch.setattr(trpo_reference, "run_reference", lambda task, steps, seed, overrides=None, control_cost=True,
+                        simulator="gymnasium": asked.append(control_cost) or {**record("reference", task, 2.0, steps),
+                                                                              "seconds": 1.0})
     trpo_reference.main(["--side", "reference", "--tasks", "ant", "--seeds", "1", "--first-seed", "120",
                          "--steps", "100", "--no-control-cost"])
     assert asked == [False] and list(reproduce.load_ledger(path)["runs"]) == ["ant/seed120/no_control_cost"]
@@ -210,3 +212,43 @@ def test_a_task_the_zoo_has_not_tuned_takes_its_mujoco_defaults():
     assert trpo_reference.zoo_entry(table, "swimmer") == "Swimmer-v4"
     assert trpo_reference.zoo_entry(table, "ant") == "Ant-v4"
     assert trpo_reference.zoo_entry(table, "invertedpendulum") == trpo_reference.ZOO_MUJOCO_DEFAULTS == "Ant-v4"
+
+
+def test_the_reference_on_envpools_task_is_its_own_variant_and_ledger_key(tmp_path, monkeypatch):
+    """``--reference-on envpool``: the reference plays the task ours plays, recorded apart from
+    its runs on Gymnasium's task, which it never overwrites."""
+    assert trpo_reference.reference_variant({}, "envpool") == "the zoo's settings on EnvPool's task"
+    assert trpo_reference.reference_variant({"gamma": 0.995}) == "the zoo's settings gamma=0.995"
+    path = tmp_path / "reference_runs.json"
+    monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: path)
+    asked = []
+    monkeypatch.setattr(trpo_reference, "run_reference", lambda task, steps, seed, overrides=None, control_cost=True,
+                        simulator="gymnasium": asked.append(simulator) or {**record("reference", task, 2.0, steps),
+                                                                           "seconds": 1.0})
+    for on in ([], ["--reference-on", "envpool"]):
+        trpo_reference.main(["--side", "reference", "--tasks", "inverteddoublependulum", "--seeds", "1",
+                             "--first-seed", "940", "--steps", "100", *on])
+    assert asked == ["gymnasium", "envpool"]
+    assert sorted(reproduce.load_ledger(path)["runs"]) == ["inverteddoublependulum/seed940",
+                                                          "inverteddoublependulum/seed940/envpool"]
+    with pytest.raises(SystemExit):
+        trpo_reference.main(["--side", "ours", "--reference-on", "envpool"])
+
+
+def test_envpools_task_ends_an_episode_as_stable_baselines_expects():
+    """The step that ends an episode returns the next one's first observation, the last one in
+    ``terminal_observation``, and a fall is not a time limit (SB3 bootstraps V only at the latter)."""
+    pytest.importorskip("stable_baselines3")
+    env = trpo_reference.reference_env("inverteddoublependulum", 2, 0, simulator="envpool")
+    first = env.reset()
+    assert first.shape == (2, 9) and abs(first[:, 0]).max() < 0.2  # the cart starts near the middle
+    for _ in range(50):  # full force one way: both poles fall within a few steps
+        observations, rewards, dones, infos = env.step(np.ones((2, 1), np.float32))
+        if dones.all():
+            break
+    assert dones.all()
+    for i in range(2):
+        last = infos[i]["terminal_observation"]
+        assert infos[i]["TimeLimit.truncated"] is False and infos[i]["episode"]["l"] >= 1
+        assert abs(last[0]) > abs(observations[i, 0])  # pushed away; the new episode starts near the middle
+        assert abs(observations[i, 0]) < 0.2

@@ -1,0 +1,62 @@
+"""EnvPool's MuJoCo tasks as a Stable-Baselines3 ``VecEnv``, so that the reference TRPO
+(``experiments/trpo_reference.py``) can run the very task our agents run.
+
+EnvPool resets a finished copy on its *next* step, ignoring that step's action; SB3 expects the
+step that ends an episode to return the next episode's first observation already, with the last
+one in ``info["terminal_observation"]`` and ``info["TimeLimit.truncated"]`` set when the time
+limit, not a fall, ended it (SB3 then bootstraps V there). So each finished copy is reset at once.
+"""
+from __future__ import annotations
+
+import envpool
+import numpy as np
+from gymnasium import spaces
+from stable_baselines3.common.vec_env import VecEnv
+
+
+class EnvPoolVecEnv(VecEnv):
+    """``n_envs`` copies of EnvPool's ``task_id`` (e.g. ``InvertedDoublePendulum-v5``); keyword
+    arguments go to ``envpool.make_gymnasium`` (e.g. ``ctrl_cost_weight=0.0``)."""
+
+    def __init__(self, task_id: str, n_envs: int, seed: int, **task_options):
+        self.pool = envpool.make_gymnasium(task_id, num_envs=n_envs, seed=seed, **task_options)
+        observation_space = spaces.Box(-np.inf, np.inf, self.pool.observation_space.shape, np.float32)
+        super().__init__(n_envs, observation_space, self.pool.action_space)
+        self._actions = None
+
+    def reset(self) -> np.ndarray:
+        observations, _ = self.pool.reset()
+        return observations.astype(np.float32)
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = np.asarray(actions, np.float64).reshape(self.num_envs, -1)
+
+    def step_wait(self):
+        observations, rewards, terminated, truncated, _ = self.pool.step(self._actions)
+        observations = observations.astype(np.float32)
+        dones = terminated | truncated
+        infos = [{} for _ in range(self.num_envs)]
+        finished = np.flatnonzero(dones)
+        for i in finished:
+            infos[i]["terminal_observation"] = observations[i].copy()
+            infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+        if finished.size:
+            first, _ = self.pool.reset(finished)
+            observations[finished] = first
+        return observations, rewards.astype(np.float32), dones, infos
+
+    # SB3's VecEnv asks for these; the copies have no per-copy attributes or methods to reach.
+    def close(self) -> None:
+        self.pool.close()
+
+    def get_attr(self, name, indices=None):
+        return [None] * len(self._get_indices(indices))
+
+    def set_attr(self, name, value, indices=None) -> None:
+        pass
+
+    def env_method(self, method_name, *args, indices=None, **kwargs):
+        return [None] * len(self._get_indices(indices))
+
+    def env_is_wrapped(self, wrapper_class, indices=None):
+        return [False] * len(self._get_indices(indices))
