@@ -460,7 +460,7 @@ def test_a_deeply_nested_body_is_refused_without_a_500(client, run_dir):
     assert response.status_code == 400 and "nested" in response.json()["error"]
     deep_object = b'{"a": ' * 8_000 + b"1" + b"}" * 8_000  # 56 KB
     assert client.post("/api/queries/0/answer", content=deep_object, headers=JSON).status_code == 400
-    deeper = b"[" * 200_000 + b"]" * 200_000  # the issue's: past the body limit, so never parsed
+    deeper = b"[" * 200_000 + b"]" * 200_000  # past the body limit, so never parsed
     assert client.post("/api/queries/0/answer", content=deeper, headers=JSON).status_code == 413
     assert rows(run_dir, "SELECT * FROM answers") == []
 

@@ -68,7 +68,7 @@ def test_the_default_asks_its_500_labels_on_schedule(default_run):
 
 @pytest.mark.slow
 def test_the_default_learns_from_500_labels_across_seeds(default_run, tmp_path):
-    """Issue 4's target, as a rate: of seeds 0-2 (seed 0 the run above, seeds 1-2 one sweep),
+    """The default's learning target, as a rate: of seeds 0-2 (seed 0 the run above, seeds 1-2 one sweep),
     at least two end with a last-chunk true return of 400 or more; the untrained policy scores
     about 20. Over seeds 0-15 about one run in eight stalls near 120 (docs/reward/preferences.md),
     so two stalls of three fail about one processor in twenty-three (four seeds, at most one
