@@ -45,7 +45,7 @@ def test_an_int_is_accepted_for_a_float():
         ("env.hide_score=1", "env.hide_score must be of type bool"),
         ("seed=true", "seed must be of type int"),
         ("env.num_envs=0", "num_envs must be at least 1"),
-        ("env.id=gymnax/Nope-v0", "unknown environment id 'gymnax/Nope-v0'; known ids"),
+        ("env.id=gymnax/Nope-v0", "unknown environment id 'gymnax/Nope-v0'; `rlhf-jax envs` lists every known id"),
         ("env=3", "env must be a mapping"),
         ("justakey", "must look like key=value"),
     ],
@@ -53,6 +53,24 @@ def test_an_int_is_accepted_for_a_float():
 def test_bad_configs_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(ExperimentConfig, None, [override])
+
+
+@pytest.mark.parametrize(
+    "env_id, suggested",
+    [
+        ("gymnax/CartPol-v1", " (did you mean 'gymnax/CartPole-v1'?)"),  # a typo
+        ("envpool/CartPole-v1", " (did you mean 'gymnax/CartPole-v1'?)"),  # the name under another back end
+        ("mjx/hopper-v5", " (did you mean 'mjx/Hopper-v5' or 'envpool/Hopper-v5'?)"),  # its own back end first
+        ("Pong", " (did you mean 'envpool/Pong-v5'?)"),
+        ("gymnax/Nope-v0", ""),  # nothing near: no guess
+    ],
+)
+def test_an_unknown_environment_id_is_one_line_with_the_nearest_known_ids(env_id, suggested):
+    with pytest.raises(ConfigError) as error:
+        load_config(ExperimentConfig, None, [f"env.id={env_id}"])
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"unknown environment id {env_id!r}{suggested};" in message
 
 
 def test_missing_and_malformed_files(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Literal
 
 from rlhf_jax.config_base import INT32_MAX, check_fields, in_range, non_negative, positive
@@ -30,6 +31,20 @@ ENV_IDS = (
 # Copies stepped together (evaluation's copies too, one episode each).
 MAX_ENVS = 65_536
 
+
+def unknown_id_message(env_id: str, known: list[str]) -> str:
+    """One line for an ``env.id`` nobody offers: the known ids whose names are nearest (a typo, a
+    wrong case, or the right name under another back end, the id's own back end first), where the
+    whole list is, and how to add a task of one's own."""
+    backend, _, name = env_id.rpartition("/")
+    by_name: dict[str, list[str]] = {}
+    for k in known:
+        by_name.setdefault(k.rpartition("/")[2].lower(), []).append(k)
+    near = [k for n in difflib.get_close_matches(name.lower(), list(by_name), n=2, cutoff=0.7) for k in by_name[n]]
+    near = sorted(near, key=lambda k: k.rpartition("/")[0] != backend)[:3]
+    guess = f" (did you mean {' or '.join(repr(k) for k in near)}?)" if near else ""
+    return (f"unknown environment id {env_id!r}{guess}; `rlhf-jax envs` lists every known id, and "
+            f"rlhf_jax.envs.register(id, factory) adds one of your own (docs/your-own-task.md)")
 
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
@@ -77,9 +92,7 @@ class EnvConfig:
 
     def __post_init__(self):
         if self.id not in ENV_IDS and factory_of(self.id) is None:
-            known = "\n  ".join(ENV_IDS + registered_ids())
-            raise ConfigError(f"unknown environment id {self.id!r}; known ids:\n  {known}\n"
-                              f"(an environment of your own: rlhf_jax.envs.register(id, factory), docs/your-own-task.md)")
+            raise ConfigError(unknown_id_message(self.id, ENV_IDS + registered_ids()))
         check_fields(self)
         if self.penalty_step != "failing":
             mujoco = self.backend == "envpool" and self.name in MUJOCO_NAMES
