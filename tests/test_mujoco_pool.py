@@ -218,7 +218,10 @@ def test_the_smooth_oracle_pays_gymnasiums_reward_without_health_and_with_the_he
 @pytest.mark.parametrize("options, error", [
     (dict(id="envpool/InvertedDoublePendulum-v5"), "set env.hide_episode_end=true too"),
     (dict(id="gymnax/CartPole-v1", hide_episode_end=True), "env.oracle='smooth' does not apply to the gymnax"),
-    (dict(id="envpool/Pong-v5", hide_episode_end=True), "env.oracle='smooth' does not apply to the EnvPool Atari"),
+    (dict(id="envpool/Pong-v5", hide_episode_end=True),
+     r"env.oracle='smooth' does not apply to the EnvPool Atari back end \(envpool/Pong-v5\); set env.oracle=penalty$"),
+    (dict(id="envpool/Pong-v5", hidden_end="reset"),  # the built-in default's, moved to Pong: say what to write
+     r"env.hidden_end='reset' does not apply to the EnvPool Atari back end \(envpool/Pong-v5\); set env.hidden_end=continue$"),
 ])
 def test_the_smooth_oracle_is_refused_where_it_means_nothing(options, error):
     with pytest.raises(ConfigError, match=error):

@@ -100,7 +100,7 @@ class EnvConfig:
                 raise ConfigError(f"env.penalty_step={self.penalty_step!r} applies only to EnvPool MuJoCo with "
                                   f"env.hide_episode_end=true, env.hidden_end=reset and env.oracle=penalty "
                                   f"(here {self.id}, hide_episode_end={self.hide_episode_end}, "
-                                  f"hidden_end={self.hidden_end}, oracle={self.oracle}); leave it at 'failing'")
+                                  f"hidden_end={self.hidden_end}, oracle={self.oracle}); set env.penalty_step=failing")
 
     @property
     def backend(self) -> str:
@@ -137,7 +137,10 @@ def reject_options(config: EnvConfig, backend: str, **defaults) -> None:
     """Refuse options that do not apply to a back end, naming them, instead of ignoring them."""
     for field, default in defaults.items():
         if getattr(config, field) != default:
+            # The value may come from the config file (the built-in default restarts a failing
+            # copy), so say what to write, not what to leave.
+            value = str(default).lower() if isinstance(default, bool) else default
             raise ConfigError(
                 f"env.{field}={getattr(config, field)!r} does not apply to the {backend} back end "
-                f"({config.id}); leave it at {default!r}"
+                f"({config.id}); set env.{field}={value}"
             )

@@ -54,7 +54,7 @@ def check_oracle(name: str, oracle: str, hide_episode_end: bool) -> None:
     """Refuse ``env.oracle=smooth`` where it means nothing, in one line naming the key."""
     if oracle == "smooth" and name not in SMOOTH_BONUS:
         raise ConfigError(f"env.oracle=smooth applies only to the tasks that end when unhealthy "
-                          f"({', '.join(SMOOTH_BONUS)}), not {name}; leave it at 'penalty'")
+                          f"({', '.join(SMOOTH_BONUS)}), not {name}; set env.oracle=penalty")
     if oracle == "smooth" and not hide_episode_end:
         raise ConfigError("env.oracle=smooth replaces the penalty of hidden episode ends: "
                           "set env.hide_episode_end=true too")
