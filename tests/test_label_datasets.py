@@ -382,6 +382,8 @@ def test_an_ibt_run_from_marks_asks_only_for_the_rest_of_its_budget(ibt_dataset)
     (["labels", "import", "{cartpole_dataset}", "{pong}"], "env.id: gymnax/CartPole-v1 there, envpool/Pong-v5 here"),
     (["labels", "import", "{cartpole_dataset}", "{tmp}/no/x.npz"], "{tmp}/no does not exist"),
     (["fit-reward", "{tmp}/nowhere"], "{tmp}/nowhere does not exist"),
+    # A run's directory where its exported labels belong: say how to make them.
+    (["fit-reward", "{pong}"], "{pong} is a run directory, not a label dataset: rlhf-jax labels export {pong} OUT_DIR"),
     # fit-reward names the dataset as it was given, never a key the command line has not typed.
     (["fit-reward", "{ibt_dataset}", "ibt.episode_length=5"],
      "error: the dataset {ibt_dataset} marks clips of 6 steps, this run's ibt.episode_length makes 5: set it to 6"),

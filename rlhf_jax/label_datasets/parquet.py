@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhf_jax.config_base import to_dict
+from rlhf_jax.config_base import CONFIG_FILE, to_dict
 from rlhf_jax.envs.options import HOW_RUN
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.files import refuse_to_overwrite
@@ -192,6 +192,9 @@ def read_info(dataset_dir: str | Path) -> DatasetInfo:
     if not path.is_dir():
         raise ConfigError(f"{path} is not a label dataset: not a directory")
     files = shard_files(path)
+    if not files and (path / CONFIG_FILE).is_file():
+        raise ConfigError(f"{path} is a run directory, not a label dataset: rlhf-jax labels export {path} OUT_DIR "
+                          f"writes its labels as one, to be read from OUT_DIR")
     if not files:
         raise ConfigError(f"{path} is not a label dataset: it has no {DATA_DIR}/*.parquet "
                           f"(rlhf-jax labels export RUN_DIR {path} writes one)")
