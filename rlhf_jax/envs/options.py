@@ -32,7 +32,7 @@ ENV_IDS = (
 MAX_ENVS = 65_536
 
 
-def unknown_id_message(env_id: str, known: list[str]) -> str:
+def unknown_id_message(env_id: str, known: tuple[str, ...]) -> str:
     """One line for an ``env.id`` nobody offers: the known ids whose names are nearest (a typo, a
     wrong case, or the right name under another back end, the id's own back end first), where the
     whole list is, and how to add a task of one's own."""
@@ -45,6 +45,7 @@ def unknown_id_message(env_id: str, known: list[str]) -> str:
     guess = f" (did you mean {' or '.join(repr(k) for k in near)}?)" if near else ""
     return (f"unknown environment id {env_id!r}{guess}; `rlhf-jax envs` lists every known id, and "
             f"rlhf_jax.envs.register(id, factory) adds one of your own (docs/your-own-task.md)")
+
 
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
