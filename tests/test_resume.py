@@ -13,12 +13,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import yaml
 
@@ -395,9 +397,9 @@ def train_killed_in_chunk_3(run_dir: Path, monkeypatch) -> None:
 
 
 def damage(checkpoint: Path, how: str) -> None:
-    """Change one byte in the middle of the checkpoint's largest data file, cut that file short,
-    or swap in the arrays of the checkpoint before it (files that read back whole but are not
-    the ones its checksums were written for)."""
+    """Flip one byte of the checkpoint's largest data file that changes what orbax reads back,
+    cut that file short, or swap in the arrays of the checkpoint before it (files that read back
+    whole but are not the ones its checksums were written for)."""
     if how == "swapped":
         earlier = checkpoint.parent / str(int(checkpoint.name) - 1)
         shutil.rmtree(checkpoint / "default")
@@ -406,10 +408,40 @@ def damage(checkpoint: Path, how: str) -> None:
     data = max((p for p in (checkpoint / "default").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     content = bytearray(data.read_bytes())
     if how == "byte":
-        content[len(content) // 2] ^= 0x10
+        content[telling_byte(checkpoint, data.relative_to(checkpoint))] ^= 0x10
     else:
         content = content[:len(content) // 2]
     data.write_bytes(bytes(content))
+
+
+def telling_byte(checkpoint: Path, data: Path) -> int:
+    """The offset nearest the middle of ``checkpoint``'s file ``data`` whose bit 0x10, flipped,
+    changes the arrays orbax reads (or stops it reading them). Not every byte is read: zstd skips
+    a bit of each frame's header, and the B-tree nodes orbax's per-process store wrote before
+    merging them into the checkpoint's own are never read again. Tried on copies in a scratch
+    folder, so that the checkpoint itself is read for the first time by the code under test."""
+    scratch = Path(tempfile.mkdtemp())
+    def read_back(offset):
+        copy = scratch / str(offset)
+        shutil.copytree(checkpoint, copy)
+        if offset is not None:
+            content = bytearray((copy / data).read_bytes())
+            content[offset] ^= 0x10
+            (copy / data).write_bytes(bytes(content))
+        try:
+            return [np.asarray(leaf) for leaf in jax.tree.leaves(ocp.PyTreeCheckpointer().restore(copy / "default"))]
+        except Exception:
+            return None
+    try:
+        intact = read_back(None)
+        middle = (checkpoint / data).stat().st_size // 2
+        for offset in sorted(range(2 * middle), key=lambda offset: abs(offset - middle)):
+            changed = read_back(offset)
+            if changed is None or any(not np.array_equal(a, b) for a, b in zip(changed, intact)):
+                return offset
+        raise AssertionError(f"no byte of {checkpoint / data} changes what is read from it")
+    finally:
+        shutil.rmtree(scratch)
 
 
 # What each damage is reported as. A flipped byte lands in a compressed stream whose layout
