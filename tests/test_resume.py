@@ -434,6 +434,7 @@ def telling_byte(checkpoint: Path, data: Path) -> int:
             return None
     try:
         intact = read_back(None)
+        assert intact is not None, f"{checkpoint} cannot be read before it is damaged"
         middle = (checkpoint / data).stat().st_size // 2
         for offset in sorted(range(2 * middle), key=lambda offset: abs(offset - middle)):
             changed = read_back(offset)
