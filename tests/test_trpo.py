@@ -228,6 +228,18 @@ def test_gaussian_kl_against_numerical_integration():
     np.testing.assert_allclose(kl, expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("log_std", [-3.0, 0.0, 10.0, 14.5, 16.0, 20.0])
+def test_gaussian_kl_curvature_stays_that_of_the_distribution_at_any_width(log_std):
+    """TRPO's Fisher is the KL's Hessian at q = p: 1 / sigma^2 in the mean and 2 in the log-std,
+    whatever the width. A policy widened past the action box (a log-std of 14.5 and more, as the
+    entropy bonus drives some) once got -2 in float32, and froze."""
+    mean, log_std_p = jnp.zeros(1), jnp.full(1, log_std, jnp.float32)
+    in_log_std = jax.hessian(lambda q: ops.gaussian_kl(mean, log_std_p, mean, q))(log_std_p)
+    in_mean = jax.hessian(lambda m: ops.gaussian_kl(mean, log_std_p, m, log_std_p))(mean)
+    np.testing.assert_allclose(np.asarray(in_log_std).ravel(), [2.0], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(in_mean).ravel(), [np.exp(-2.0 * log_std)], rtol=1e-5)
+
+
 def test_categorical_kl():
     logits_p, logits_q = np.array([[1.0, 0.0, -2.0], [0.5, 0.5, 0.5]]), np.array([[0.0, 1.0, 0.0], [3.0, 0.0, 0.0]])
     p = np.exp(logits_p) / np.exp(logits_p).sum(-1, keepdims=True)

@@ -247,10 +247,17 @@ def gaussian_kl(mean_p: chex.Array, log_std_p: chex.Array, mean_q: chex.Array, l
 
     Returns:
       ``[...]`` divergences in nats.
+
+    Written with the variances' ratio, ``sigma_p^2 / sigma_q^2 = exp(2 (log sigma_p - log sigma_q))``,
+    not ``sigma_p^2`` over ``sigma_q^2``: TRPO's Fisher is this function's second derivative,
+    and through ``1 / sigma_q^2`` that derivative passes ``sigma_q^6``, which overflows float32
+    once a log-std passes about 14.5 and turns the Fisher's entry from +2 to -2. The policy then
+    never moves again (the conjugate gradient's step has ``s^T F s <= 0``).
     """
     chex.assert_equal_shape([mean_p, mean_q])
-    var_p, var_q = jnp.exp(2.0 * log_std_p), jnp.exp(2.0 * log_std_q)
-    per_dim = log_std_q - log_std_p + (var_p + (mean_p - mean_q) ** 2) / (2.0 * var_q) - 0.5
+    variance_ratio = jnp.exp(2.0 * (log_std_p - log_std_q))
+    squared_distance = (mean_p - mean_q) ** 2 * jnp.exp(-2.0 * log_std_q)
+    per_dim = log_std_q - log_std_p + 0.5 * (variance_ratio + squared_distance) - 0.5
     return jnp.sum(per_dim, axis=-1)
 
 
