@@ -343,6 +343,10 @@ RESULT_CHANGES: tuple[ResultChange, ...] = (
     # l2 reads its losses on a sample of 1,024 of them, not on all.
     ResultChange("l2 losses on at most 1,024 labels", lambda config: config.reward == "preferences" and (
         config.preferences.label_capacity or config.preferences.labels) > 1_024),
+    # rlhf_jax.ops.gaussian_kl through the variances' ratio (its curvature no longer overflows):
+    # the same KL, rounded otherwise in float32. Only Gaussian policies use it, but the config
+    # does not say whether the task's actions are continuous, so every TRPO config is touched.
+    ResultChange("Gaussian KL through the variances' ratio", lambda config: config.agent == "trpo"),
 )
 
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from experiments import reproduce
+from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.errors import Interrupted
 from rlhf_jax.sweep import SWEEP_FILE
 
@@ -333,6 +334,7 @@ def test_a_registered_result_change_gives_the_cells_it_touches_a_new_fingerprint
                                                                Path("/tmp/unused")))
                 for cell in (dropout_cell, plain_cell)]
 
+    monkeypatch.setattr(reproduce, "RESULT_CHANGES", ())  # the library's own entries apart
     before = fingerprints()
     change = reproduce.ResultChange("dropout masks, another draw", lambda c: c.reward_model.mlp_dropout > 0)
     monkeypatch.setattr(reproduce, "RESULT_CHANGES", (change,))
@@ -356,3 +358,13 @@ def test_a_cells_wall_time_is_on_disk_while_it_runs(tmp_path):
     (tmp_path / reproduce.WALL_SECONDS_FILE).write_text("100.0\n")  # an earlier attempt's
     total = reproduce.run_timed(tmp_path, work, every=0.05)
     assert seen and seen[0] > 100.0 and total > 100.0  # (the file keeps a tenth of a second)
+
+
+def test_the_gaussian_kl_change_touches_trpo_cells_and_no_others():
+    """The KL written through the variances' ratio rounds otherwise in float32, so a TRPO cell run
+    on it is a new cell; A2C's cells are untouched."""
+    touches = {change.name: change.touches for change in reproduce.RESULT_CHANGES}
+    touched = touches["Gaussian KL through the variances' ratio"]
+    trpo = load_config(ExperimentConfig, reproduce.PAPER / "mujoco" / "hopper.yaml")
+    a2c = load_config(ExperimentConfig, reproduce.PAPER / "atari" / "pong.yaml")
+    assert touched(trpo) and not touched(a2c)
