@@ -319,7 +319,8 @@ ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "l
                            ("reward_model", "clip_actions"): True, ("trpo", "normalize_observations"): False,
                            ("trpo", "observation_clip"): 5.0, ("trpo", "observation_min_std"): 0.1,
                            ("trpo", "observation_moments"): "before_update",
-                           ("trpo", "kl_per_action_dimension"): False, ("env", "penalty_step"): "failing"}
+                           ("trpo", "kl_per_action_dimension"): False, ("env", "penalty_step"): "failing",
+                           ("trpo", "entropy_per_action_dimension"): False}
 
 
 @dataclasses.dataclass(frozen=True)

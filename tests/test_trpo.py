@@ -517,6 +517,31 @@ def test_a_kl_per_action_dimension_is_the_whole_actions_bound_and_damping_times_
         trpo.make_iteration(trpo.TRPOConfig(kl_per_action_dimension=True), cartpole, lambda p, o, a, ts: ts.reward)
 
 
+@pytest.mark.slow
+def test_a_bonus_per_action_dimension_is_the_whole_actions_bonus_over_its_dimensions():
+    """``entropy_per_action_dimension``: the bonus paid on the entropy's mean over the action's 2
+    dimensions takes the step the whole action's bonus takes at half the coefficient, and another
+    step than the whole action's at the same coefficient; refused for discrete actions."""
+    env = TwinSteps(num_envs=4)
+
+    def policy_after_one_update(**options):
+        config = trpo.TRPOConfig(batch_size=32, total_env_steps=32, policy_hidden=(8,), value_hidden=(8,),
+                                 value_minibatches=2, fisher_subsample=1, kl_per_action_dimension=True, **options)
+        runner = trpo.init_runner(jax.random.PRNGKey(0), config, env)
+        after, _, _ = jax.jit(trpo.make_iteration(config, env, lambda p, o, a, ts: ts.reward))(runner)
+        return ravel_pytree(after.params["policy"])[0] - ravel_pytree(runner.params["policy"])[0]
+
+    per_dimension = policy_after_one_update(entropy_coef=0.5, entropy_per_action_dimension=True)
+    whole_halved = policy_after_one_update(entropy_coef=0.25)
+    whole = policy_after_one_update(entropy_coef=0.5)
+    np.testing.assert_allclose(per_dimension, whole_halved, rtol=1e-5, atol=1e-7)
+    assert np.abs(per_dimension - whole).max() > 0.05 * np.abs(whole).max()
+    cartpole = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=2))
+    with pytest.raises(ConfigError, match="entropy_per_action_dimension"):
+        trpo.make_iteration(trpo.TRPOConfig(entropy_per_action_dimension=True), cartpole,
+                            lambda p, o, a, ts: ts.reward)
+
+
 def test_bad_config_values():
     with pytest.raises(ConfigError, match="gamma"):
         trpo.TRPOConfig(gamma=1.5)

@@ -158,6 +158,11 @@ class TRPOConfig:
     line_search_decay: float = in_range(0.5, 0, 1, low_open=True, high_open=True)
     # beta: 0 on the true reward; 0.01 (Swimmer: 0.001) when learning from the reward predictor.
     entropy_coef: float = non_negative(0.0)
+    # The bonus on the whole action's entropy, or on its mean over the action's dimensions (beta
+    # over the dimensions on the sum), as kl_per_action_dimension takes the KL: with that wider
+    # trust region the whole action's bonus widens multi-joint policies past the action box
+    # (experiments/log/figure2.md). Gaussian policies only.
+    entropy_per_action_dimension: bool = False
     normalize_advantages: bool = True
     # The value function: its own network fitted with Adam to the lambda-returns.
     value_learning_rate: float = in_state(positive(1e-3))

@@ -231,8 +231,13 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
     if config.kl_per_action_dimension and not continuous:
         raise ConfigError(f"trpo.kl_per_action_dimension: {env.spec.id} has discrete actions; "
                           f"the option divides a Gaussian's KL by its action's dimensions")
-    # The KL of the whole action, or per action dimension (kl_per_action_dimension).
+    if config.entropy_per_action_dimension and not continuous:
+        raise ConfigError(f"trpo.entropy_per_action_dimension: {env.spec.id} has discrete actions; "
+                          f"the option divides a Gaussian's entropy by its action's dimensions")
+    # The KL of the whole action, or per action dimension (kl_per_action_dimension); the same
+    # for the entropy the bonus is paid on (entropy_per_action_dimension).
     kl_unit = env.spec.action_space.shape[0] if config.kl_per_action_dimension else 1
+    entropy_bonus = config.entropy_coef / (env.spec.action_space.shape[0] if config.entropy_per_action_dimension else 1)
 
     def mean_kl(mask):
         """``(d_old, d) -> `` the mean KL from the old distribution over the steps of ``mask``."""
@@ -264,7 +269,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         def surrogate(dist):
             ratio = jnp.exp(_log_prob(dist, actions, continuous) - old_log_prob)
             entropy = jnp.broadcast_to(_entropy(dist, continuous), mask.shape)
-            return ops.masked_mean(ratio * advantages, mask) + config.entropy_coef * ops.masked_mean(entropy, mask)
+            return ops.masked_mean(ratio * advantages, mask) + entropy_bonus * ops.masked_mean(entropy, mask)
 
         def surrogate_and_kl(flat):  # one pass of the network for both
             dist = dist_of(flat)
