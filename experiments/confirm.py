@@ -42,6 +42,12 @@ The designs (:data:`DESIGNS`), fixed here and copied into each registration:
   and on probe seeds 900-902 TRPO on the exact oracle in that task ended far below RL; with the
   restart Hopper's 700-label line rose from about 40 to 714-1,140 there (``experiments/log/figure2.md``).
 
+* ``figure2_bonus_per_dimension_5m``: ``figure2_reset_5m``'s two lines (seeds 800-804) with the paper's
+  entropy bonus paid on the entropy's mean over the action's dimensions in every label cell
+  (:data:`BONUS_PER_DIMENSION`), as the matched agent takes its KL: in ``figure2_reset_5m`` the bonus
+  on the whole entropy widened the multi-joint label policies past the action box and they lost what
+  they had learned; on probe seeds 990-992 the bonus per dimension kept Ant's at their starting width.
+
 Seeds from 100 up are fresh: every probe and every exploratory cell ran seeds 0-15; the
 reference comparison ran 100-102, 110-112 and 120-122.
 """
@@ -141,6 +147,19 @@ RESET_SETTINGS = PER_TASK_OWN_EPISODES + (
      "read unclipped they collapsed three Walker2d reward models of the matched figure"},
 )
 
+# The label runs of figure2_bonus_per_dimension_5m: figure2_reset_5m's, with the paper's bonus paid on the
+# entropy's mean over the action's dimensions, as the matched agent takes its KL (one rule for all eight; the
+# two pendulums have one dimension, so theirs is unchanged, and Swimmer keeps its own tenth of the bonus).
+BONUS_PER_DIMENSION = ("trpo.entropy_per_action_dimension=true",)
+BONUS_PER_DIMENSION_SETTINGS = RESET_SETTINGS + (
+    {"task": "all", "key": "trpo.entropy_per_action_dimension", "value": True,
+     "reason": "appendix A.1 gives the bonus (0.01; Swimmer 0.001) and not the entropy's unit; the matched agent "
+     "bounds the KL per action dimension (the reference's trust region), and in figure2_reset_5m the bonus on the "
+     "whole entropy widened every Ant, three HalfCheetah and three Walker2d label policies past the action box, "
+     "each losing what it had learned, where every RL policy narrowed; on probe seeds 990-992 the bonus per "
+     "dimension kept Ant's label policies at their starting width"},
+)
+
 DESIGNS = {
     "figure2_1m": Design(1_000_000, (Line(None, 10, 100), Line(700, 10, 100), Line(1400, 5, 100), Line(350, 5, 100))),
     "figure2_5m": Design(5_000_000, (Line(None, 5, 200), Line(700, 5, 200))),
@@ -155,6 +174,9 @@ DESIGNS = {
                                            Line(350, 5, 600)), RESET_LABEL_RUNS, RESET_SETTINGS, MATCHED_TRPO),
     "figure2_reset_5m": Design(5_000_000, (Line(None, 5, 700), Line(700, 5, 700)), RESET_LABEL_RUNS, RESET_SETTINGS,
                                MATCHED_TRPO),
+    "figure2_bonus_per_dimension_5m": Design(5_000_000, (Line(None, 5, 800), Line(700, 5, 800)),
+                                             RESET_LABEL_RUNS + BONUS_PER_DIMENSION, BONUS_PER_DIMENSION_SETTINGS,
+                                             MATCHED_TRPO),
 }
 
 

@@ -128,6 +128,25 @@ def test_the_own_episodes_design_changes_only_the_label_runs_episode_length_on_f
     assert [s["key"] for s in design.per_task_settings].count("env.max_episode_steps") == 1
 
 
+def test_the_bonus_per_dimension_design_changes_only_the_label_runs_bonus_unit_on_fresh_seeds():
+    design = confirm.DESIGNS["figure2_bonus_per_dimension_5m"]
+    cells = {c.key: c for c in confirm.design_cells(design, ["ant", "inverteddoublependulum"])}
+    before = {c.key: c for c in confirm.design_cells(confirm.DESIGNS["figure2_reset_5m"],
+                                                       ["ant", "inverteddoublependulum"])}
+
+    def changed(key):  # the resolved configs' keys that differ from figure2_reset_5m's cell
+        new, old = (to_dict(protocol.cell_config(c[key])) for c in (cells, before))
+        return sorted([f"{section}.{name}" for section in new if isinstance(new[section], dict)
+                       for name in new[section] if new[section][name] != old[section].get(name)]
+                      + [k for k in new if not isinstance(new[k], dict) and new[k] != old[k]])
+
+    assert changed("ant/RL (trpo)") == ["env.seed", "seed"]
+    assert changed("ant/700 labels") == changed("inverteddoublependulum/700 labels") == [
+        "env.seed", "seed", "trpo.entropy_per_action_dimension"]
+    assert protocol.cell_config(cells["ant/700 labels"]).trpo.entropy_coef == 0.01  # the paper's, per dimension
+    assert [s["key"] for s in design.per_task_settings].count("trpo.entropy_per_action_dimension") == 1
+
+
 def test_a_designs_agent_runs_in_every_cell_and_is_written_in_its_registration(tmp_path):
     """One agent for RL and the label runs alike: its settings are in every cell's config, and so
     in every fingerprint; the registration names them once, and reads them back."""
