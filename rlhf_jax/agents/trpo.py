@@ -228,16 +228,16 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         raise ConfigError(f"trpo.batch_size ({config.batch_size}) must be at least trpo.value_minibatches "
                           f"({config.value_minibatches})")
 
-    if config.kl_per_action_dimension and not continuous:
-        raise ConfigError(f"trpo.kl_per_action_dimension: {env.spec.id} has discrete actions; "
-                          f"the option divides a Gaussian's KL by its action's dimensions")
-    if config.entropy_per_action_dimension and not continuous:
-        raise ConfigError(f"trpo.entropy_per_action_dimension: {env.spec.id} has discrete actions; "
-                          f"the option divides a Gaussian's entropy by its action's dimensions")
+    for option, on, what in (("kl_per_action_dimension", config.kl_per_action_dimension, "KL"),
+                             ("entropy_per_action_dimension", config.entropy_per_action_dimension, "entropy")):
+        if on and not continuous:
+            raise ConfigError(f"trpo.{option}: {env.spec.id} has discrete actions; "
+                              f"the option divides a Gaussian's {what} by its action's dimensions")
     # The KL of the whole action, or per action dimension (kl_per_action_dimension); the same
     # for the entropy the bonus is paid on (entropy_per_action_dimension).
-    kl_unit = env.spec.action_space.shape[0] if config.kl_per_action_dimension else 1
-    entropy_bonus = config.entropy_coef / (env.spec.action_space.shape[0] if config.entropy_per_action_dimension else 1)
+    action_dims = env.spec.action_space.shape[0] if continuous else 1
+    kl_unit = action_dims if config.kl_per_action_dimension else 1
+    entropy_bonus = config.entropy_coef / (action_dims if config.entropy_per_action_dimension else 1)
 
     def mean_kl(mask):
         """``(d_old, d) -> `` the mean KL from the old distribution over the steps of ``mask``."""
