@@ -154,10 +154,10 @@ BONUS_PER_DIMENSION = ("trpo.entropy_per_action_dimension=true",)
 BONUS_PER_DIMENSION_SETTINGS = RESET_SETTINGS + (
     {"task": "all", "key": "trpo.entropy_per_action_dimension", "value": True,
      "reason": "appendix A.1 gives the bonus (0.01; Swimmer 0.001) and not the entropy's unit; the matched agent "
-     "bounds the KL per action dimension (the reference's trust region), and in figure2_reset_5m the bonus on the "
-     "whole entropy widened every Ant, three HalfCheetah and three Walker2d label policies past the action box, "
-     "each losing what it had learned, where every RL policy narrowed; on probe seeds 990-992 the bonus per "
-     "dimension kept Ant's label policies at their starting width"},
+     "bounds the KL per action dimension (the reference's trust region), and with it the bonus on the whole entropy "
+     "widened label policies past the action box (figure2_reset_5m: every Ant and three Walker2d seeds; "
+     "figure2_matched_5m: three HalfCheetah seeds), each losing what it had learned, where every RL policy "
+     "narrowed; on probe seeds 990-992 the bonus per dimension kept Ant's label policies at their starting width"},
 )
 
 DESIGNS = {
