@@ -100,7 +100,7 @@ def check_fingerprint(cell: RegisteredCell, config: ExperimentConfig, where: str
     found = fingerprint(config)
     if found != cell.fingerprint:
         raise RegistrationError(f"{cell.key}: {where} has fingerprint {found}, the registration {cell.fingerprint}; "
-                                f"a changed cell needs a new registration and fresh seeds")
+                                f"run it on the commit its registration's header names, or register anew with fresh seeds")
 
 
 # ---------------------------------------------------------------- the file
