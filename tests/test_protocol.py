@@ -105,6 +105,15 @@ def test_the_designs_use_fresh_seeds_and_one_value_per_setting_but_the_papers_pe
     assert all(protocol.fingerprint(configs[c.key]) == c.fingerprint for c in cells)
 
 
+def changed_keys(cell, earlier_cell) -> list[str]:
+    """The resolved config's keys (``section.name``, or a top-level name) whose values differ
+    between two cells, sorted."""
+    new, old = (to_dict(protocol.cell_config(c)) for c in (cell, earlier_cell))
+    return sorted([f"{section}.{name}" for section in new if isinstance(new[section], dict)
+                   for name in new[section] if new[section][name] != old[section].get(name)]
+                  + [k for k in new if not isinstance(new[k], dict) and new[k] != old[k]])
+
+
 def test_the_own_episodes_design_changes_only_the_label_runs_episode_length_on_fresh_seeds():
     design = confirm.DESIGNS["figure2_own_episodes_1m"]
     cells = {c.key: c for c in confirm.design_cells(design, ["hopper", "halfcheetah"])}
@@ -116,11 +125,7 @@ def test_the_own_episodes_design_changes_only_the_label_runs_episode_length_on_f
     assert configs["hopper/700 labels"].env.max_episode_steps == 0  # the task's own 1,000
     assert protocol.cell_config(before["hopper/700 labels"]).env.max_episode_steps == 200
 
-    def changed(key):  # the resolved configs' keys that differ from figure2_1m's cell
-        new, old = (to_dict(protocol.cell_config(c[key])) for c in (cells, before))
-        return sorted(f"{section}.{name}" for section in new if isinstance(new[section], dict)
-                      for name in new[section] if new[section][name] != old[section].get(name)) + \
-            sorted(k for k in new if not isinstance(new[k], dict) and new[k] != old[k])
+    changed = lambda key: changed_keys(cells[key], before[key])
 
     # a task whose label runs kept their own length already, and every RL cell, differ in the seeds alone
     assert changed("halfcheetah/700 labels") == changed("hopper/RL (trpo)") == ["env.seed", "seed"]
@@ -133,12 +138,7 @@ def test_the_bonus_per_dimension_design_changes_only_the_label_runs_bonus_unit_o
     cells = {c.key: c for c in confirm.design_cells(design, ["ant", "inverteddoublependulum"])}
     before = {c.key: c for c in confirm.design_cells(confirm.DESIGNS["figure2_reset_5m"],
                                                        ["ant", "inverteddoublependulum"])}
-
-    def changed(key):  # the resolved configs' keys that differ from figure2_reset_5m's cell
-        new, old = (to_dict(protocol.cell_config(c[key])) for c in (cells, before))
-        return sorted([f"{section}.{name}" for section in new if isinstance(new[section], dict)
-                       for name in new[section] if new[section][name] != old[section].get(name)]
-                      + [k for k in new if not isinstance(new[k], dict) and new[k] != old[k]])
+    changed = lambda key: changed_keys(cells[key], before[key])
 
     assert changed("ant/RL (trpo)") == ["env.seed", "seed"]
     assert changed("ant/700 labels") == changed("inverteddoublependulum/700 labels") == [

@@ -492,20 +492,26 @@ def test_the_fisher_is_estimated_from_every_kth_time_step_of_every_copy():
     assert np.abs((thirds - start) - (full - start)).max() > 0.05 * np.abs(full - start).max()
 
 
+def policy_step_on_twin_steps(**options):
+    """One update of a small TRPO on :class:`TwinSteps` (4 copies, 32 steps, the whole batch's
+    Fisher) with ``options``: the policy's parameter step, flattened, and the update's metrics."""
+    env = TwinSteps(num_envs=4)
+    config = trpo.TRPOConfig(batch_size=32, total_env_steps=32, policy_hidden=(8,), value_hidden=(8,),
+                             value_minibatches=2, fisher_subsample=1, **options)
+    runner = trpo.init_runner(jax.random.PRNGKey(0), config, env)
+    after, metrics, _ = jax.jit(trpo.make_iteration(config, env, lambda p, o, a, ts: ts.reward))(runner)
+    return ravel_pytree(after.params["policy"])[0] - ravel_pytree(runner.params["policy"])[0], metrics
+
+
 @pytest.mark.slow
 def test_a_kl_per_action_dimension_is_the_whole_actions_bound_and_damping_times_its_dimensions():
     """``kl_per_action_dimension``: the KL averaged over the action's 2 dimensions, bounded by
     ``max_kl`` with ``cg_damping`` added to its Hessian, takes the step the whole action's KL takes
     with both times 2 (sb3-contrib's trust region in ours); with the same numbers it steps further."""
-    env = TwinSteps(num_envs=4)
-
     def policy_after_one_update(**options):
-        config = trpo.TRPOConfig(batch_size=32, total_env_steps=32, policy_hidden=(8,), value_hidden=(8,),
-                                 value_minibatches=2, fisher_subsample=1, **options)
-        runner = trpo.init_runner(jax.random.PRNGKey(0), config, env)
-        after, metrics, _ = jax.jit(trpo.make_iteration(config, env, lambda p, o, a, ts: ts.reward))(runner)
+        step, metrics = policy_step_on_twin_steps(**options)
         assert float(metrics["step_fraction"]) == 1.0
-        return ravel_pytree(after.params["policy"])[0] - ravel_pytree(runner.params["policy"])[0]
+        return step
 
     per_dimension = policy_after_one_update(max_kl=0.01, cg_damping=0.1, kl_per_action_dimension=True)
     whole_times_two = policy_after_one_update(max_kl=0.02, cg_damping=0.2)
@@ -522,14 +528,8 @@ def test_a_bonus_per_action_dimension_is_the_whole_actions_bonus_over_its_dimens
     """``entropy_per_action_dimension``: the bonus paid on the entropy's mean over the action's 2
     dimensions takes the step the whole action's bonus takes at half the coefficient, and another
     step than the whole action's at the same coefficient; refused for discrete actions."""
-    env = TwinSteps(num_envs=4)
-
     def policy_after_one_update(**options):
-        config = trpo.TRPOConfig(batch_size=32, total_env_steps=32, policy_hidden=(8,), value_hidden=(8,),
-                                 value_minibatches=2, fisher_subsample=1, kl_per_action_dimension=True, **options)
-        runner = trpo.init_runner(jax.random.PRNGKey(0), config, env)
-        after, _, _ = jax.jit(trpo.make_iteration(config, env, lambda p, o, a, ts: ts.reward))(runner)
-        return ravel_pytree(after.params["policy"])[0] - ravel_pytree(runner.params["policy"])[0]
+        return policy_step_on_twin_steps(kl_per_action_dimension=True, **options)[0]
 
     per_dimension = policy_after_one_update(entropy_coef=0.5, entropy_per_action_dimension=True)
     whole_halved = policy_after_one_update(entropy_coef=0.25)
