@@ -48,7 +48,10 @@ finishes (the two sides can run at once, one process each); ``--report`` writes
 ``results/trpo_reference.json`` with one table per block of seeds and variant of ours, each
 side's runs on the same seeds (against the zoo's settings in ``seed_blocks``, against the
 reference's other variants in ``reference_variants``), and every record names the host
-(:func:`benchmarks.common.cpu_host`) and the commit.
+(:func:`benchmarks.common.cpu_host`) and the commit. A run of ours is named by its config's
+fingerprint with the ``RESULT_CHANGES`` that touch it, so code that computes otherwise starts a
+fresh run; its records then replace the older ones of the same seeds in ``runs`` and the older
+ones move to ``superseded`` (:func:`supersede`).
 """
 from __future__ import annotations
 
@@ -63,8 +66,8 @@ import numpy as np
 
 from benchmarks.common import cpu_host
 from experiments.common import RESULTS
-from experiments.reproduce import (PAPER, final_return, git_commit, load_ledger, run_or_resume_sweep, run_timed,
-                                  save_json)
+from experiments.reproduce import (PAPER, final_return, fingerprinted_fields, git_commit, load_ledger,
+                                  run_or_resume_sweep, run_timed, save_json)
 
 POINTS = 25
 TARGET = 0.9
@@ -153,17 +156,23 @@ def our_config(task: str, steps: int, overrides: list[str], first_seed: int = 0,
     return load_config(ExperimentConfig, PAPER / "mujoco" / f"{task}_trpo.yaml", keys), keys
 
 
-def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed: int = 0,
-             as_reference: bool = False, control_cost: bool = True) -> list[dict]:
+def our_fingerprint(config) -> str:
+    """What names a run of ours: the config as the figures fingerprint it, so that a code change
+    listed in ``RESULT_CHANGES`` starts a fresh run instead of resuming or reading an old one."""
     import hashlib
 
+    return hashlib.sha1(json.dumps(fingerprinted_fields(config), sort_keys=True).encode()).hexdigest()[:10]
+
+
+def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed: int = 0,
+             as_reference: bool = False, control_cost: bool = True) -> list[dict]:
     from rlhf_jax.config import to_dict
     from rlhf_jax.sweep import Sweep
 
     settings = in_our_units(zoo_settings(task), action_dims(task)) if as_reference else []
     config, keys = our_config(task, steps, settings + overrides, first_seed, control_cost)
     base = to_dict(config)
-    tag = hashlib.sha1(json.dumps(base, sort_keys=True).encode()).hexdigest()[:10]
+    tag = our_fingerprint(config)
     directory = RUNS / "ours" / f"{task}-{tag}"
     seconds = run_timed(directory, lambda: run_or_resume_sweep(directory, base, seeds))  # over every attempt
     rows = Sweep.load(directory).rows()
@@ -177,6 +186,17 @@ def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed
                         "final_return": final_return(curve), "config": f"configs/paper/mujoco/{task}_trpo.yaml",
                         "overrides": keys, "fingerprint": tag, "seconds_all_seeds": round(seconds, 1)})
     return records
+
+
+def supersede(ledger: dict, record: dict) -> None:
+    """Move the ledger's runs of ours that ``record`` replaces (the same task, variant, seed,
+    budget and scoring, under another fingerprint: made by code that gave other results) from
+    ``runs``, which the report reads, to ``superseded``, which keeps them in the record."""
+    slot = lambda r: (r["task"], r["variant"], r["seed"], r["first_seed"], r.get("control_cost", True), r["steps"])
+    for key, old in list(ledger["runs"].items()):
+        if slot(old) == slot(record) and old["fingerprint"] != record["fingerprint"]:
+            ledger.setdefault("superseded", {})[key] = {**old, "superseded_by": record["fingerprint"]}
+            del ledger["runs"][key]
 
 
 # ---------------------------------------------------------------- the reference
@@ -477,8 +497,9 @@ def main(argv: list[str] | None = None) -> None:
         records = run_ours(task, args.steps, args.seeds, args.ours_overrides, args.first_seed, args.ours_as_reference,
                            control_cost=not args.no_control_cost)
         ledger = load_ledger(path)
-        for record in records:
-            ledger["runs"][f"{task}/{record['fingerprint']}/seed{record['seed']}"] = {**record, **provenance}
+        for record in ({**record, **provenance} for record in records):
+            supersede(ledger, record)
+            ledger["runs"][f"{task}/{record['fingerprint']}/seed{record['seed']}"] = record
         save_json(path, ledger)
         print(f"ours {task}: final returns {[round(r['final_return'] or float('nan')) for r in records]}", flush=True)
 

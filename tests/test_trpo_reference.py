@@ -254,3 +254,40 @@ def test_envpools_task_ends_an_episode_as_stable_baselines_expects():
         assert info["TimeLimit.truncated"] is False and info["episode"]["l"] >= 1
         assert abs(info["terminal_observation"][0]) > abs(returned[0])  # pushed away; the new episode starts
         assert abs(returned[0]) < 0.2  # near the middle
+
+
+def test_a_code_change_that_alters_trpos_results_names_a_fresh_run_of_ours(monkeypatch):
+    """A run directory named by the config alone was resumed, and its returns read, after a
+    change listed in ``RESULT_CHANGES`` had made the same config compute something else."""
+    config, _ = trpo_reference.our_config("hopper", 100_000, [])
+    monkeypatch.setattr(reproduce, "RESULT_CHANGES", ())
+    before = trpo_reference.our_fingerprint(config)
+    elsewhere = reproduce.ResultChange("another a2c rule", lambda c: c.agent == "a2c")
+    monkeypatch.setattr(reproduce, "RESULT_CHANGES", (elsewhere,))
+    assert trpo_reference.our_fingerprint(config) == before
+    trpo = reproduce.ResultChange("another trpo rule", lambda c: c.agent == "trpo")
+    monkeypatch.setattr(reproduce, "RESULT_CHANGES", (elsewhere, trpo))
+    assert trpo_reference.our_fingerprint(config) != before
+
+
+def test_our_run_on_changed_code_supersedes_the_old_record_in_the_report_and_keeps_it(ledgers, monkeypatch):
+    """The same seed of the same variant, re-run under a new fingerprint, counted twice in the
+    report; the old record is kept apart, not deleted."""
+    old = {**record("ours", "ant", 100.0, 1_000_000), "fingerprint": "old"}
+    other_seed = {**record("ours", "ant", 300.0, 1_000_000, seed=1), "fingerprint": "old"}
+    ledgers["ours"]["runs"] = {"ant/old/seed0": old, "ant/old/seed1": other_seed}
+    ledgers["reference"]["runs"] = {"ant/seed0": record("reference", "ant", 200.0, 1_000_000)}
+    saved = trpo_reference.save_json  # the ledgers live in ``ledgers``; the report's table in a file
+    monkeypatch.setattr(trpo_reference, "save_json",
+                        lambda path, data: ledgers[path].update(data) if path in ledgers else saved(path, data))
+    monkeypatch.setattr(trpo_reference, "git_commit", lambda: {"commit": "test"})
+    rerun = {**record("ours", "ant", 200.0, 1_000_000), "fingerprint": "new"}
+    rerun.pop("steps")  # the run's budget comes with its provenance, as in ``run_ours``
+    monkeypatch.setattr(trpo_reference, "run_ours", lambda *args, **kwargs: [rerun])
+    trpo_reference.main(["--side", "ours", "--tasks", "ant", "--seeds", "1"])
+    ours = ledgers["ours"]
+    assert sorted(ours["runs"]) == ["ant/new/seed0", "ant/old/seed1"]
+    assert ours["superseded"]["ant/old/seed0"]["final_return"] == 100.0
+    assert ours["superseded"]["ant/old/seed0"]["superseded_by"] == "new"
+    row = trpo_reference.report()["seed_blocks"]["0"]["as configured"]["tasks"]["ant"]
+    assert sorted(row["ours_per_seed"]) == [200.0, 300.0]
