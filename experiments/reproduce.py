@@ -320,7 +320,7 @@ ADDED_AFTER_FIRST_CELLS = {("reward_model", "init_from"): "", ("preferences", "l
                            ("trpo", "observation_clip"): 5.0, ("trpo", "observation_min_std"): 0.1,
                            ("trpo", "observation_moments"): "before_update",
                            ("trpo", "kl_per_action_dimension"): False, ("env", "penalty_step"): "failing",
-                           ("trpo", "entropy_per_action_dimension"): False}
+                           ("trpo", "entropy_per_action_dimension"): False, ("reward_model", "reads_action"): True}
 
 
 @dataclasses.dataclass(frozen=True)

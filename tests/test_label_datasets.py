@@ -4,6 +4,7 @@ database (stacked frames, each stored once) and hand-made IBT marks; `datasets` 
 run started from a dataset asks its labeler only for the rest of its budget; a reward model
 fitted offline (`rlhf-jax fit-reward`) starts a run; the same for IBT marks and the IBT
 utility; every mistake is one line."""
+import dataclasses
 import os
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # nothing here needs the network
@@ -403,6 +404,8 @@ def test_an_ibt_run_from_marks_asks_only_for_the_rest_of_its_budget(ibt_dataset)
     (["train", *SMALL, "reward_model.init_from={cartpole_dataset}/README.md"], "is not a reward model saved by"),
     (["train", *SMALL, "reward_model.init_from={model}", "reward_model.hidden=[32]"],
      "was fitted with reward_model.hidden=[64, 64], this run has reward_model.hidden=[32]"),
+    (["train", *SMALL, "reward_model.init_from={model}", "reward_model.reads_action=false"],
+     "was fitted with reward_model.reads_action=True, this run has reward_model.reads_action=False"),
     # The wrong kind: a preference model or dataset for an IBT run, an IBT utility for a preference run.
     (["train", *SMALL, *IBT_SMALL, "reward_model.init_from={model}"],
      "reward_model.init_from: {model} is a preference reward model, fitted to labels; this run has reward=ibt, "
@@ -437,6 +440,21 @@ def test_mistakes_are_one_line_errors_naming_the_path_or_key(words, named, cartp
     line = error_line(capsys)
     assert named.format(**places) in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_saved_before_an_architecture_key_existed_holds_that_keys_default(tmp_path):
+    """A file written before ``reward_model.reads_action`` existed reads the action: it loads into
+    a run that does, and is refused by one that does not."""
+    from rlhf_jax.errors import ConfigError
+    from rlhf_jax.reward.ensemble import RewardModelConfig
+
+    _fake_model(tmp_path / "model.npz")
+    info = saved_model.read_info(tmp_path / "model.npz")
+    info = dataclasses.replace(info, architecture={k: v for k, v in info.architecture.items() if k != "reads_action"})
+    check = lambda config: saved_model.check_fits(info, PREFERENCES, config, (4,), "reward_model.init_from", "m.npz")
+    check(RewardModelConfig())
+    with pytest.raises(ConfigError, match="fitted with reward_model.reads_action=True, this run has .*=False"):
+        check(RewardModelConfig(reads_action=False))
 
 
 def test_without_pyarrow_datasets_are_a_one_line_error(cartpole_run, tmp_path, capsys, monkeypatch):

@@ -423,3 +423,25 @@ def test_reward_cnn_shapes_batch_stats_and_ignores_action():
 def test_bad_config_values_raise(bad):
     with pytest.raises(ConfigError):
         RewardModelConfig(**bad)
+
+
+def test_r_hat_without_the_action_pays_every_action_alike_and_is_fitted_without_it():
+    """``reads_action=False``: r̂ of a step is the same whatever the action, and the losses it is
+    fitted by do not move with the labels' actions; reading it, both do."""
+    spec = dataclasses.replace(SPEC, action_space=Box(-1.0, 1.0, (2,)))
+    blind = dataclasses.replace(CONFIG, reads_action=False)
+    state = init_ensemble(jax.random.key(0), CONFIG, spec)
+    obs = jax.random.normal(jax.random.key(1), (1, 2, 2))
+    one, other = jnp.full((1, 2, 2), 0.5), jnp.full((1, 2, 2), -0.75)
+    reward = lambda config, action: np.asarray(member_returns(state, config, spec, obs, action))
+    np.testing.assert_array_equal(reward(blind, one), reward(blind, other))
+    assert np.abs(reward(CONFIG, one) - reward(CONFIG, other)).min() > 1e-4
+
+    labels = empty_labels(spec, 8, LENGTH, CONFIG.ensemble_size)
+    labels = labels.replace(frames=jax.random.normal(jax.random.key(2), labels.frames.shape),
+                            action=jax.random.uniform(jax.random.key(3), labels.action.shape, minval=-1.0, maxval=1.0),
+                            mu=jnp.ones((8,)), ring=labels.ring._replace(size=jnp.asarray(8, jnp.int32)), holdout=jnp.zeros((8, 3), bool))
+    still = labels.replace(action=jnp.zeros_like(labels.action))
+    losses = lambda config, labels: np.asarray(validation_losses(state, config, spec, labels, jax.random.key(5), 8)[0])
+    np.testing.assert_array_equal(losses(blind, labels), losses(blind, still))
+    assert np.abs(losses(CONFIG, labels) - losses(CONFIG, still)).min() > 1e-6

@@ -190,6 +190,11 @@ class RewardModelConfig:
     # public reference implementation, whose predictor reads the sampled action). Agents
     # hand r̂ the sampled action; this is the one place that clips it.
     clip_actions: bool = True
+    # False: r̂ reads the observation alone, its action input held at zero. Not the paper's, whose
+    # r̂ reads both (an ablation): where the task's reward ignores the action, as appendix A's
+    # MuJoCo tasks do once their torque cost is removed, r̂ can then learn no cost of acting
+    # that the oracle lacks.
+    reads_action: bool = True
     # A reward model saved by `rlhf-jax fit-reward` (a .npz) for the run to start from instead of an
     # untrained one; its architecture keys (rlhf_jax.reward.saved_model) must match these. "": none.
     init_from: str = ""

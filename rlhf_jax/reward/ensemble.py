@@ -105,9 +105,12 @@ def _optimizer(config: RewardModelConfig) -> optax.GradientTransformation:
 def _flatten_steps(config: RewardModelConfig, spec: EnvSpec, obs: jax.Array, action: jax.Array):
     """``[..., *obs_shape]``, ``[..., *action_shape]`` -> ``[N, ...]`` each, and the leading shape:
     the network's inputs, with the action clipped into the bounds where ``config.clip_actions``
-    says so (the one place r̂ reads an action: acting, fitting and scoring alike)."""
+    says so, or zero where ``config.reads_action`` is off (the one place r̂ reads an action:
+    acting, fitting and scoring alike)."""
     if config.clip_actions:
         action = clip_action(spec.action_space, action)
+    if not config.reads_action:
+        action = jnp.zeros_like(action)
     obs_ndim = len(spec.observation_shape)
     leading = obs.shape[: obs.ndim - obs_ndim]
     chex.assert_shape(obs, leading + tuple(spec.observation_shape))

@@ -313,7 +313,7 @@ class PreferenceFeedback(FeedbackKind):
     # The reward_model keys that make the network (its shape or its function): a saved model
     # loads only into a run whose values are the same. The rest (learning rate, l2 adaptation,
     # dropout, the reward's scale) are how a model is fitted or read, free to differ.
-    architecture = ("ensemble_size", "hidden", "leaky_relu_slope", "cnn_batch_norm")
+    architecture = ("ensemble_size", "hidden", "leaky_relu_slope", "cnn_batch_norm", "reads_action")
     saved_model = SavedModel
     perfect_labeler, noisy_labeler, labeler_key = "oracle", "teacher", "preferences.teacher"
 

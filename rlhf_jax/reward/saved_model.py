@@ -128,11 +128,12 @@ def check_fits(info: ModelInfo, kind: FeedbackKind, config: RewardModelConfig | 
     if saved is not kind:
         raise ConfigError(f"{key}: {path} is {saved.model}, fitted to {saved.answers}; this run has "
                           f"reward={kind.reward}, which starts from {kind.model}")
-    now = kind.architecture_of(config)
+    now, default = kind.architecture_of(config), kind.architecture_of(type(config)())
     for name in kind.architecture:
-        if info.architecture.get(name) != now[name]:
+        fitted = info.architecture.get(name, default[name])  # a key added after the file was written: its default
+        if fitted != now[name]:
             raise ConfigError(f"{key}: {path} was fitted with {kind.model_section}.{name}="
-                              f"{info.architecture.get(name)}, this run has {kind.model_section}.{name}={now[name]}")
+                              f"{fitted}, this run has {kind.model_section}.{name}={now[name]}")
     if tuple(info.observation_shape) != tuple(observation_shape):
         raise ConfigError(f"{key}: {path} was fitted on observations of shape {list(info.observation_shape)}, "
                           f"this run's are {list(observation_shape)}")
