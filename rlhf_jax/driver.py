@@ -191,8 +191,11 @@ class Driver:
         return {self.config.agent: ".runner", self.kind.model_section: ".learner"}
 
     def unmeasured(self, row: dict) -> set[str]:
-        """The losses in a chunk's ``row`` that a NaN leaves unmeasured rather than diverged."""
-        return set() if self.kind is None else self.kind.unmeasured(row)
+        """The losses in a chunk's ``row`` that a NaN leaves unmeasured rather than diverged: the
+        learner's, and the fitting loss of a run that fits nothing (``fit_pairs_per_env_step=0``)."""
+        if self.kind is None:
+            return set()
+        return self.kind.unmeasured(row) | ({"reward_fit_loss"} if self.loop.fit_steps == 0 else set())
 
     def save_outputs(self, state, run_dir: Path) -> None:
         """What a finished run writes besides its checkpoints and metrics: with a learned

@@ -298,6 +298,18 @@ def test_check_finite_tells_divergence_from_nothing_to_measure():
             check_finite(row, 4, unmeasured(row))
 
 
+def test_a_run_that_fits_nothing_is_not_taken_for_a_diverged_one(tmp_path):
+    """``preferences.fit_pairs_per_env_step=0`` (the reward model as it starts, or as
+    ``reward_model.init_from`` gives it) fits no step, so every chunk's fitting loss is NaN: that
+    stopped the run after its first chunk as "training diverged"."""
+    from tests.small_runs import SMALL_LEARNERS, SMALL_RUN
+
+    learner = [*SMALL_LEARNERS["preferences"], "preferences.fit_pairs_per_env_step=0"]
+    run_dir = tmp_path / "unfitted"
+    assert main(["train", *SMALL_RUN, *learner, f"run.dir={run_dir}", "run.tensorboard=false"]) == 0
+    assert saved_chunks(run_dir)[-1] == 5  # all six chunks
+
+
 def test_a_config_changed_before_resume_is_named_and_nothing_is_overwritten(tmp_path, capsys):
     run_dir = tmp_path / "edited"
     train(config_of([*DQN, "dqn.total_env_steps=400", f"run.dir={run_dir}"]), progress=False)
