@@ -24,6 +24,16 @@ bounds (which the environment clips).
 This asks whether a stuck seed's r̂ knows that another policy's play is better, and whether
 the oracle the labels come from tells the two apart at all.
 
+With ``--by-life`` (label cells on a task whose failing copies restart, ``env.hidden_end=reset``),
+each seed's r̂ and the oracle are read on 16 copies of the cell's training task played with
+Gaussian actions (std 0.3) for 400 steps, by a step's place in its life (steps since the
+restart; -1 the restart's own step, whose action is ignored), and on the same steps with every
+action set to -1, -0.5, 0, 0.5 and 1: where r̂ pays one action more than another on a task
+whose reward ignores the action. Printed only. With ``--export-rewards DIR`` each seed's r̂
+of the newest checkpoint is written to ``DIR/<cell>-group<g>-seed<k>.npz``, a file
+``reward_model.init_from`` starts a run from (with ``preferences.fit_pairs_per_env_step=0``, a
+run on that r̂ frozen).
+
 Why the split: the paper removed the torque costs from the tasks ("torques are not directly
 visible to a human supervisor ... so we removed them", appendix A.1); here the oracle does
 not see them, but every curve is scored by Gymnasium's reward, which holds them.
@@ -216,19 +226,95 @@ def diagnose(directory: Path, episodes: int, against: Path | None = None) -> dic
     return result
 
 
+def export_rewards(directory: Path, out: Path) -> list[Path]:
+    """Each seed's r̂ of a sweep's newest checkpoints as saved reward models
+    (:mod:`rlhf_jax.reward.saved_model`), one file per group and seed."""
+    from rlhf_jax.config import to_dict
+    from rlhf_jax.reward import saved_model
+
+    sweep = Sweep.load(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for group in range(len(sweep.groups)):
+        program, chunk, state = sweep.restore_group(group)
+        for s, config in enumerate(program.configs):
+            learner = one_seed(state, s).learner
+            info = saved_model.ModelInfo(
+                env=to_dict(config)["env"], observation_shape=tuple(program.driver.env.spec.observation_shape),
+                architecture=saved_model.architecture(config.reward_model), labels=int(learner.labels.ring.size),
+                dataset=f"{directory} (group {group}, checkpoint {chunk})", steps=0, train_loss=float("nan"),
+                val_loss=float("nan"))
+            paths.append(out / f"{directory.name}-group{group}-seed{config.seed}.npz")
+            saved_model.save(paths[-1], learner.ensemble, info)
+    return paths
+
+
+LIFE_AGES = (-1, 0, 1, 2, 3, 4, 6, 8)
+FIXED_ACTIONS = (-1.0, -0.5, 0.0, 0.5, 1.0)
+
+
+def by_life(directory: Path, steps: int = 400, copies: int = 16) -> dict:
+    """Per seed: r̂ and the oracle by a step's place in its life, and r̂ with every action fixed
+    (the module docstring's ``--by-life``)."""
+    _, program, _, state = restore_cell(directory)
+    driver = program.driver
+    env = make(dataclasses.replace(driver.config.env, num_envs=copies))
+    key = jax.random.PRNGKey(1)
+    env_state, timestep = env.reset(key)
+    obs, actions, oracle, ages = [], [], [], []
+    age = np.zeros(copies, int)
+    for _ in range(steps):
+        key, draw = jax.random.split(key)
+        action = 0.3 * jax.random.normal(draw, (copies, *env.spec.action_space.shape))
+        obs.append(np.asarray(timestep.obs))
+        actions.append(np.asarray(action))
+        env_state, timestep = env.step(env_state, action)
+        oracle.append(np.asarray(timestep.reward))
+        ages.append(age.copy())
+        age = np.where(unhealthy(timestep), -1, age + 1)  # the next step is the copy's restart
+    obs, actions, oracle, ages = (np.concatenate(x) for x in (obs, actions, oracle, ages))
+    result = {}
+    for s, config in enumerate(program.configs):
+        learned = driver.learned_reward(one_seed(state, s))
+        r_hat = lambda a: np.asarray(learned.fn(learned.params, jnp.asarray(obs), jnp.asarray(a), None))
+        played = r_hat(actions)
+        early = (ages >= 0) & (ages <= 2)
+        result[str(config.seed)] = {
+            "by_age": {str(a): {"r_hat": float(played[ages == a].mean()), "oracle": float(oracle[ages == a].mean())}
+                       for a in LIFE_AGES if (ages == a).sum() > 5},
+            "r_hat_early_in_life_by_action": {str(v): float(r_hat(np.full_like(actions, v))[early].mean())
+                                              for v in FIXED_ACTIONS},
+            "correlation": float(np.corrcoef(played, oracle)[0, 1])}
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cells", nargs="+", type=Path, help="sweep directories of finished cells")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--against", type=Path, help="another cell's sweep directory: rank its policies' "
                         "clips against each seed's own with that seed's r̂ (label cells only)")
+    parser.add_argument("--by-life", action="store_true", help="each seed's r̂ against the oracle by a step's "
+                        "place in its life, and with every action fixed (tasks whose failing copies restart)")
+    parser.add_argument("--export-rewards", type=Path, metavar="DIR",
+                        help="write each seed's r̂ to DIR/<cell>-group<g>-seed<k>.npz, for reward_model.init_from")
     args = parser.parse_args()
-    for directory in args.cells if args.against else []:
+    option = "--against" if args.against else "--by-life" if args.by_life else "--export-rewards"
+    for directory in args.cells if (args.against or args.by_life or args.export_rewards) else []:
         if not (directory / "group0").exists():
-            parser.error(f"--against: {directory} is not a cell's sweep directory (it has no group0/)")
+            parser.error(f"{option}: {directory} is not a cell's sweep directory (it has no group0/)")
         sweep = Sweep.load(directory)
-        if member_config(sweep.base, sweep.groups[0][0]).reward == "env":
-            parser.error(f"--against: {directory} learns from the true reward, so it has no r̂ to rank clips with")
+        reward = member_config(sweep.base, sweep.groups[0][0]).reward
+        if reward != "preferences":
+            what = "the true reward" if reward == "env" else f"reward={reward}"
+            parser.error(f"{option}: {directory} learns from {what}, so it has no preference r̂ to read")
+    if args.export_rewards or args.by_life:
+        for directory in args.cells:
+            if args.export_rewards:
+                print("\n".join(str(path) for path in export_rewards(directory, args.export_rewards)))
+            if args.by_life:
+                print(json.dumps({directory.name: by_life(directory)}, indent=1))
+        return
     path = RESULTS / "mujoco_diagnose.json"
     result = json.loads(path.read_text()) if path.exists() else {"cells": {}}
     for directory in args.cells:

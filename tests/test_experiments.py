@@ -132,6 +132,12 @@ def test_ranking_against_another_cell_refuses_a_cell_without_a_learned_reward_or
     with pytest.raises(SystemExit):
         mujoco_diagnose.main()
     assert f"--against: {tmp_path} is not a cell's sweep directory" in capsys.readouterr().err
+    for option in (["--by-life"], ["--export-rewards", str(tmp_path / "models")]):  # nothing to read r̂ from
+        monkeypatch.setattr("sys.argv", ["mujoco_diagnose", str(cell), *option])
+        with pytest.raises(SystemExit):
+            mujoco_diagnose.main()
+        assert f"{option[0]}: {cell} learns from the true reward" in capsys.readouterr().err
+    assert not (tmp_path / "models").exists()
 
 
 def test_the_mujoco_throughput_benchmark_times_the_tasks_of_figure_2_in_its_order():
