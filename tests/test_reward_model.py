@@ -369,6 +369,21 @@ def test_input_standardisation_floors_the_std_of_inputs_that_never_moved(state):
     np.testing.assert_allclose(broken, [0.5, -10.0], rtol=1e-6)
 
 
+def eight_labels(spec, action_bound: float):
+    """Eight labelled pairs of random clips, their actions drawn uniformly in [-action_bound, action_bound]."""
+    labels = empty_labels(spec, 8, LENGTH, CONFIG.ensemble_size)
+    return labels.replace(frames=jax.random.normal(jax.random.key(2), labels.frames.shape),
+                          action=jax.random.uniform(jax.random.key(3), labels.action.shape,
+                                                    minval=-action_bound, maxval=action_bound),
+                          mu=jnp.ones((8,)), ring=labels.ring._replace(size=jnp.asarray(8, jnp.int32)),
+                          holdout=jnp.zeros((8, 3), bool))
+
+
+def first_losses(state, config, spec, labels) -> np.ndarray:
+    """The validation losses of ``labels``' pairs under ``state``'s first member, as fitting reads them."""
+    return np.asarray(validation_losses(state, config, spec, labels, jax.random.key(5), 8)[0])
+
+
 @pytest.mark.slow
 def test_clip_actions_decides_the_action_r_hat_reads_when_acting_and_when_fitting():
     """Agents hand r̂ the action as sampled; ``clip_actions`` alone says whether r̂ reads it
@@ -384,12 +399,9 @@ def test_clip_actions_decides_the_action_r_hat_reads_when_acting_and_when_fittin
     np.testing.assert_array_equal(reward(sampled, inside), reward(clipped, inside))
     assert np.abs(reward(sampled, drawn) - reward(sampled, inside)).min() > 1e-4
 
-    labels = empty_labels(spec, 8, LENGTH, CONFIG.ensemble_size)
-    labels = labels.replace(frames=jax.random.normal(jax.random.key(2), labels.frames.shape),
-                            action=jax.random.uniform(jax.random.key(3), labels.action.shape, minval=-3.0, maxval=3.0),
-                            mu=jnp.ones((8,)), ring=labels.ring._replace(size=jnp.asarray(8, jnp.int32)), holdout=jnp.zeros((8, 3), bool))
+    labels = eight_labels(spec, action_bound=3.0)
     in_bounds = labels.replace(action=jnp.clip(labels.action, -1.0, 1.0))
-    losses = lambda config, labels: np.asarray(validation_losses(state, config, spec, labels, jax.random.key(5), 8)[0])
+    losses = lambda config, labels: first_losses(state, config, spec, labels)
     np.testing.assert_array_equal(losses(clipped, labels), losses(clipped, in_bounds))
     assert np.abs(losses(sampled, labels) - losses(sampled, in_bounds)).min() > 1e-6
 
@@ -437,11 +449,8 @@ def test_r_hat_without_the_action_pays_every_action_alike_and_is_fitted_without_
     np.testing.assert_array_equal(reward(blind, one), reward(blind, other))
     assert np.abs(reward(CONFIG, one) - reward(CONFIG, other)).min() > 1e-4
 
-    labels = empty_labels(spec, 8, LENGTH, CONFIG.ensemble_size)
-    labels = labels.replace(frames=jax.random.normal(jax.random.key(2), labels.frames.shape),
-                            action=jax.random.uniform(jax.random.key(3), labels.action.shape, minval=-1.0, maxval=1.0),
-                            mu=jnp.ones((8,)), ring=labels.ring._replace(size=jnp.asarray(8, jnp.int32)), holdout=jnp.zeros((8, 3), bool))
+    labels = eight_labels(spec, action_bound=1.0)
     still = labels.replace(action=jnp.zeros_like(labels.action))
-    losses = lambda config, labels: np.asarray(validation_losses(state, config, spec, labels, jax.random.key(5), 8)[0])
+    losses = lambda config, labels: first_losses(state, config, spec, labels)
     np.testing.assert_array_equal(losses(blind, labels), losses(blind, still))
     assert np.abs(losses(CONFIG, labels) - losses(CONFIG, still)).min() > 1e-6
