@@ -66,8 +66,9 @@ import numpy as np
 
 from benchmarks.common import cpu_host
 from experiments.common import RESULTS
-from experiments.reproduce import (PAPER, final_return, fingerprinted_fields, git_commit, load_ledger,
-                                  run_or_resume_sweep, run_timed, save_json)
+from experiments.protocol import fingerprint
+from experiments.reproduce import (PAPER, final_return, git_commit, load_ledger, run_or_resume_sweep, run_timed,
+                                  save_json)
 
 POINTS = 25
 TARGET = 0.9
@@ -156,12 +157,10 @@ def our_config(task: str, steps: int, overrides: list[str], first_seed: int = 0,
     return load_config(ExperimentConfig, PAPER / "mujoco" / f"{task}_trpo.yaml", keys), keys
 
 
-def our_fingerprint(config) -> str:
-    """What names a run of ours: the config as the figures fingerprint it, so that a code change
-    listed in ``RESULT_CHANGES`` starts a fresh run instead of resuming or reading an old one."""
-    import hashlib
-
-    return hashlib.sha1(json.dumps(fingerprinted_fields(config), sort_keys=True).encode()).hexdigest()[:10]
+def run_directory(task: str, config) -> Path:
+    """Where a run of ours lives: named by the config's fingerprint as the registered figures take
+    it, ``RESULT_CHANGES`` included, so that code which computes otherwise starts a fresh run."""
+    return RUNS / "ours" / f"{task}-{fingerprint(config)}"
 
 
 def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed: int = 0,
@@ -172,8 +171,8 @@ def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed
     settings = in_our_units(zoo_settings(task), action_dims(task)) if as_reference else []
     config, keys = our_config(task, steps, settings + overrides, first_seed, control_cost)
     base = to_dict(config)
-    tag = our_fingerprint(config)
-    directory = RUNS / "ours" / f"{task}-{tag}"
+    directory = run_directory(task, config)
+    tag = directory.name.removeprefix(f"{task}-")
     seconds = run_timed(directory, lambda: run_or_resume_sweep(directory, base, seeds))  # over every attempt
     rows = Sweep.load(directory).rows()
     records = []

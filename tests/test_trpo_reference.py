@@ -261,13 +261,13 @@ def test_a_code_change_that_alters_trpos_results_names_a_fresh_run_of_ours(monke
     change listed in ``RESULT_CHANGES`` had made the same config compute something else."""
     config, _ = trpo_reference.our_config("hopper", 100_000, [])
     monkeypatch.setattr(reproduce, "RESULT_CHANGES", ())
-    before = trpo_reference.our_fingerprint(config)
+    before = trpo_reference.run_directory("hopper", config)
     elsewhere = reproduce.ResultChange("another a2c rule", lambda c: c.agent == "a2c")
     monkeypatch.setattr(reproduce, "RESULT_CHANGES", (elsewhere,))
-    assert trpo_reference.our_fingerprint(config) == before
+    assert trpo_reference.run_directory("hopper", config) == before
     trpo = reproduce.ResultChange("another trpo rule", lambda c: c.agent == "trpo")
     monkeypatch.setattr(reproduce, "RESULT_CHANGES", (elsewhere, trpo))
-    assert trpo_reference.our_fingerprint(config) != before
+    assert trpo_reference.run_directory("hopper", config) != before
 
 
 def test_our_run_on_changed_code_supersedes_the_old_record_in_the_report_and_keeps_it(ledgers, monkeypatch):
