@@ -259,20 +259,14 @@ def by_life(directory: Path, steps: int = 400, copies: int = 16) -> dict:
     _, program, _, state = restore_cell(directory)
     driver = program.driver
     env = make(dataclasses.replace(driver.config.env, num_envs=copies))
-    key = jax.random.PRNGKey(1)
-    env_state, timestep = env.reset(key)
-    obs, actions, oracle, ages = [], [], [], []
-    age = np.zeros(copies, int)
-    for _ in range(steps):
-        key, draw = jax.random.split(key)
-        action = 0.3 * jax.random.normal(draw, (copies, *env.spec.action_space.shape))
-        obs.append(np.asarray(timestep.obs))
-        actions.append(np.asarray(action))
-        env_state, timestep = env.step(env_state, action)
-        oracle.append(np.asarray(timestep.reward))
-        ages.append(age.copy())
-        age = np.where(unhealthy(timestep), -1, age + 1)  # the next step is the copy's restart
-    obs, actions, oracle, ages = (np.concatenate(x) for x in (obs, actions, oracle, ages))
+    drawn = lambda params, obs, key: 0.3 * jax.random.normal(key, (copies, *env.spec.action_space.shape))
+    obs, actions, timestep = evaluation.play(drawn, None, env, jax.random.PRNGKey(1), steps, lambda *step: step)
+    failing, ages, age = unhealthy(timestep), [], np.zeros(copies, int)
+    for failed in failing:  # [T, N]: each step's age in its life; after a failing step, the restart's (-1)
+        ages.append(age)
+        age = np.where(failed, -1, age + 1)
+    obs, actions = (np.asarray(x).reshape(steps * copies, *x.shape[2:]) for x in (obs, actions))
+    oracle, ages = np.asarray(timestep.reward).ravel(), np.concatenate(ages)
     result = {}
     for s, config in enumerate(program.configs):
         learned = driver.learned_reward(one_seed(state, s))
