@@ -20,14 +20,12 @@ A task counts at ``threshold`` by the mean, and separately by the interval's low
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-from experiments.reproduce import ROOT, fingerprinted_fields
+from experiments.reproduce import ROOT, digest, fingerprinted_fields
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
 
@@ -92,7 +90,7 @@ def fingerprint(config: ExperimentConfig) -> str:
     W&B settings (:func:`experiments.reproduce.fingerprinted_fields`)."""
     fields = fingerprinted_fields(config)
     fields["run"] = {k: v for k, v in fields["run"].items() if k != "dir"}
-    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+    return digest(fields, 12)
 
 
 def check_fingerprint(cell: RegisteredCell, config: ExperimentConfig, where: str) -> None:

@@ -367,6 +367,12 @@ def fingerprinted_fields(config: ExperimentConfig) -> dict:
     return fields
 
 
+def digest(fields: dict, length: int) -> str:
+    """A config's fingerprint: the first ``length`` hex digits of the SHA-1 of its fields as
+    sorted JSON (the run directories here take 10, the registrations' cells 12)."""
+    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:length]
+
+
 def run_config(run: Run, steps: int, points: int, runs_dir: Path) -> ExperimentConfig:
     """The run's config: its file, its overrides, the seed, and ``--steps``/``--points``;
     ``run.dir`` is ``runs_dir/<task>/<line>/seed<k>-<fingerprint of everything else>``."""
@@ -383,8 +389,7 @@ def run_config(run: Run, steps: int, points: int, runs_dir: Path) -> ExperimentC
     overrides.append(f"run.chunk_env_steps={chunk}")
     overrides += pinned_segment_length(config)
     config = load_config(ExperimentConfig, run.config_path, overrides)
-    fingerprint = hashlib.sha1(json.dumps(fingerprinted_fields(config), sort_keys=True).encode()).hexdigest()[:10]
-    run_dir = runs_dir / run.task / slug(run.line) / f"seed{run.seed}-{fingerprint}"
+    run_dir = runs_dir / run.task / slug(run.line) / f"seed{run.seed}-{digest(fingerprinted_fields(config), 10)}"
     return dataclasses.replace(config, run=dataclasses.replace(config.run, dir=str(run_dir)))
 
 
