@@ -9,6 +9,7 @@ import json
 import operator
 import os
 import platform
+import shlex
 import statistics
 import time
 from pathlib import Path
@@ -41,6 +42,12 @@ def cpu_model() -> str:
 # The vector extensions that decide which code XLA:CPU emits (and so the rounding of a run).
 VECTOR_EXTENSIONS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                      "amx_tile")
+
+
+def command_line(module: str, argv: list[str]) -> str:
+    """The command that ran ``python -m module`` with ``argv``, as a record keeps it: quoted
+    where a word needs it, so that pasting it runs the same (``--cells 'hopper/700 labels'``)."""
+    return shlex.join(["python", "-m", module, *argv])
 
 
 def cpu_host() -> dict:

@@ -50,7 +50,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks.common import Headline, Target, cpu_model, with_headline
+from benchmarks.common import Headline, Target, command_line, cpu_model, with_headline
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -536,7 +536,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown benchmarks {unknown}; known: {', '.join(BY_NAME)}")
     plan = [BY_NAME[n] for n in chosen if n not in skipped]
-    invocation = "python -m benchmarks.run " + " ".join(sys.argv[1:])
+    invocation = command_line("benchmarks.run", sys.argv[1:])
 
     outcomes: list[Outcome] = []
     written_now: set[str] = set()

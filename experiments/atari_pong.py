@@ -57,7 +57,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from benchmarks.common import cpu_host, enable_compilation_cache
+from benchmarks.common import command_line, cpu_host, enable_compilation_cache
 from experiments.common import RESULTS, write_result
 from experiments.protocol import gain_ratio_estimate
 from experiments.reproduce import (PAPER, Kind, Run, _duration, execute, git_commit, load_ledger, run_command,
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
             print(run_command(run, config))
         return
     enable_compilation_cache()
-    provenance = {"command": "python -m experiments.atari_pong " + " ".join(argv), **git_commit(), **cpu_host()}
+    provenance = {"command": command_line("experiments.atari_pong", argv), **git_commit(), **cpu_host()}
     try:
         execute(runs, LEDGER, runs_dir, ENV_STEPS, after_run=publish, provenance=provenance)
     except (Interrupted, KeyboardInterrupt):

@@ -61,7 +61,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from benchmarks.common import cpu_host, enable_compilation_cache
+from benchmarks.common import command_line, cpu_host, enable_compilation_cache
 from experiments.protocol import (Registration, RegisteredCell, RegistrationError, cell_config, check_fingerprint,
                                   decide, fingerprint, gain_ratio_estimate, load, save, seed_keys)
 from experiments.common import RESULTS
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
             print(table(publish(registration, load_ledger(ledger_path))))
             return
         enable_compilation_cache()
-        provenance = {"command": "python -m experiments.confirm " + " ".join(sys.argv[1:] if argv is None else argv),
+        provenance = {"command": command_line("experiments.confirm", sys.argv[1:] if argv is None else argv),
                       **git_commit(), "versions": versions()}
         cells = [c.strip() for c in args.cells.split(",")] if args.cells else None
         ledger = run(registration, ledger_path, cells, after_cell=lambda ledger: publish(registration, ledger),

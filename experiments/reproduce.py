@@ -103,7 +103,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from benchmarks.common import cpu_host, cpu_overrides, enable_compilation_cache
+from benchmarks.common import command_line, cpu_host, cpu_overrides, enable_compilation_cache
 from experiments.common import RESULTS, write_result
 from rlhf_jax.config import DEFAULT_EXPERIMENT_FILE, ExperimentConfig, flat_keys, load_config, to_dict
 from rlhf_jax.config_base import read_yaml
@@ -1050,7 +1050,7 @@ def provenance_of(argv: list[str]) -> dict:
     its start, before any cell runs: commits made while it runs do not change its code), and
     the host (processor, vector extensions, XLA flags), whose XLA code can turn a chaotic run
     another way."""
-    return {"command": "python -m experiments.reproduce " + " ".join(argv), **git_commit(), **cpu_host()}
+    return {"command": command_line("experiments.reproduce", argv), **git_commit(), **cpu_host()}
 
 
 def git_commit() -> dict:

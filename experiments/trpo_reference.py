@@ -64,7 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import cpu_host
+from benchmarks.common import command_line, cpu_host
 from experiments.common import RESULTS
 from experiments.protocol import fingerprint
 from experiments.reproduce import (PAPER, final_return, git_commit, load_ledger, run_or_resume_sweep, run_timed,
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     path = ledger_path(args.side)
     provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
-                  "command": "python -m experiments.trpo_reference " + " ".join(argv or sys.argv[1:])}
+                  "command": command_line("experiments.trpo_reference", argv or sys.argv[1:])}
     if args.side == "reference":
         # seed by seed across the tasks, so that every task has a first comparison early
         for seed in range(args.first_seed, args.first_seed + args.seeds):

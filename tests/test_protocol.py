@@ -2,6 +2,7 @@
 import csv
 import dataclasses
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -234,3 +235,16 @@ def test_the_figures_json_says_how_its_rl_line_compares_with_the_reference(tmp_p
     monkeypatch.setattr(confirm, "figure_rl_line", lambda agent: comparison if agent == [] else None)
     confirm.publish(registration(small_cell()), {"runs": {}})
     assert json.loads((tmp_path / "test.json").read_text())["rl_line_against_reference"] == comparison
+
+
+def test_a_cells_record_keeps_the_command_that_ran_it_quoted_so_that_pasting_it_runs_the_same(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(confirm, "enable_compilation_cache", lambda: None)
+    monkeypatch.setattr(confirm, "run", lambda *args, provenance, **kwargs: seen.update(provenance) or {"runs": {}})
+    monkeypatch.setattr(confirm, "publish", lambda registration, ledger: {})
+    monkeypatch.setattr(confirm, "table", lambda result: "")
+    argv = ["run", "experiments/registrations/figure2_matched_5m.yaml", "--cells", "hopper/700 labels"]
+    confirm.main(argv)
+    assert seen["command"] == ("python -m experiments.confirm run experiments/registrations/figure2_matched_5m.yaml "
+                               "--cells 'hopper/700 labels'")
+    assert shlex.split(seen["command"])[3:] == argv
