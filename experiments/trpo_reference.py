@@ -171,8 +171,8 @@ def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed
     settings = in_our_units(zoo_settings(task), action_dims(task)) if as_reference else []
     config, keys = our_config(task, steps, settings + overrides, first_seed, control_cost)
     base = to_dict(config)
+    tag = fingerprint(config)
     directory = run_directory(task, config)
-    tag = directory.name.removeprefix(f"{task}-")
     seconds = run_timed(directory, lambda: run_or_resume_sweep(directory, base, seeds))  # over every attempt
     rows = Sweep.load(directory).rows()
     records = []
