@@ -62,8 +62,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from benchmarks.common import command_line, cpu_host, enable_compilation_cache
-from experiments.protocol import (Registration, RegisteredCell, RegistrationError, cell_config, check_fingerprint,
-                                  decide, fingerprint, gain_ratio_estimate, load, save, seed_keys)
+from experiments.protocol import (REGISTRATIONS, Registration, RegisteredCell, RegistrationError, cell_config,
+                                  check_fingerprint, decide, fingerprint, gain_ratio_estimate, load, save, seed_keys)
 from experiments.common import RESULTS
 from experiments.reproduce import (FIGURES, MUJOCO_TASKS, ROOT, Kind, budget_line, budget_of, cpu_overrides,
                                    curve_of, final_return, git_commit, load_ledger, pinned_segment_length, plot,
@@ -72,8 +72,6 @@ from experiments.trpo_reference import figure_rl_line
 from rlhf_jax.config import ExperimentConfig, build, to_dict
 from rlhf_jax.errors import ConfigError, Interrupted
 
-HERE = Path(__file__).resolve().parent
-REGISTRATIONS = HERE / "registrations"
 RUNS = ROOT / "runs" / "confirm"
 NUM_ENVS = 5  # copies per seed: TRPO's batch of 5,000 env steps is 1,000 steps of each
 CHUNK_ENV_STEPS = 40_000  # one point of a curve, at every budget

@@ -293,10 +293,11 @@ def main() -> None:
     parser.add_argument("--export-rewards", type=Path, metavar="DIR",
                         help="write each seed's r̂ to DIR/<cell>-group<g>-seed<k>.npz, for reward_model.init_from")
     args = parser.parse_args()
+    for directory in [*args.cells, *([args.against] if args.against else [])]:
+        if not (directory / "group0").exists():
+            parser.error(f"{directory} is not a cell's sweep directory (it has no group0/)")
     option = "--against" if args.against else "--by-life" if args.by_life else "--export-rewards"
     for directory in args.cells if (args.against or args.by_life or args.export_rewards) else []:
-        if not (directory / "group0").exists():
-            parser.error(f"{option}: {directory} is not a cell's sweep directory (it has no group0/)")
         sweep = Sweep.load(directory)
         reward = member_config(sweep.base, sweep.groups[0][0]).reward
         if reward != "preferences":

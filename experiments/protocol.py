@@ -29,6 +29,7 @@ from experiments.reproduce import ROOT, digest, fingerprinted_fields
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
 
+REGISTRATIONS = ROOT / "experiments" / "registrations"  # one YAML file per registration
 BOOTSTRAP_DRAWS = 10_000
 CONFIDENCE = 0.95
 
@@ -118,11 +119,21 @@ def save(registration: Registration, path: Path, header: str) -> None:
 
 
 def load(path: Path) -> Registration:
-    data = yaml.safe_load(Path(path).read_text())
-    cells = tuple(RegisteredCell(**{**c, "overrides": tuple(c["overrides"]), "seeds": tuple(c["seeds"])})
-                  for c in data.pop("cells"))
-    return Registration(**{**data, "per_task_settings": tuple(data["per_task_settings"]), "cells": cells,
-                           "agent": tuple(data.get("agent", ()))})
+    """The registration a file holds; a :class:`RegistrationError` naming the file where there is
+    none (no such file, not YAML, or not what :func:`write` writes)."""
+    path = Path(path)
+    if not path.is_file():
+        known = ", ".join(sorted(p.name for p in REGISTRATIONS.glob("*.yaml")))
+        raise RegistrationError(f"no registration {str(path)!r}; registered: {known}")
+    try:
+        data = yaml.safe_load(path.read_text())
+        cells = tuple(RegisteredCell(**{**c, "overrides": tuple(c["overrides"]), "seeds": tuple(c["seeds"])})
+                      for c in data.pop("cells"))
+        return Registration(**{**data, "per_task_settings": tuple(data["per_task_settings"]), "cells": cells,
+                               "agent": tuple(data.get("agent", ()))})
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError) as error:
+        reason = " ".join(str(error).split())  # YAML's messages span lines
+        raise RegistrationError(f"{str(path)!r} is not a registration ({type(error).__name__}: {reason})") from None
 
 
 # ---------------------------------------------------------------- the decision rule

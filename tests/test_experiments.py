@@ -117,21 +117,24 @@ def test_clips_are_summed_per_copy_and_a_partial_clip_is_dropped():
     np.testing.assert_array_equal(clip_sums(x, 3), [0 + 2 + 4, 1 + 3 + 5, 6 + 8 + 10, 7 + 9 + 11])
 
 
-def test_ranking_against_another_cell_refuses_a_cell_without_a_learned_reward_or_not_a_sweep(tmp_path, monkeypatch, capsys):
+def test_diagnosis_refuses_a_cell_without_a_learned_reward_or_not_a_sweep_in_one_line(tmp_path, monkeypatch, capsys):
     from experiments import mujoco_diagnose
     from rlhf_jax.sweep import Sweep
 
     cell = tmp_path / "rl-trpo"
     Sweep.create(cell, {"agent": "trpo", "env": {"id": "envpool/Hopper-v5"}}, {}, seeds=1)
     (cell / "group0").mkdir()
-    monkeypatch.setattr("sys.argv", ["mujoco_diagnose", str(cell), "--against", str(tmp_path / "other")])
+    monkeypatch.setattr("sys.argv", ["mujoco_diagnose", str(cell), "--against", str(cell)])
     with pytest.raises(SystemExit):
         mujoco_diagnose.main()
     assert f"--against: {cell} learns from the true reward" in capsys.readouterr().err
-    monkeypatch.setattr("sys.argv", ["mujoco_diagnose", str(tmp_path), "--against", str(cell)])  # not a sweep
-    with pytest.raises(SystemExit):
-        mujoco_diagnose.main()
-    assert f"--against: {tmp_path} is not a cell's sweep directory" in capsys.readouterr().err
+    for not_a_sweep in ([str(tmp_path), "--against", str(cell)], [str(cell), "--against", str(tmp_path)],
+                        [str(tmp_path / "nowhere")]):
+        monkeypatch.setattr("sys.argv", ["mujoco_diagnose", *not_a_sweep])
+        with pytest.raises(SystemExit):
+            mujoco_diagnose.main()
+        wrong = next(path for path in not_a_sweep if path not in (str(cell), "--against"))
+        assert f"error: {wrong} is not a cell's sweep directory" in capsys.readouterr().err
     for option in (["--by-life"], ["--export-rewards", str(tmp_path / "models")]):  # nothing to read r̂ from
         monkeypatch.setattr("sys.argv", ["mujoco_diagnose", str(cell), *option])
         with pytest.raises(SystemExit):

@@ -91,6 +91,18 @@ def test_a_registration_is_never_rewritten(tmp_path):
         protocol.save(registration(small_cell(first_seed=200)), path, "")
 
 
+def test_a_path_that_holds_no_registration_is_named_in_one_line_with_the_registered_ones(tmp_path, capsys):
+    with pytest.raises(RegistrationError, match=r"no registration '.*nowhere.yaml'; registered: .*figure2_matched_5m"):
+        protocol.load(tmp_path / "nowhere.yaml")
+    (tmp_path / "broken.yaml").write_text("cells: [")
+    (tmp_path / "other.yaml").write_text("budget: 1000000\n")
+    for name in ("broken.yaml", "other.yaml"):
+        with pytest.raises(SystemExit) as stop:
+            confirm.main(["report", str(tmp_path / name)])
+        assert str(stop.value).startswith(f"error: '{tmp_path / name}' is not a registration")
+        assert "\n" not in str(stop.value)
+
+
 def test_the_designs_use_fresh_seeds_and_one_value_per_setting_but_the_papers_per_task_ones():
     cells = confirm.design_cells(confirm.DESIGNS["figure2_1m"], ["hopper", "swimmer"])
     assert all(min(c.seeds) >= 100 for c in cells)
