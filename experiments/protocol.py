@@ -120,7 +120,7 @@ def save(registration: Registration, path: Path, header: str) -> None:
 
 def load(path: Path) -> Registration:
     """The registration a file holds; a :class:`RegistrationError` naming the file where there is
-    none (no such file, not YAML, or not what :func:`write` writes)."""
+    none (no such file, not YAML, or not what :func:`save` writes)."""
     path = Path(path)
     if not path.is_file():
         known = ", ".join(sorted(p.name for p in REGISTRATIONS.glob("*.yaml")))

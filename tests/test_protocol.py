@@ -91,7 +91,7 @@ def test_a_registration_is_never_rewritten(tmp_path):
         protocol.save(registration(small_cell(first_seed=200)), path, "")
 
 
-def test_a_path_that_holds_no_registration_is_named_in_one_line_with_the_registered_ones(tmp_path, capsys):
+def test_a_path_that_holds_no_registration_is_named_in_one_line_with_the_registered_ones(tmp_path):
     with pytest.raises(RegistrationError, match=r"no registration '.*nowhere.yaml'; registered: .*figure2_matched_5m"):
         protocol.load(tmp_path / "nowhere.yaml")
     (tmp_path / "broken.yaml").write_text("cells: [")
