@@ -29,7 +29,13 @@ each seed's r̂ and the oracle are read on 16 copies of the cell's training task
 Gaussian actions (std 0.3) for 400 steps, by a step's place in its life (steps since the
 restart; -1 the restart's own step, whose action is ignored), and on the same steps with every
 action set to -1, -0.5, 0, 0.5 and 1: where r̂ pays one action more than another on a task
-whose reward ignores the action. Printed only. With ``--export-rewards DIR`` each seed's r̂
+whose reward ignores the action. Printed only. With ``--held-labels`` (label cells on Hopper or
+Walker2d), each seed's held labels are split by how many of a pair's two clips hold a fall (a
+step whose observation is outside Gymnasium's healthy range, :data:`FALLEN`), with r̂'s agreement
+with the answers in each split (:func:`split_by_falls`), and what a fall costs in r̂ against the
+oracle's penalty (:func:`implied_penalty`): how much of the penalty r̂ has learned from the
+labels it was fitted on. Printed only. With
+``--export-rewards DIR`` each seed's r̂
 of the newest checkpoint is written to ``DIR/<cell>-group<g>-seed<k>.npz``, a file
 ``reward_model.init_from`` starts a run from (with ``preferences.fit_pairs_per_env_step=0``, a
 run on that r̂ frozen).
@@ -56,6 +62,7 @@ from rlhf_jax import evaluation
 from rlhf_jax.agents.base import env_step, rollout_rewards
 from rlhf_jax.envs.core import clip_action
 from rlhf_jax.envs import EnvConfig, make
+from rlhf_jax.reward import ensemble as reward_model
 from rlhf_jax.sweep import GroupProgram, Sweep, member_config
 
 
@@ -282,6 +289,76 @@ def by_life(directory: Path, steps: int = 400, copies: int = 16) -> dict:
     return result
 
 
+# A fallen observation as Gymnasium's v5 tasks judge health, read from the observation
+# (qpos without x, then qvel): its height (obs[0]) and torso angle (obs[1]) outside the ranges.
+FALLEN = {
+    "Hopper": lambda obs: (obs[..., 0] <= 0.7) | (np.abs(obs[..., 1]) >= 0.2) | (np.abs(obs[..., 1:]) >= 100).any(-1),
+    "Walker2d": lambda obs: (obs[..., 0] <= 0.8) | (obs[..., 0] >= 2.0) | (np.abs(obs[..., 1]) >= 1.0),
+}
+
+
+def split_by_falls(falls: np.ndarray, mu: np.ndarray, rhat: np.ndarray) -> dict:
+    """Held labels split by how many clips of each pair fall (``falls [n, 2]``, falls per clip):
+    per split (no clip, one, both), how many pairs and how often r̂'s clip sums (``rhat [n, 2]``)
+    prefer the clip the answer (``mu [n]``; ties left out) does."""
+    decided = mu != 0.5
+    agrees = ((rhat[:, 0] > rhat[:, 1]) == (mu > 0.5)) & decided
+    fallen_clips = (falls > 0).sum(axis=1)
+    result = {}
+    for count, name in enumerate(("no_fall", "one_fall", "both_fall")):
+        rows = (fallen_clips == count) & decided
+        result[f"{name}_pairs"] = int(rows.sum())
+        result[f"{name}_rhat_agrees"] = float(agrees[rows].mean()) if rows.any() else float("nan")
+    return result
+
+
+def implied_penalty(falls: np.ndarray, rhat: np.ndarray, oracle: np.ndarray, penalty: float) -> dict:
+    """What a fall costs in r̂, in the oracle's units, and what the labels could have told it.
+
+    A clip's oracle sum is its progress less ``penalty`` per fall, ``R = P - penalty F``, so
+    ``P = R + penalty F``. Fitting r̂'s clip sums by least squares, ``R̂ ≈ a P + b F + c``, r̂
+    charges a fall ``-b / a`` units of progress (the same fit of the oracle's sums gives back
+    ``penalty``, a check on the falls counted). A preference between two clips only says which
+    is larger: on the pairs where exactly one clip falls, the labels bound the penalty from
+    below by the fallen clip's largest lead in progress, and say nothing above it.
+    Arrays are ``[n, 2]`` (pairs x clips)."""
+    progress = oracle + penalty * falls
+    design = np.stack([progress.ravel(), falls.ravel(), np.ones(progress.size)], axis=1)
+    (a, b, _), *_ = np.linalg.lstsq(design, rhat.ravel(), rcond=None)
+    (a_oracle, b_oracle, _), *_ = np.linalg.lstsq(design, oracle.ravel(), rcond=None)
+    fitted = design @ np.linalg.lstsq(design, rhat.ravel(), rcond=None)[0]
+    one = (falls > 0).sum(axis=1) == 1
+    side = (falls[one] > 0).argmax(axis=1)
+    lead = progress[one, side] - progress[one, 1 - side]  # the fallen clip's progress over the other's
+    return {"falls_per_clip": float(falls.mean()), "oracle_penalty_fitted": float(-b_oracle / a_oracle),
+            "rhat_penalty": float(-b / a), "rhat_fit_r2": float(1 - np.var(rhat.ravel() - fitted) / np.var(rhat)),
+            "one_fall_pairs": int(one.sum()),
+            "largest_lead_of_a_fallen_clip": float(lead.max()) if one.any() else float("nan"),
+            "leads_above_rhat_penalty": float(np.mean(lead > -b / a)) if one.any() else float("nan")}
+
+
+def held_labels(directory: Path) -> dict:
+    """``--held-labels``: :func:`split_by_falls` and :func:`implied_penalty` of each seed's held
+    labels, r̂ of the newest checkpoint."""
+    _, program, _, state = restore_cell(directory)
+    driver = program.driver
+    task = driver.config.env.id.split("/")[-1].split("-")[0]
+    if task not in FALLEN:
+        raise SystemExit(f"--held-labels: {directory} runs {driver.config.env.id}; falls are read on {sorted(FALLEN)}")
+    learner, result = driver.learner, {}
+    for s, config in enumerate(program.configs):
+        held = one_seed(state, s).learner
+        labels, n = held.labels, int(held.labels.ring.size)
+        obs, action = labels.observations(jnp.arange(n)), labels.action[:n]
+        members = reward_model.member_returns(held.ensemble, learner.model, learner.spec, obs, action)
+        rhat = np.asarray(reward_model.average_normalized(held.ensemble, learner.model, learner.spec, members).sum(-1))
+        falls = FALLEN[task](np.asarray(obs)).sum(axis=-1)  # [n, 2]: each fall is one step, then the restart
+        oracle = np.asarray(labels.oracle_return[:n])
+        result[str(config.seed)] = {"labels": n, **split_by_falls(falls, np.asarray(labels.mu[:n]), rhat),
+                                    **implied_penalty(falls, rhat, oracle, driver.config.env.termination_penalty)}
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cells", nargs="+", type=Path, help="sweep directories of finished cells")
@@ -290,21 +367,26 @@ def main() -> None:
                         "clips against each seed's own with that seed's r̂ (label cells only)")
     parser.add_argument("--by-life", action="store_true", help="each seed's r̂ against the oracle by a step's "
                         "place in its life, and with every action fixed (tasks whose failing copies restart)")
+    parser.add_argument("--held-labels", action="store_true", help="each seed's held labels split by how many "
+                        "of a pair's clips fall, and how r̂ ranks each split (Hopper, Walker2d)")
     parser.add_argument("--export-rewards", type=Path, metavar="DIR",
                         help="write each seed's r̂ to DIR/<cell>-group<g>-seed<k>.npz, for reward_model.init_from")
     args = parser.parse_args()
     for directory in [*args.cells, *([args.against] if args.against else [])]:
         if not (directory / "group0").exists():
             parser.error(f"{directory} is not a cell's sweep directory (it has no group0/)")
-    option = "--against" if args.against else "--by-life" if args.by_life else "--export-rewards"
-    for directory in args.cells if (args.against or args.by_life or args.export_rewards) else []:
+    option = ("--against" if args.against else "--by-life" if args.by_life else
+              "--held-labels" if args.held_labels else "--export-rewards")
+    for directory in args.cells if (args.against or args.by_life or args.held_labels or args.export_rewards) else []:
         sweep = Sweep.load(directory)
         reward = member_config(sweep.base, sweep.groups[0][0]).reward
         if reward != "preferences":
             what = "the true reward" if reward == "env" else f"reward={reward}"
             parser.error(f"{option}: {directory} learns from {what}, so it has no preference r̂ to read")
-    if args.export_rewards or args.by_life:
+    if args.export_rewards or args.by_life or args.held_labels:
         for directory in args.cells:
+            if args.held_labels:
+                print(json.dumps({directory.name: held_labels(directory)}, indent=1))
             if args.export_rewards:
                 print("\n".join(str(path) for path in export_rewards(directory, args.export_rewards)))
             if args.by_life:

@@ -135,7 +135,7 @@ def test_diagnosis_refuses_a_cell_without_a_learned_reward_or_not_a_sweep_in_one
             mujoco_diagnose.main()
         wrong = next(path for path in not_a_sweep if path not in (str(cell), "--against"))
         assert f"error: {wrong} is not a cell's sweep directory" in capsys.readouterr().err
-    for option in (["--by-life"], ["--export-rewards", str(tmp_path / "models")]):  # nothing to read r̂ from
+    for option in (["--by-life"], ["--held-labels"], ["--export-rewards", str(tmp_path / "models")]):  # no r̂ to read
         monkeypatch.setattr("sys.argv", ["mujoco_diagnose", str(cell), *option])
         with pytest.raises(SystemExit):
             mujoco_diagnose.main()
@@ -168,3 +168,38 @@ def test_by_health_averages_each_side_s_healthy_and_unhealthy_steps_in_units_of_
     got = by_health(plays, rhat, "rhat")
     assert got == pytest.approx({"rhat_cell_healthy": 2 / scale, "rhat_cell_unhealthy": 0.0,
                                  "rhat_other_healthy": 4 / scale, "rhat_other_unhealthy": -2 / scale})
+
+
+def test_held_labels_split_by_falls_and_r_hat_s_agreement_in_each_split():
+    from experiments.mujoco_diagnose import FALLEN, split_by_falls
+
+    falls = np.array([[0, 0], [1, 0], [0, 2], [1, 1], [1, 0]])
+    mu = np.array([1.0, 0.0, 1.0, 0.0, 0.5])  # the last pair a tie: left out of every split
+    rhat = np.array([[2.0, 1.0], [3.0, 1.0], [4.0, 0.0], [0.0, 1.0], [9.0, 9.0]])
+    # r̂ prefers the first clip of pairs 0-2 and the second of pair 3: wrong on pair 1 alone.
+    assert split_by_falls(falls, mu, rhat) == pytest.approx({
+        "no_fall_pairs": 1, "no_fall_rhat_agrees": 1.0, "one_fall_pairs": 2, "one_fall_rhat_agrees": 0.5,
+        "both_fall_pairs": 1, "both_fall_rhat_agrees": 1.0})
+    # Gymnasium's ranges: a Walker2d at height 0.85 and angle 0.5 stands; at 0.75, or angle 1.2, it has fallen.
+    walker = np.array([[0.85, 0.5], [0.75, 0.0], [1.2, 1.2], [2.1, 0.0]])
+    np.testing.assert_array_equal(FALLEN["Walker2d"](walker), [False, True, True, True])
+    hopper = np.array([[1.2, 0.1, 5.0], [0.6, 0.0, 0.0], [1.2, -0.3, 0.0], [1.2, 0.0, 150.0]])
+    np.testing.assert_array_equal(FALLEN["Hopper"](hopper), [False, True, True, True])
+
+
+def test_the_implied_penalty_is_what_r_hat_charges_a_fall_in_progress_and_the_labels_bound_it_by_the_largest_lead():
+    from experiments.mujoco_diagnose import implied_penalty
+
+    progress = np.array([[10.0, 4.0], [7.0, 2.0], [3.0, 8.0], [5.0, 5.0]])
+    falls = np.array([[1, 0], [0, 1], [2, 0], [1, 1]])
+    oracle = progress - 50.0 * falls  # the oracle's penalty: 50 a fall
+    rhat = 2.0 * progress - 30.0 * falls + 1.0  # r̂ charges 30 / 2 = 15 units of progress a fall
+    got = implied_penalty(falls, rhat, oracle, penalty=50.0)
+    assert got["oracle_penalty_fitted"] == pytest.approx(50.0)
+    assert got["rhat_penalty"] == pytest.approx(15.0)
+    assert got["rhat_fit_r2"] == pytest.approx(1.0)
+    assert got["falls_per_clip"] == pytest.approx(6 / 8)
+    # One-fall pairs 0-2: the fallen clip leads by 10 - 4 = 6, 2 - 7 = -5 and 3 - 8 = -5.
+    assert got["one_fall_pairs"] == 3
+    assert got["largest_lead_of_a_fallen_clip"] == pytest.approx(6.0)
+    assert got["leads_above_rhat_penalty"] == pytest.approx(0.0)
