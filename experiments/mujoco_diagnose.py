@@ -34,9 +34,8 @@ Walker2d), each seed's held labels are split by how many of a pair's two clips h
 step whose observation is outside Gymnasium's healthy range, :data:`FALLEN`), with r̂'s agreement
 with the answers in each split (:func:`split_by_falls`), and what a fall costs in r̂ against the
 oracle's penalty (:func:`implied_penalty`): how much of the penalty r̂ has learned from the
-labels it was fitted on. Printed only. With
-``--export-rewards DIR`` each seed's r̂
-of the newest checkpoint is written to ``DIR/<cell>-group<g>-seed<k>.npz``, a file
+labels it was fitted on. Printed only. With ``--export-rewards DIR`` each seed's r̂ of the
+newest checkpoint is written to ``DIR/<cell>-group<g>-seed<k>.npz``, a file
 ``reward_model.init_from`` starts a run from (with ``preferences.fit_pairs_per_env_step=0``, a
 run on that r̂ frozen).
 
@@ -324,9 +323,9 @@ def implied_penalty(falls: np.ndarray, rhat: np.ndarray, oracle: np.ndarray, pen
     Arrays are ``[n, 2]`` (pairs x clips)."""
     progress = oracle + penalty * falls
     design = np.stack([progress.ravel(), falls.ravel(), np.ones(progress.size)], axis=1)
-    (a, b, _), *_ = np.linalg.lstsq(design, rhat.ravel(), rcond=None)
+    coefficients, *_ = np.linalg.lstsq(design, rhat.ravel(), rcond=None)
+    (a, b, _), fitted = coefficients, design @ coefficients
     (a_oracle, b_oracle, _), *_ = np.linalg.lstsq(design, oracle.ravel(), rcond=None)
-    fitted = design @ np.linalg.lstsq(design, rhat.ravel(), rcond=None)[0]
     one = (falls > 0).sum(axis=1) == 1
     side = (falls[one] > 0).argmax(axis=1)
     lead = progress[one, side] - progress[one, 1 - side]  # the fallen clip's progress over the other's
