@@ -31,7 +31,7 @@ restart; -1 the restart's own step, whose action is ignored), and on the same st
 action set to -1, -0.5, 0, 0.5 and 1: where r̂ pays one action more than another on a task
 whose reward ignores the action. Printed only. With ``--held-labels`` (label cells on Hopper or
 Walker2d), each seed's held labels are split by how many of a pair's two clips hold a fall (a
-step whose observation is outside Gymnasium's healthy range, :data:`FALLEN`), with r̂'s agreement
+step whose observation is outside Gymnasium's healthy range, :func:`fallen`), with r̂'s agreement
 with the answers in each split (:func:`split_by_falls`), and what a fall costs in r̂ against the
 oracle's penalty (:func:`implied_penalty`): how much of the penalty r̂ has learned from the
 labels it was fitted on. Printed only. With ``--export-rewards DIR`` each seed's r̂ of the
@@ -288,12 +288,24 @@ def by_life(directory: Path, steps: int = 400, copies: int = 16) -> dict:
     return result
 
 
-# A fallen observation as Gymnasium's v5 tasks judge health, read from the observation
-# (qpos without x, then qvel): its height (obs[0]) and torso angle (obs[1]) outside the ranges.
-FALLEN = {
-    "Hopper": lambda obs: (obs[..., 0] <= 0.7) | (np.abs(obs[..., 1]) >= 0.2) | (np.abs(obs[..., 1:]) >= 100).any(-1),
-    "Walker2d": lambda obs: (obs[..., 0] <= 0.8) | (obs[..., 0] >= 2.0) | (np.abs(obs[..., 1]) >= 1.0),
-}
+# The tasks whose falls --held-labels reads: each one's health rule on mjx.Data (Gymnasium v5's
+# is_healthy, one place for it) and its number of qpos entries; the observation is qpos without x, then qvel.
+HEALTH = {"Hopper": ("healthy_hopper", 6), "Walker2d": ("healthy_walker", 9)}
+
+
+def fallen(task: str, obs: np.ndarray) -> np.ndarray:
+    """Which observations ``[..., obs_dim]`` of ``task`` (a key of :data:`HEALTH`) its health rule
+    calls fallen, the rule read on the state rebuilt from the observation (x, which no rule reads, 0;
+    Hopper's velocities as the observation clips them, at 10, inside the rule's bound of 100)."""
+    from types import SimpleNamespace
+
+    from rlhf_jax.envs import mjx_tasks
+
+    rule, qpos_size = HEALTH[task]
+    flat = np.asarray(obs).reshape(-1, obs.shape[-1])
+    qpos = np.concatenate([np.zeros((len(flat), 1)), flat[:, :qpos_size - 1]], axis=1)
+    healthy = jax.vmap(lambda p, v: getattr(mjx_tasks, rule)(SimpleNamespace(qpos=p, qvel=v)))
+    return ~np.asarray(healthy(qpos, flat[:, qpos_size - 1:])).reshape(obs.shape[:-1])
 
 
 def split_by_falls(falls: np.ndarray, mu: np.ndarray, rhat: np.ndarray) -> dict:
@@ -342,8 +354,8 @@ def held_labels(directory: Path) -> dict:
     _, program, _, state = restore_cell(directory)
     driver = program.driver
     task = driver.config.env.id.split("/")[-1].split("-")[0]
-    if task not in FALLEN:
-        raise SystemExit(f"--held-labels: {directory} runs {driver.config.env.id}; falls are read on {sorted(FALLEN)}")
+    if task not in HEALTH:
+        raise SystemExit(f"--held-labels: {directory} runs {driver.config.env.id}; falls are read on {sorted(HEALTH)}")
     learner, result = driver.learner, {}
     for s, config in enumerate(program.configs):
         held = one_seed(state, s).learner
@@ -351,7 +363,7 @@ def held_labels(directory: Path) -> dict:
         obs, action = labels.observations(jnp.arange(n)), labels.action[:n]
         members = reward_model.member_returns(held.ensemble, learner.model, learner.spec, obs, action)
         rhat = np.asarray(reward_model.average_normalized(held.ensemble, learner.model, learner.spec, members).sum(-1))
-        falls = FALLEN[task](np.asarray(obs)).sum(axis=-1)  # [n, 2]: each fall is one step, then the restart
+        falls = fallen(task, np.asarray(obs)).sum(axis=-1)  # [n, 2]: each fall is one step, then the restart
         oracle = np.asarray(labels.oracle_return[:n])
         result[str(config.seed)] = {"labels": n, **split_by_falls(falls, np.asarray(labels.mu[:n]), rhat),
                                     **implied_penalty(falls, rhat, oracle, driver.config.env.termination_penalty)}
