@@ -288,23 +288,24 @@ def by_life(directory: Path, steps: int = 400, copies: int = 16) -> dict:
     return result
 
 
-# The tasks whose falls --held-labels reads: each one's health rule on mjx.Data (Gymnasium v5's
-# is_healthy, one place for it) and its number of qpos entries; the observation is qpos without x, then qvel.
-HEALTH = {"Hopper": ("healthy_hopper", 6), "Walker2d": ("healthy_walker", 9)}
+# The tasks whose falls --held-labels reads, by Gymnasium's name, with their number of qpos
+# entries: the observation is qpos without x, then qvel (their health rules: mjx_tasks.TASKS).
+QPOS_SIZE = {"Hopper-v5": 6, "Walker2d-v5": 9}
 
 
 def fallen(task: str, obs: np.ndarray) -> np.ndarray:
-    """Which observations ``[..., obs_dim]`` of ``task`` (a key of :data:`HEALTH`) its health rule
-    calls fallen, the rule read on the state rebuilt from the observation (x, which no rule reads, 0;
-    Hopper's velocities as the observation clips them, at 10, inside the rule's bound of 100)."""
+    """Which observations ``[..., obs_dim]`` of ``task`` (a key of :data:`QPOS_SIZE`) its health
+    rule (``mjx_tasks.TASKS[task].healthy_fn``, Gymnasium v5's ``is_healthy``) calls fallen, read on
+    the state rebuilt from the observation (x, which no rule reads, 0; Hopper's velocities as the
+    observation clips them, at 10, inside the rule's bound of 100)."""
     from types import SimpleNamespace
 
-    from rlhf_jax.envs import mjx_tasks
+    from rlhf_jax.envs.mjx_tasks import TASKS
 
-    rule, qpos_size = HEALTH[task]
+    qpos_size, rule = QPOS_SIZE[task], TASKS[task].healthy_fn
     flat = np.asarray(obs).reshape(-1, obs.shape[-1])
     qpos = np.concatenate([np.zeros((len(flat), 1)), flat[:, :qpos_size - 1]], axis=1)
-    healthy = jax.vmap(lambda p, v: getattr(mjx_tasks, rule)(SimpleNamespace(qpos=p, qvel=v)))
+    healthy = jax.vmap(lambda p, v: rule(SimpleNamespace(qpos=p, qvel=v)))
     return ~np.asarray(healthy(qpos, flat[:, qpos_size - 1:])).reshape(obs.shape[:-1])
 
 
@@ -353,9 +354,9 @@ def held_labels(directory: Path) -> dict:
     labels, r̂ of the newest checkpoint."""
     _, program, _, state = restore_cell(directory)
     driver = program.driver
-    task = driver.config.env.id.split("/")[-1].split("-")[0]
-    if task not in HEALTH:
-        raise SystemExit(f"--held-labels: {directory} runs {driver.config.env.id}; falls are read on {sorted(HEALTH)}")
+    task = driver.config.env.id.split("/")[-1]
+    if task not in QPOS_SIZE:
+        raise SystemExit(f"--held-labels: {directory} runs {driver.config.env.id}; falls are read on {sorted(QPOS_SIZE)}")
     learner, result = driver.learner, {}
     for s, config in enumerate(program.configs):
         held = one_seed(state, s).learner

@@ -180,14 +180,14 @@ def test_held_labels_split_by_falls_and_r_hat_s_agreement_in_each_split():
     assert split_by_falls(falls, mu, rhat) == pytest.approx({
         "no_fall_pairs": 1, "no_fall_rhat_agrees": 1.0, "one_fall_pairs": 2, "one_fall_rhat_agrees": 0.5,
         "both_fall_pairs": 1, "both_fall_rhat_agrees": 1.0})
-    # Gymnasium's ranges: a Walker2d at height 0.85 and angle 0.5 stands; at 0.75, or angle 1.2, or 2.1 high, it has fallen.
+    # Gymnasium's ranges: a Walker2d at height 0.85 and angle 0.5 stands; at 0.75, angle 1.2 or height 2.1 it has fallen.
     walker = np.zeros((4, 17))
     walker[:, :2] = [[0.85, 0.5], [0.75, 0.0], [1.2, 1.2], [2.1, 0.0]]
-    np.testing.assert_array_equal(fallen("Walker2d", walker), [False, True, True, True])
+    np.testing.assert_array_equal(fallen("Walker2d-v5", walker), [False, True, True, True])
     hopper = np.zeros((2, 4, 11))  # any leading axes
     hopper[0, :, :3] = [[1.2, 0.1, 5.0], [0.6, 0.0, 0.0], [1.2, -0.3, 0.0], [1.2, 0.0, 150.0]]
     hopper[1, :, 0] = 1.2
-    np.testing.assert_array_equal(fallen("Hopper", hopper), [[False, True, True, True], [False] * 4])
+    np.testing.assert_array_equal(fallen("Hopper-v5", hopper), [[False, True, True, True], [False] * 4])
 
 
 def test_the_implied_penalty_is_what_r_hat_charges_a_fall_in_progress_and_the_labels_bound_it_by_the_largest_lead():
