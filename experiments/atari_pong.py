@@ -2,6 +2,7 @@
 
     python -m experiments.atari_pong [--dry-run] [--lines a2c,preferences,acer,dqn] [--runs-dir runs/atari_pong]
     python -m experiments.atari_pong --report
+    python -m experiments.atari_pong --pack [--lines ...]
 
 The design below (:data:`LINES`, :data:`ENV_STEPS`, the seeds and the targets) was fixed and
 committed before any of its runs. Each line is the paper's config, every setting the paper's:
@@ -39,7 +40,9 @@ Runs go one at a time in :data:`LINES`' order, seed by seed (``--lines`` picks l
 ``rlhf-jax train`` of its config in ``<runs-dir>/pong/<line>/seed<k>-<fingerprint>/``,
 checkpointed every chunk of 50,000 env steps: the same command goes on from the newest
 checkpoint after a stop, and skips runs the ledger holds
-(:func:`experiments.reproduce.execute`). Each finished run goes into
+(:func:`experiments.reproduce.execute`). On another machine it goes on from
+``experiments/results/atari_pong_unfinished.tar.gz``, which ``--pack`` writes with each unfinished
+run's newest checkpoint (:mod:`experiments.carry`). Each finished run goes into
 ``experiments/results/atari_pong_runs.json`` with its command, commit and host, and the
 report is written again: ``atari_pong.json`` (per line each seed's final score, env steps and
 hours, the targets) and ``atari_pong.png`` (per line the true score against env steps and
@@ -58,15 +61,17 @@ from typing import NamedTuple
 import numpy as np
 
 from benchmarks.common import command_line, cpu_host, enable_compilation_cache
+from experiments.carry import pack_unfinished, unpack_unfinished
 from experiments.common import RESULTS, write_result
 from experiments.protocol import gain_ratio_estimate
 from experiments.reproduce import (PAPER, Kind, Run, _duration, execute, git_commit, load_ledger, run_command,
-                                   runs_to_do)
+                                   runs_to_do, shown)
 from rlhf_jax.errors import ConfigError, Interrupted
 
 ENV_STEPS = 10_000_000
 TASK = "pong"
 LEDGER = RESULTS / "atari_pong_runs.json"
+UNFINISHED = RESULTS / "atari_pong_unfinished.tar.gz"  # runs begun, carried to another machine
 LAST_EPISODES = 100
 SCORE_TARGET = 18.0
 GAIN_TARGET = 0.8
@@ -221,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs-dir", default="runs/atari_pong")
     parser.add_argument("--dry-run", action="store_true", help="print the remaining runs' commands and times; run nothing")
     parser.add_argument("--report", action="store_true", help="write the report from the ledger; run nothing")
+    parser.add_argument("--pack", action="store_true",
+                        help=f"write the runs begun but not finished, each with its newest checkpoint, into "
+                             f"{shown(UNFINISHED)} for another machine to go on from; run nothing")
     args = parser.parse_args(argv)
     names = args.lines.split(",") if args.lines else list(LINE_NAMES)
     unknown = [name for name in names if name not in LINE_NAMES]
@@ -231,6 +239,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     lines = [line for line in LINES if line.name in names]
     runs, runs_dir = plan(lines), Path(args.runs_dir)
+    if args.pack:
+        begun = [Path(config.run.dir) for _, config in runs_to_do(runs, load_ledger(LEDGER), runs_dir, ENV_STEPS)]
+        packed = pack_unfinished([run_dir for run_dir in begun if run_dir.is_dir()], runs_dir, UNFINISHED)
+        print(f"{shown(UNFINISHED)}: {len(packed)} unfinished runs" + "".join(f"\n  {p}" for p in packed))
+        return
+    for run_dir in unpack_unfinished(UNFINISHED, runs_dir):
+        print(f"{run_dir}: carried over from {shown(UNFINISHED)}; goes on from its checkpoint", flush=True)
     if args.dry_run:
         for run, config in runs_to_do(runs, load_ledger(LEDGER), runs_dir, ENV_STEPS):
             line = next(line for line in lines if line.title == run.line)

@@ -1,10 +1,16 @@
 """experiments/atari_pong.py: the Pong design's plan, its final scores and its targets, on
 hand-made ledgers (no training here)."""
 import math
+import shutil
+import tarfile
+from pathlib import Path
 
 import pytest
 
 from experiments import atari_pong
+from experiments.carry import unpack_unfinished
+from experiments.reproduce import run_config
+from rlhf_jax.errors import ConfigError
 from experiments.atari_pong import LINES, final_score, hours_of, plan, report
 
 
@@ -64,3 +70,51 @@ def test_the_plot_draws_both_axes_of_every_line(tmp_path):
     atari_pong.plot({"runs": runs}, tmp_path / "pong.png")
     assert (tmp_path / "pong.png").stat().st_size > 10_000
     assert not math.isnan(hours_of(runs["a/100"])[-1])
+
+
+def _begun_run(run_dir, chunks):
+    """A run directory as a stopped run leaves it: its files and numbered checkpoints."""
+    for chunk in chunks:
+        (run_dir / "checkpoints" / str(chunk) / "default").mkdir(parents=True)
+        (run_dir / "checkpoints" / str(chunk) / "default" / "array").write_text(f"chunk {chunk}")
+    (run_dir / "checkpoints" / "9.orbax-checkpoint-tmp").mkdir()  # a save cut short: never carried
+    (run_dir / "config.yaml").write_text("agent: a2c\n")
+    (run_dir / "wall_seconds.txt").write_text("3600.0\n")
+
+
+def test_pack_carries_each_unfinished_run_with_only_its_newest_checkpoint(tmp_path, monkeypatch, capsys):
+    archive, runs_dir = tmp_path / "unfinished.tar.gz", tmp_path / "runs"
+    monkeypatch.setattr(atari_pong, "UNFINISHED", archive)
+    first = plan(list(LINES))[0]  # A2C seed 100: where the design's command trains it
+    config = run_config(first, atari_pong.ENV_STEPS, 0, runs_dir)
+    run_dir = Path(config.run.dir)
+    _begun_run(run_dir, [2, 10, 3])
+    atari_pong.main(["--lines", "a2c", "--runs-dir", str(runs_dir), "--pack"])
+    assert "1 unfinished runs" in capsys.readouterr().out
+
+    elsewhere = tmp_path / "elsewhere"
+    assert unpack_unfinished(archive, elsewhere) == [elsewhere / run_dir.relative_to(runs_dir)]
+    carried = elsewhere / run_dir.relative_to(runs_dir)
+    assert sorted(p.name for p in (carried / "checkpoints").iterdir()) == ["10"]
+    assert (carried / "checkpoints" / "10" / "default" / "array").read_text() == "chunk 10"
+    assert (carried / "wall_seconds.txt").read_text() == "3600.0\n"
+    # A run the machine has is its own, newer: never overwritten.
+    (carried / "wall_seconds.txt").write_text("7200.0\n")
+    assert unpack_unfinished(archive, elsewhere) == []
+    assert (carried / "wall_seconds.txt").read_text() == "7200.0\n"
+    # Nothing unfinished (no checkpoint yet): the archive goes rather than staying stale.
+    shutil.rmtree(run_dir / "checkpoints")
+    atari_pong.main(["--lines", "a2c", "--runs-dir", str(runs_dir), "--pack"])
+    assert not archive.exists()
+
+
+def test_an_archive_member_outside_the_runs_folder_is_refused_and_nothing_unpacked(tmp_path):
+    archive, runs_dir = tmp_path / "unfinished.tar.gz", tmp_path / "runs"
+    good = tmp_path / "good.yaml"
+    good.write_text("agent: a2c\n")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(good, "pong/a2c/seed100/config.yaml")
+        tar.add(good, "../escaped.yaml")
+    with pytest.raises(ConfigError, match=r"unfinished.tar.gz: .*escaped.yaml.*; nothing of it is used"):
+        unpack_unfinished(archive, runs_dir)
+    assert not (tmp_path / "escaped.yaml").exists() and not runs_dir.exists()

@@ -1,0 +1,65 @@
+"""Carrying runs begun but not finished to another machine, through the repository.
+
+A run longer than a machine is kept (Pong's, hours each) goes on elsewhere from one archive:
+:func:`pack_unfinished` puts each unfinished run's directory into it with only its newest
+checkpoint (``checkpoints/<chunk>``, the highest whole one; about 10 MB for the Nature CNN and
+its optimiser), and :func:`unpack_unfinished` puts back the runs the machine lacks, so that the
+experiment's own command goes on from that checkpoint (its wall seconds and metrics carried
+with it). A run present on the machine is never overwritten: its own checkpoints are newer.
+"""
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+from rlhf_jax.errors import ConfigError
+
+CHECKPOINTS = "checkpoints"
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The run's newest whole checkpoint: orbax gives one its bare number only once it is written."""
+    folder = run_dir / CHECKPOINTS
+    chunks = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+    return folder / str(max(chunks)) if chunks else None
+
+
+def pack_unfinished(run_dirs: list[Path], runs_dir: Path, archive: Path) -> list[Path]:
+    """Write ``archive`` (gzip tar, paths relative to ``runs_dir``) with each of ``run_dirs``
+    that has a checkpoint: its files and its newest checkpoint, the older ones left out.
+    Returns the runs packed; with none, ``archive`` is removed rather than left stale."""
+    packed = [run_dir for run_dir in run_dirs if newest_checkpoint(run_dir) is not None]
+    if not packed:
+        archive.unlink(missing_ok=True)
+        return []
+    partial = archive.with_name(archive.name + ".tmp")  # a stop mid-write leaves the old archive whole
+    with tarfile.open(partial, "w:gz") as tar:
+        for run_dir in packed:
+            name = run_dir.relative_to(runs_dir)
+            for path in sorted(run_dir.iterdir()):
+                if path.name != CHECKPOINTS:
+                    tar.add(path, name / path.name)
+            newest = newest_checkpoint(run_dir)
+            tar.add(newest, name / CHECKPOINTS / newest.name)
+    partial.replace(archive)
+    return packed
+
+
+def unpack_unfinished(archive: Path, runs_dir: Path) -> list[Path]:
+    """Put back into ``runs_dir`` each run of ``archive`` that it lacks (no ``config.yaml``
+    there); returns those run directories. A member that would land outside ``runs_dir``
+    (an absolute path, ``..``, a link out) is refused with a :class:`ConfigError`."""
+    if not archive.exists():
+        return []
+    with tarfile.open(archive, "r:gz") as tar:
+        members = tar.getmembers()
+        runs = {Path(m.name).parent for m in members if Path(m.name).name == "config.yaml"}
+        missing = {run for run in runs if not (runs_dir / run / "config.yaml").exists()}
+        wanted = [m for m in members if any(run in Path(m.name).parents for run in missing)]
+        try:  # every member checked before any is written
+            for member in members:
+                tarfile.data_filter(member, str(runs_dir))
+        except tarfile.FilterError as error:
+            raise ConfigError(f"{archive}: {error}; nothing of it is used") from None
+        tar.extractall(runs_dir, members=wanted, filter="data")
+    return sorted(runs_dir / run for run in missing)
