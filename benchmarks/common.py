@@ -67,11 +67,12 @@ def cpu_host() -> dict:
 
 
 def machine() -> dict:
+    """Where a result was measured: the device, and the host as :func:`cpu_host` names it."""
     device = jax.devices()[0]
     return {
         "device": f"{device.platform}:{getattr(device, 'device_kind', '')}",
         "device_count": jax.device_count(),
-        "cpu": cpu_model(),
+        **cpu_host(),
         "cpu_cores": os.cpu_count(),
         "python": platform.python_version(),
         "jax": jax.__version__,

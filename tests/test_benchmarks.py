@@ -231,3 +231,16 @@ def test_the_mujoco_throughput_headline_has_a_row_for_each_fitting_rate_measured
     assert "fitting 1.0 pairs per env step instead of its config's 0.3" in rows[2].what
     before = {key: value for key, value in task.items() if key != "rlhf_fit_rate"}
     assert "fitting 1.0 pairs per env step as its config does" in headline({"tasks": {"hopper": before}})[1].what
+
+
+def test_every_result_names_the_host_that_gives_its_digits(tmp_path, monkeypatch):
+    import json
+
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_onednn=true")
+    monkeypatch.setattr(common, "cpu_model", lambda: "Made-up CPU 9000")
+    stored = json.loads(common.write_result("made_up", {"figure": 1}).read_text())["machine"]
+    assert stored["cpu"] == "Made-up CPU 9000" and stored["xla_flags"] == "--xla_cpu_use_onednn=true"
+    assert set(stored["vector_extensions"]) <= set(common.VECTOR_EXTENSIONS)
