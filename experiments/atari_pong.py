@@ -2,7 +2,7 @@
 
     python -m experiments.atari_pong [--dry-run] [--lines a2c,preferences,acer,dqn] [--runs-dir runs/atari_pong]
     python -m experiments.atari_pong --report
-    python -m experiments.atari_pong --pack [--lines ...]
+    python -m experiments.atari_pong --pack [--runs-dir runs/atari_pong]
 
 The design below (:data:`LINES`, :data:`ENV_STEPS`, the seeds and the targets) was fixed and
 committed before any of its runs. Each line is the paper's config, every setting the paper's:
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the remaining runs' commands and times; run nothing")
     parser.add_argument("--report", action="store_true", help="write the report from the ledger; run nothing")
     parser.add_argument("--pack", action="store_true",
-                        help=f"write the runs begun but not finished, each with its newest checkpoint, into "
+                        help=f"write the runs begun but not finished (of every line), each with its newest checkpoint, into "
                              f"{shown(UNFINISHED)} for another machine to go on from; run nothing")
     args = parser.parse_args(argv)
     names = args.lines.split(",") if args.lines else list(LINE_NAMES)
@@ -239,8 +239,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     lines = [line for line in LINES if line.name in names]
     runs, runs_dir = plan(lines), Path(args.runs_dir)
-    if args.pack:
-        begun = [Path(config.run.dir) for _, config in runs_to_do(runs, load_ledger(LEDGER), runs_dir, ENV_STEPS)]
+    if args.pack:  # every line's: the archive is rewritten whole
+        begun = [Path(config.run.dir) for _, config in runs_to_do(plan(list(LINES)), load_ledger(LEDGER), runs_dir,
+                                                                  ENV_STEPS)]
         packed = pack_unfinished([run_dir for run_dir in begun if run_dir.is_dir()], runs_dir, UNFINISHED)
         print(f"{shown(UNFINISHED)}: {len(packed)} unfinished runs" + "".join(f"\n  {p}" for p in packed))
         return

@@ -85,15 +85,18 @@ def _begun_run(run_dir, chunks):
 def test_pack_carries_each_unfinished_run_with_only_its_newest_checkpoint(tmp_path, monkeypatch, capsys):
     archive, runs_dir = tmp_path / "unfinished.tar.gz", tmp_path / "runs"
     monkeypatch.setattr(atari_pong, "UNFINISHED", archive)
-    first = plan(list(LINES))[0]  # A2C seed 100: where the design's command trains it
-    config = run_config(first, atari_pong.ENV_STEPS, 0, runs_dir)
-    run_dir = Path(config.run.dir)
+    # A2C's and the label line's seed 100, where the design's command trains them: every line's run is carried.
+    run_dir, labels_dir = (Path(run_config(run, atari_pong.ENV_STEPS, 0, runs_dir).run.dir)
+                           for run in plan(list(LINES))[:2])
     _begun_run(run_dir, [2, 10, 3])
-    atari_pong.main(["--lines", "a2c", "--runs-dir", str(runs_dir), "--pack"])
-    assert "1 unfinished runs" in capsys.readouterr().out
+    _begun_run(labels_dir, [1])
+    atari_pong.main(["--lines", "a2c", "--runs-dir", str(runs_dir), "--pack"])  # --lines: not what is carried
+    assert "2 unfinished runs" in capsys.readouterr().out
+    shutil.rmtree(labels_dir)
 
     elsewhere = tmp_path / "elsewhere"
-    assert unpack_unfinished(archive, elsewhere) == [elsewhere / run_dir.relative_to(runs_dir)]
+    carried_runs = sorted(elsewhere / d.relative_to(runs_dir) for d in (run_dir, labels_dir))
+    assert unpack_unfinished(archive, elsewhere) == carried_runs
     carried = elsewhere / run_dir.relative_to(runs_dir)
     assert sorted(p.name for p in (carried / "checkpoints").iterdir()) == ["10"]
     assert (carried / "checkpoints" / "10" / "default" / "array").read_text() == "chunk 10"
@@ -104,7 +107,7 @@ def test_pack_carries_each_unfinished_run_with_only_its_newest_checkpoint(tmp_pa
     assert (carried / "wall_seconds.txt").read_text() == "7200.0\n"
     # Nothing unfinished (no checkpoint yet): the archive goes rather than staying stale.
     shutil.rmtree(run_dir / "checkpoints")
-    atari_pong.main(["--lines", "a2c", "--runs-dir", str(runs_dir), "--pack"])
+    atari_pong.main(["--runs-dir", str(runs_dir), "--pack"])
     assert not archive.exists()
 
 
