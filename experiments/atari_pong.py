@@ -227,8 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the remaining runs' commands and times; run nothing")
     parser.add_argument("--report", action="store_true", help="write the report from the ledger; run nothing")
     parser.add_argument("--pack", action="store_true",
-                        help=f"write the runs begun but not finished (of every line), each with its newest checkpoint, into "
-                             f"{shown(UNFINISHED)} for another machine to go on from; run nothing")
+                        help=f"write the runs begun but not finished (of every line), each with its newest "
+                             f"checkpoint, into {shown(UNFINISHED)} for another machine to go on from; run nothing")
     args = parser.parse_args(argv)
     names = args.lines.split(",") if args.lines else list(LINE_NAMES)
     unknown = [name for name in names if name not in LINE_NAMES]
@@ -239,14 +239,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     lines = [line for line in LINES if line.name in names]
     runs, runs_dir = plan(lines), Path(args.runs_dir)
+    # First, so that --pack rewrites the archive with the runs it carried that this machine lacked.
+    for run_dir in unpack_unfinished(UNFINISHED, runs_dir):
+        print(f"{run_dir}: carried over from {shown(UNFINISHED)}; goes on from its checkpoint", flush=True)
     if args.pack:  # every line's: the archive is rewritten whole
         begun = [Path(config.run.dir) for _, config in runs_to_do(plan(list(LINES)), load_ledger(LEDGER), runs_dir,
                                                                   ENV_STEPS)]
-        packed = pack_unfinished([run_dir for run_dir in begun if run_dir.is_dir()], runs_dir, UNFINISHED)
+        packed = pack_unfinished(begun, runs_dir, UNFINISHED)  # those without a checkpoint are passed over
         print(f"{shown(UNFINISHED)}: {len(packed)} unfinished runs" + "".join(f"\n  {p}" for p in packed))
         return
-    for run_dir in unpack_unfinished(UNFINISHED, runs_dir):
-        print(f"{run_dir}: carried over from {shown(UNFINISHED)}; goes on from its checkpoint", flush=True)
     if args.dry_run:
         for run, config in runs_to_do(runs, load_ledger(LEDGER), runs_dir, ENV_STEPS):
             line = next(line for line in lines if line.title == run.line)

@@ -28,7 +28,8 @@ def pack_unfinished(run_dirs: list[Path], runs_dir: Path, archive: Path) -> list
     """Write ``archive`` (gzip tar, paths relative to ``runs_dir``) with each of ``run_dirs``
     that has a checkpoint: its files and its newest checkpoint, the older ones left out.
     Returns the runs packed; with none, ``archive`` is removed rather than left stale."""
-    packed = [run_dir for run_dir in run_dirs if newest_checkpoint(run_dir) is not None]
+    newest = {run_dir: newest_checkpoint(run_dir) for run_dir in run_dirs}
+    packed = [run_dir for run_dir in run_dirs if newest[run_dir] is not None]
     if not packed:
         archive.unlink(missing_ok=True)
         return []
@@ -39,8 +40,7 @@ def pack_unfinished(run_dirs: list[Path], runs_dir: Path, archive: Path) -> list
             for path in sorted(run_dir.iterdir()):
                 if path.name != CHECKPOINTS:
                     tar.add(path, name / path.name)
-            newest = newest_checkpoint(run_dir)
-            tar.add(newest, name / CHECKPOINTS / newest.name)
+            tar.add(newest[run_dir], name / CHECKPOINTS / newest[run_dir].name)
     partial.replace(archive)
     return packed
 

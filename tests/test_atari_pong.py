@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from experiments import atari_pong
+from experiments.atari_pong import LINES, final_score, hours_of, plan, report
 from experiments.carry import unpack_unfinished
 from experiments.reproduce import run_config
 from rlhf_jax.errors import ConfigError
-from experiments.atari_pong import LINES, final_score, hours_of, plan, report
 
 
 def test_the_final_score_is_the_mean_of_the_last_100_episodes_by_whole_chunks():
@@ -105,8 +105,14 @@ def test_pack_carries_each_unfinished_run_with_only_its_newest_checkpoint(tmp_pa
     (carried / "wall_seconds.txt").write_text("7200.0\n")
     assert unpack_unfinished(archive, elsewhere) == []
     assert (carried / "wall_seconds.txt").read_text() == "7200.0\n"
+    # --pack on a machine that lacks the run (another runs folder) carries it on, not drops it.
+    atari_pong.main(["--runs-dir", str(tmp_path / "fresh"), "--pack"])
+    third = tmp_path / "third"
+    assert unpack_unfinished(archive, third) == sorted(third / d.relative_to(runs_dir) for d in (run_dir, labels_dir))
     # Nothing unfinished (no checkpoint yet): the archive goes rather than staying stale.
     shutil.rmtree(run_dir / "checkpoints")
+    labels_dir.mkdir(parents=True)
+    (labels_dir / "config.yaml").write_text("agent: a2c\n")
     atari_pong.main(["--runs-dir", str(runs_dir), "--pack"])
     assert not archive.exists()
 
