@@ -76,12 +76,12 @@ class CompiledLoop:
         self.loop, self.dispatch = loop, dispatch
         self.start = jax.jit(loop.start)
         self.collect = repeat(loop.collect, dispatch)  # (state, length) -> (state, metrics of each iteration)
+        self._ask = jax.jit(loop.ask, static_argnums=2, donate_argnums=0)
         if dispatch == "scan":
             self._init = jax.jit(loop.init)
             self._chunk = jax.jit(loop.chunk, static_argnums=1, donate_argnums=0)
             self._fit_and_refresh = jax.jit(loop.fit_and_refresh, static_argnums=1, donate_argnums=0)
         else:
-            self._ask = jax.jit(loop.ask, static_argnums=2, donate_argnums=0)
             self._fit = repeat(loop.fit_one, dispatch)
             self.refresh = jax.jit(loop.refresh, donate_argnums=0)
 
@@ -92,7 +92,7 @@ class CompiledLoop:
         return self.loop.pretrain(self.start(key, given), via=self)[0]
 
     def ask(self, state: LoopState, wanted: int, num: int) -> LoopState:
-        """:meth:`Loop.ask <rlhf_jax.loop.Loop.ask>` (``"python"`` dispatch)."""
+        """:meth:`Loop.ask <rlhf_jax.loop.Loop.ask>`, alone (under either dispatch)."""
         return self._ask(state, jnp.int32(wanted), num)
 
     def fit_and_refresh(self, state: LoopState, steps: int) -> tuple[LoopState, dict]:

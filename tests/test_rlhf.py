@@ -252,6 +252,22 @@ def test_fitting_from_python_equals_the_compiled_loop(learner):
         np.testing.assert_allclose(a, theirs[name], rtol=1e-3, atol=2 * steps * lr if free else 2e-4, err_msg=name)
 
 
+def test_asking_alone_works_under_either_dispatch():
+    """``CompiledLoop.ask`` is compiled under ``run.loop=scan`` (an accelerator's default) as
+    under ``python``: a benchmark fills the label ring with it alone. The same key asks the
+    same queries either way, and ``wanted`` of the ``num`` proposed are answered."""
+    held = {}
+    for loop in ("scan", "python"):
+        driver = Driver(experiment([*SMALL_RUN, *SMALL_LEARNERS["preferences"], f"run.loop={loop}"]))
+        state = driver.compiled.start(jax.random.PRNGKey(3))
+        before = int(driver.learner.answers_held(state.learner))
+        state = driver.compiled.ask(state, 3, 5)
+        assert int(state.asked) == 3 and int(driver.learner.answers_held(state.learner)) == before + 3, loop
+        held[loop] = state.learner.labels
+    for a, b in zip(jax.tree.leaves(held["scan"]), jax.tree.leaves(held["python"])):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_fit_is_cut_into_blocks_of_about_so_many_steps():
     assert fitting_blocks(187, 50) == ((47, 3), (46, 1))  # 187 / 50 rounds to 4 blocks
     assert fitting_blocks(40, 10) == ((10, 4),)
