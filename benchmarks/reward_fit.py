@@ -179,7 +179,8 @@ def torch_cnn_twin(config: ensemble.RewardModelConfig, capacity: int) -> Side | 
     then 64 leaky-ReLU units and one output; the returns' Bradley-Terry loss with the 10%
     random answer, plus l2 on the kernels; one Adam step. Frames are uint8 stacks stored whole
     in torch's channel-first layout (ours rebuilds each stack from frames stored once, which
-    costs it a gather). Initialisation is torch's default: it does not change the time.
+    costs it a gather). Initialisation is torch's default: it does not change the time. On a GPU
+    where torch sees one, as ours runs on JAX's default device.
     """
     try:
         import torch
@@ -200,18 +201,19 @@ def torch_cnn_twin(config: ensemble.RewardModelConfig, capacity: int) -> Side | 
         return nn.Sequential(*layers, nn.Flatten(), nn.Linear(depth * size * size, cnn.hidden),
                              nn.LeakyReLU(cnn.slope), nn.Linear(cnn.hidden, 1))
 
-    members = [member() for _ in range(config.ensemble_size)]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    members = [member().to(device) for _ in range(config.ensemble_size)]
     kernels = [[m.weight for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))] for net in members]
     optimizer = torch.optim.Adam([p for net in members for p in net.parameters()], lr=config.learning_rate)
     generator = torch.Generator().manual_seed(1)
     stacks = torch.randint(0, 256, (capacity, 2, SEGMENT, channels, height, width), dtype=torch.uint8,
-                           generator=generator)
-    mu = torch.randint(0, 2, (capacity,), generator=generator).float()
-    eps = torch.tensor(config.random_answer_prob)
+                           generator=generator).to(device)
+    mu = torch.randint(0, 2, (capacity,), generator=generator).float().to(device)
+    eps = torch.tensor(config.random_answer_prob, device=device)
     log_right, log_random = torch.log1p(-eps), torch.log(eps / 2)
 
     def member_loss(net, kernels) -> torch.Tensor:
-        rows = torch.randint(0, capacity, (config.batch_size,), generator=generator)
+        rows = torch.randint(0, capacity, (config.batch_size,), generator=generator).to(device)
         frames = stacks[rows].reshape(-1, channels, height, width).float() / 255.0
         returns = net(frames).reshape(config.batch_size, 2, SEGMENT).sum(-1)
         difference = returns[:, 0] - returns[:, 1]
@@ -224,6 +226,8 @@ def torch_cnn_twin(config: ensemble.RewardModelConfig, capacity: int) -> Side | 
         optimizer.zero_grad(set_to_none=True)
         sum(member_loss(net, k) for net, k in zip(members, kernels)).backward()
         optimizer.step()
+        if device.type == "cuda":  # CUDA kernels run asynchronously: the step ends when they have
+            torch.cuda.synchronize()
 
     return Side(step, config.batch_size)
 
@@ -239,7 +243,8 @@ def against_torch(config: ensemble.RewardModelConfig, capacity: int, rounds: int
     timed = side_by_side(ours, twin, rounds, label=f"CNN fit, {config.batch_size} pairs: ours vs torch")
     b = config.batch_size
     suffix = "" if b == CONFIG.batch_size else f"_b{b}"  # the target is at the paper's 64 pairs
-    note = f"torch {_version('torch')} on {torch.get_num_threads()} threads"
+    note = (f"torch {_version('torch')} on {torch.cuda.get_device_name()}" if torch.cuda.is_available()
+            else f"torch {_version('torch')} on {torch.get_num_threads()} threads")
     return timed.fields(f"cnn_b{b}_pairs_per_s", f"torch_cnn_b{b}_pairs_per_s", f"reward_cnn_fit_over_torch{suffix}"), note
 
 
