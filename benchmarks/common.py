@@ -233,6 +233,13 @@ def ratio(ours, peer) -> float | None:
     return ours / peer if numbers and peer else None
 
 
+def results_folder() -> Path:
+    """Where a benchmark writes its result: ``results/``, or ``results/accelerator/`` where JAX's
+    default device is not a CPU, so that an accelerator's figures sit beside the CPU's, never
+    in their place (the report shows them under their own heading)."""
+    return RESULTS if jax.default_backend() == "cpu" else RESULTS / "accelerator"
+
+
 def with_headline(result: dict, headline: Callable[[dict], list[Headline]]) -> dict:
     """``result`` with its headline rows, made from ``result`` itself, under the key ``"headline"``."""
     return {**result, "headline": [row.to_json() for row in headline(result)]}
@@ -240,14 +247,14 @@ def with_headline(result: dict, headline: Callable[[dict], list[Headline]]) -> d
 
 def write_result(name: str, result: dict, headline: Callable[[dict], list[Headline]] | None = None,
                  merge: bool = False, results: Path | None = None) -> Path:
-    """Write ``<results>/<name>.json`` (``benchmarks/results/`` unless given: the experiments
+    """Write ``<results>/<name>.json`` (:func:`results_folder` unless given: the experiments
     write theirs to ``experiments/results/``) and print the same JSON object as the last line.
 
     ``headline``: the benchmark's function from its result to its rows of the report's table
     (:class:`Headline`); a result without one is not in the report. ``merge``: a run of some
     of a benchmark's parts (each part short enough to time on a quiet machine) keeps the
     stored result's other keys and replaces those it measured."""
-    results = RESULTS if results is None else results
+    results = results_folder() if results is None else results
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"{name}.json"
     earlier = json.loads(path.read_text()) if merge and path.exists() else {}

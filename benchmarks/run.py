@@ -30,7 +30,9 @@ on the stored results: nothing is measured again).
 Which JSON a benchmark's rows come from: the file this invocation wrote, if it ran the
 benchmark successfully; otherwise the full run's file if there is one (``cpu_devices.json``),
 otherwise the quick run's (``cpu_devices_quick.json``). Several scripts write the same file in
-both modes; their ``quick`` field tells which.
+both modes; their ``quick`` field tells which. A benchmark run where JAX's default device is an
+accelerator writes to ``results/accelerator/`` instead (:func:`benchmarks.common.results_folder`):
+those figures fill the report's accelerator section, never the CPU's table.
 """
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ from benchmarks.common import Headline, Target, command_line, cpu_model, with_he
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+ACCELERATOR_RESULTS = RESULTS / "accelerator"  # where a run on an accelerator writes (common.results_folder)
 REPORT = ROOT / "benchmarks" / "REPORT.md"
 
 
@@ -300,12 +303,12 @@ def last_commit_time(path: Path) -> datetime.datetime | None:
     return None
 
 
-def load_source(bench: Benchmark, written_now: set[str]) -> Source | None:
-    """The JSON the report takes for ``bench`` (module docstring), or None if there is none."""
+def load_source(bench: Benchmark, written_now: set[str], folder: Path = RESULTS) -> Source | None:
+    """The JSON in ``folder`` the report takes for ``bench`` (module docstring), or None if there is none."""
     stems = list(dict.fromkeys([bench.full_result, bench.quick_result]))
     fresh = [s for s in stems if s in written_now]
     for stem in fresh + stems:
-        path = RESULTS / f"{stem}.json"
+        path = folder / f"{stem}.json"
         if path.exists():
             try:
                 data = json.loads(path.read_text())
@@ -339,22 +342,32 @@ def target_cells(target: Target | None) -> tuple[str, str]:
     return f"{target.comparison} {target.threshold:g}", met
 
 
+TABLE_HEAD = ["| section | metric | ours | peer or raw | ratio | target | met? | from |",
+              "| --- | --- | ---: | ---: | ---: | --- | --- | --- |"]
+
+
+def headline_lines(bench: Benchmark, source: Source) -> list[str]:
+    """``source``'s headline rows as lines of the table."""
+    if source.headline is None:
+        return [f"| {bench.section} | `{source.path.name}` has no headline rows: "
+                "`python -m benchmarks.run --backfill-headlines` | | | | | | |"]
+    lines = []
+    for row in source.headline:
+        target, met = target_cells(row.target)
+        lines.append(f"| {bench.section} | {row.what} | {fmt(row.ours)} | {fmt(row.peer)} | {fmt(row.ratio)} "
+                     f"| {target} | {met} | {source.label} |")
+    return lines
+
+
 def table(sources: dict[str, Source]) -> list[str]:
     """The table of every benchmark's headline rows, then how many targets are met."""
-    lines = ["| section | metric | ours | peer or raw | ratio | target | met? | from |",
-             "| --- | --- | ---: | ---: | ---: | --- | --- | --- |"]
+    lines = list(TABLE_HEAD)
     for bench in BENCHMARKS:
         source = sources.get(bench.name)
         if source is None:
             lines.append(f"| {bench.section} | no results yet: `python -m benchmarks.{bench.name}` | | | | | | |")
-        elif source.headline is None:
-            lines.append(f"| {bench.section} | `{source.path.name}` has no headline rows: "
-                         "`python -m benchmarks.run --backfill-headlines` | | | | | | |")
         else:
-            for row in source.headline:
-                target, met = target_cells(row.target)
-                lines.append(f"| {bench.section} | {row.what} | {fmt(row.ours)} | {fmt(row.peer)} | {fmt(row.ratio)} "
-                             f"| {target} | {met} | {source.label} |")
+            lines += headline_lines(bench, source)
     targets = [row.target for s in sources.values() for row in s.headline or () if row.target is not None]
     if targets:
         measured = [t for t in targets if t.met is not None]
@@ -437,27 +450,47 @@ FIGURES = (("scaling_seeds.png", "Env steps/s against seeds vmapped (A2C, DQN; C
            ("scaling_envs.png", "Env steps/s against environments, one seed (A2C, DQN; CartPole)"))
 
 
-def accelerator_section(sources: dict[str, Source]) -> list[str]:
+def accelerator_section(on_device: dict[str, Source]) -> list[str]:
     """What only an accelerator can show: each benchmark's ``on_accelerator``, the command that
-    measures it, and the device its stored result was measured on."""
+    measures it, and the device of its result in ``results/accelerator/`` (``on_device``), whose
+    headline rows follow in a table of their own."""
     lines = ["## What only an accelerator can show", "",
              "The figures above come from the machine each JSON records. These are the ones a CPU cannot give:",
-             "run the command where JAX's default device is an accelerator, then rebuild this report. The",
+             "run the command where JAX's default device is an accelerator (its result goes to",
+             "`results/accelerator/`, beside the CPU's), then rebuild this report. The",
              "papers' full figures, which need one too, are sized in",
              "[Reproducing the papers](../docs/reproducing.md#what-needs-a-gpu).", "",
-             "| benchmark | what a run on an accelerator would show | command | stored result measured on |",
+             "| benchmark | what a run on an accelerator would show | command | measured on an accelerator |",
              "| --- | --- | --- | --- |"]
     for bench in BENCHMARKS:
         if bench.on_accelerator:
-            source = sources.get(bench.name)
-            device = source.data.get("machine", {}).get("device", "not recorded") if source else "no result yet"
+            source = on_device.get(bench.name)
+            device = source.data.get("machine", {}).get("device", "not recorded") if source else "not yet"
             command = " ".join(("python -m", f"benchmarks.{bench.name}", *bench.on_accelerator.args))
             lines.append(f"| {bench.name} | {bench.on_accelerator.shows} | `{command}` | {device} |")
+    measured = [(bench, on_device[bench.name]) for bench in BENCHMARKS if bench.name in on_device]
+    if measured:
+        lines += ["", "Figures measured on an accelerator (each JSON's `machine` names the device, its host CPU and",
+                  "cores):", "", *TABLE_HEAD]
+        for bench, source in measured:
+            lines += [line.replace(f"| {source.label} |", f"| `accelerator/{source.path.name}` ({source.mode}) |")
+                      for line in headline_lines(bench, source)]
     return lines + [""]
 
 
-def write_report(outcomes: list[Outcome], written_now: set[str], invocation: str) -> Path:
-    sources = {b.name: s for b in BENCHMARKS if (s := load_source(b, written_now)) is not None}
+def written_since(folder: Path, stems: set[str], since: float) -> set[str]:
+    """Those of ``stems`` whose JSON in ``folder`` was written at or after ``since`` (a time):
+    which folder a benchmark wrote to depends on the device it ran on."""
+    return {s for s in stems if (folder / f"{s}.json").exists() and (folder / f"{s}.json").stat().st_mtime >= since}
+
+
+def write_report(outcomes: list[Outcome], written_now: set[str], invocation: str, since: float = 0.0) -> Path:
+    """``since``: when this invocation began, so that a result counts as its own only in the
+    folder it was written to."""
+    sources = {b.name: s for b in BENCHMARKS
+               if (s := load_source(b, written_since(RESULTS, written_now, since))) is not None}
+    on_device = {b.name: s for b in BENCHMARKS if b.on_accelerator and (s := load_source(
+        b, written_since(ACCELERATOR_RESULTS, written_now, since), ACCELERATOR_RESULTS)) is not None}
     lines = ["# Benchmark report", "",
              f"Written by `{invocation}` (see `benchmarks/run.py`). Figures are from the JSON files in",
              "`benchmarks/results/` named in the last column; each says whether its run was `--quick`",
@@ -480,7 +513,7 @@ def write_report(outcomes: list[Outcome], written_now: set[str], invocation: str
         else:
             lines += [f"`results/{name}` is missing: run `python -m benchmarks.scaling --quick`.", ""]
 
-    lines += accelerator_section(sources)
+    lines += accelerator_section(on_device)
     lines += ["## Sources", "", "| benchmark | JSON | mode | file written | machine recorded | this invocation |",
               "| --- | --- | --- | --- | --- | --- |"]
     for bench in BENCHMARKS:
@@ -540,6 +573,7 @@ def main() -> None:
 
     outcomes: list[Outcome] = []
     written_now: set[str] = set()
+    began = time.time()
     if not args.report_only:
         quick = args.quick
         minutes = sum(b.quick_minutes if quick else b.full_minutes for b in plan)
@@ -555,7 +589,7 @@ def main() -> None:
                   file=sys.stderr, flush=True)
             if outcome.status == "interrupted":
                 break
-    path = write_report(outcomes, written_now, invocation)
+    path = write_report(outcomes, written_now, invocation, began)
     failed = [o.name for o in outcomes if not o.ok]
     print(f"[run] wrote {path.relative_to(ROOT)}" + (f"; failed: {', '.join(failed)}" if failed else ""),
           file=sys.stderr, flush=True)

@@ -1,4 +1,5 @@
 """Helpers of the benchmark scripts, checked on values worked out by hand."""
+import json
 from pathlib import Path
 
 import pytest
@@ -170,24 +171,47 @@ def test_a_sweeps_rate_is_the_rate_its_rows_carry_without_each_groups_compiling_
         sweep_rate(tmp_path / "members.csv")
 
 
-def test_the_report_lists_what_only_an_accelerator_can_show_with_its_command_and_where_each_result_was_measured():
+def test_the_report_lists_what_only_an_accelerator_can_show_with_its_command_and_the_figures_measured_there():
     """Every benchmark that declares what an accelerator would show gets a row under its own
-    heading: the command that measures it and the device its stored result came from."""
+    heading: the command that measures it and the device of its result in results/accelerator/;
+    those results' headline rows follow in a table of their own, each naming its file."""
+    from benchmarks.common import Headline
     from benchmarks.run import BENCHMARKS, accelerator_section
 
-    sources = {"mujoco_throughput": _source("mujoco_throughput", {"machine": {"device": "gpu:NVIDIA H200"}}),
-               "reward_fit": _source("reward_fit", {"machine": {"device": "cpu:cpu"}})}
-    lines = accelerator_section(sources)
+    row = Headline("RLHF loop vs A2C (Pong)", 7648.2, 10052.5, 0.7608).to_json()
+    on_device = {"mujoco_throughput": _source("mujoco_throughput", {"machine": {"device": "gpu:NVIDIA H200"}}),
+                 "rlhf_pong": _source("rlhf_pong", {"machine": {"device": "gpu:NVIDIA H100"}, "quick": True,
+                                                    "headline": [row]})}
+    lines = accelerator_section(on_device)
     assert lines[0] == "## What only an accelerator can show"
-    rows = {line.split(" | ")[0].removeprefix("| "): line
-            for line in lines if line.startswith("| ") and "---" not in line}
     declared = [b.name for b in BENCHMARKS if b.on_accelerator is not None]
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in lines
+            if line.startswith("| ") and "---" not in line and line.split(" | ")[0].removeprefix("| ") in
+            ["benchmark", *declared]}
     assert "mujoco_throughput" in declared and "cpu_devices" not in declared
     assert sorted(rows) == sorted(["benchmark", *declared])
     assert rows["mujoco_throughput"].endswith(
         "| `python -m benchmarks.mujoco_throughput --tasks all` | gpu:NVIDIA H200 |")
-    assert rows["reward_fit"].endswith("| `python -m benchmarks.reward_fit` | cpu:cpu |")
-    assert rows["scaling"].endswith("| no result yet |")
+    assert rows["rlhf_pong"].endswith("| `python -m benchmarks.rlhf_pong` | gpu:NVIDIA H100 |")
+    assert rows["scaling"].endswith("| not yet |")
+    figures = [line for line in lines if "accelerator/" in line and line.startswith("| RLHF overhead")]
+    assert figures == ["| RLHF overhead | RLHF loop vs A2C (Pong) | 7,648 | 10,052 | 0.761 |  |  | "
+                       "`accelerator/rlhf_pong.json` (quick) |"]
+    assert not any("accelerator/" in line for line in accelerator_section({})[9:])  # nothing measured: no figures
+
+
+def test_a_benchmark_run_where_jax_has_an_accelerator_writes_beside_the_cpu_results(monkeypatch, tmp_path):
+    """A result measured on a GPU goes to results/accelerator/, so that it never replaces (or is
+    merged into) the CPU's figures."""
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(common.jax, "default_backend", lambda: "gpu")
+    common.write_result("demo", {"x": 1})
+    assert (tmp_path / "accelerator" / "demo.json").exists() and not (tmp_path / "demo.json").exists()
+    monkeypatch.setattr(common.jax, "default_backend", lambda: "cpu")
+    common.write_result("demo", {"x": 2})
+    assert json.loads((tmp_path / "demo.json").read_text())["x"] == 2
 
 
 def test_the_mujoco_throughput_benchmark_names_a_task_it_does_not_know_before_measuring(monkeypatch, capsys):
