@@ -268,3 +268,16 @@ def test_every_result_names_the_host_that_gives_its_digits(tmp_path, monkeypatch
     stored = json.loads(common.write_result("made_up", {"figure": 1}).read_text())["machine"]
     assert stored["cpu"] == "Made-up CPU 9000" and stored["xla_flags"] == "--xla_cpu_use_onednn=true"
     assert set(stored["vector_extensions"]) <= set(common.VECTOR_EXTENSIONS)
+
+
+def test_the_pong_loop_states_xla_arithmetic_only_where_it_counts_the_convolutions():
+    """XLA's cost analysis on a GPU leaves cuDNN's convolutions out: the arithmetic row is a CPU's only."""
+    from benchmarks.rlhf_pong import headline
+
+    result = {"labels_held": 3000, "chunk_env_steps": 10000, "pong_rlhf_steps_per_s": 7648.2,
+              "pong_true_reward_steps_per_s": 10052.5, "pong_rlhf_over_true_reward": 0.7608,
+              "flops_per_env_step_fitting": 3.0e8, "flops_per_env_step_a2c": 7.6e7}
+    on_cpu = headline({**result, "machine": {"device": "cpu:cpu"}})
+    on_gpu = headline({**result, "machine": {"device": "gpu:NVIDIA H100 80GB HBM3"}})
+    assert [row.ratio for row in on_gpu] == [0.7608]
+    assert len(on_cpu) == 2 and on_cpu[1].ratio == pytest.approx(3.0e8 / 7.6e7)
