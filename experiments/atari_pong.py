@@ -43,8 +43,8 @@ checkpoint after a stop, and skips runs the ledger holds
 (:func:`experiments.reproduce.execute`). On another machine it goes on from
 ``experiments/results/atari_pong_unfinished.tar.gz``, which ``--pack`` writes with each unfinished
 run's newest checkpoint (:mod:`experiments.carry`). Each finished run goes into
-``experiments/results/atari_pong_runs.json`` with its command, commit and host, and the
-report is written again: ``atari_pong.json`` (per line each seed's final score, env steps and
+``experiments/results/atari_pong_runs.json`` with its command, commit and host, and each
+attempt's host (a run carried to another machine has several), and the report is written again: ``atari_pong.json`` (per line each seed's final score, env steps and
 hours, the targets) and ``atari_pong.png`` (per line the true score against env steps and
 against the hours of training, each seed thin, the mean bold). ``--dry-run`` prints each
 remaining run's ``rlhf-jax train`` command and its expected wall time on this CPU.

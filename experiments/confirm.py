@@ -65,7 +65,7 @@ from benchmarks.common import command_line, cpu_host, enable_compilation_cache
 from experiments.protocol import (REGISTRATIONS, Registration, RegisteredCell, RegistrationError, cell_config,
                                   check_fingerprint, decide, fingerprint, gain_ratio_estimate, load, save, seed_keys)
 from experiments.common import RESULTS
-from experiments.reproduce import (FIGURES, MUJOCO_TASKS, ROOT, Kind, budget_line, budget_of, cpu_overrides,
+from experiments.reproduce import (FIGURES, MUJOCO_TASKS, ROOT, Kind, attempts_of, budget_line, budget_of, cpu_overrides,
                                    curve_of, final_return, git_commit, load_ledger, pinned_segment_length, plot,
                                    run_or_resume_sweep, run_timed, save_json, shown, slug, summary)
 from experiments.trpo_reference import figure_rl_line
@@ -284,7 +284,8 @@ def run(registration: Registration, ledger_path: Path, cells: list[str] | None =
         print(f"[{index + 1}/{len(todo)}] {cell.key}, seeds {cell.seeds[0]}-{cell.seeds[-1]}", flush=True)
         base = to_dict(dataclasses.replace(config, run=dataclasses.replace(config.run, dir=str(directory))))
         seconds = run_timed(directory, lambda: run_sweep(directory, base, len(cell.seeds)))
-        ledger = record_cell(ledger, cell, directory, seconds, {**(provenance or {}), **cpu_host()})
+        ledger = record_cell(ledger, cell, directory, seconds,
+                             {**(provenance or {}), **cpu_host(), "attempts": attempts_of(directory)})
         save_json(ledger_path, ledger)
         finals = [final_return(ledger["runs"][f"{cell.key}/seed{s}"]["episode_return"]) for s in cell.seeds]
         print(f"    finished in {seconds / 60:.1f} min: final true returns "

@@ -437,7 +437,7 @@ def load_ledger(path: Path) -> dict:
     return {"runs": {}}
 
 
-def save_json(path: Path, data: dict) -> None:
+def save_json(path: Path, data: dict | list) -> None:
     """Write ``path`` whole or not at all (a kill mid-write keeps the previous version)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".json.tmp")
@@ -498,7 +498,7 @@ def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, 
                   "config": shown(run.config_path),
                   "overrides": list(run.overrides), "fingerprint": fingerprint_of(config),
                   "run_dir": str(run_dir), "seconds": round(spent[-1], 1), **read_curve(run_dir),
-                  **(provenance or {})}
+                  **(provenance or {}), "attempts": attempts_of(run_dir)}
         ledger["runs"][run.key] = record
         save_json(ledger_path, ledger)
         final = final_return(record["episode_return"])
@@ -510,23 +510,31 @@ def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, 
 
 
 WALL_SECONDS_FILE = "wall_seconds.txt"
+ATTEMPTS_FILE = "attempts.json"  # each attempt's host, start and seconds: a run resumed elsewhere has several
 
 
 def run_timed(directory: Path, work: Callable[[], None], every: float = 30.0) -> float:
     """Do ``work`` (a run or a sweep that checkpoints into ``directory``) and return the wall
     seconds it has taken over every attempt. Each attempt adds its time to ``directory``'s
     :data:`WALL_SECONDS_FILE`, stopped or not, so a cell resumed after a stop is recorded with
-    its whole time, not the last stretch's. The file is rewritten every ``every`` seconds as
-    well as at the end: a process that is killed outright (the machine going away) runs no
-    ``finally``, and would otherwise leave its attempt out."""
-    path = directory / WALL_SECONDS_FILE
+    its whole time, not the last stretch's; and its host (processor, vector extensions, XLA
+    flags), start and seconds to :data:`ATTEMPTS_FILE` (:func:`attempts_of`), since a run
+    resumed on another machine was computed by both. The files are rewritten every ``every``
+    seconds as well as at the end: a process that is killed outright (the machine going away)
+    runs no ``finally``, and would otherwise leave its attempt out."""
+    path, attempts_path = directory / WALL_SECONDS_FILE, directory / ATTEMPTS_FILE
     before = float(path.read_text()) if path.exists() else 0.0
+    earlier = attempts_of(directory)
+    began = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    host = cpu_host()
     start = time.perf_counter()
     spent = lambda: before + time.perf_counter() - start  # noqa: E731
 
     def write():
         if directory.exists():  # an attempt that failed before making it has nothing to resume
             path.write_text(f"{spent():.1f}\n")
+            this = {"began": began, "seconds": round(time.perf_counter() - start, 1), **host}
+            save_json(attempts_path, [*earlier, this])
 
     def keep_writing():
         while not stopped.wait(every):
@@ -542,6 +550,13 @@ def run_timed(directory: Path, work: Callable[[], None], every: float = 30.0) ->
         writer.join()
         write()
     return spent()
+
+
+def attempts_of(directory: Path) -> list[dict]:
+    """The attempts :func:`run_timed` recorded in ``directory``, oldest first (none for a run
+    made before it kept them)."""
+    path = directory / ATTEMPTS_FILE
+    return json.loads(path.read_text()) if path.exists() else []
 
 
 def _duration(seconds: float) -> str:
@@ -711,9 +726,9 @@ def summary(ledger: dict, task_order: list[str], max_points: int = 200) -> dict:
                 "seconds_per_seed": [r["seconds"] for r in records],
                 # What made the cell (one sweep: the same for every seed); absent from old ledgers.
                 "made_by": sorted({(r.get("command"), r.get("commit")) for r in records if "commit" in r}),
-                # Where (benchmarks.common.cpu_host): the same digits on one such host only.
-                "hosts": sorted({(r["cpu"], " ".join(r["vector_extensions"]), r["xla_flags"]) for r in records
-                                 if "cpu" in r}),
+                # Where (benchmarks.common.cpu_host), every attempt's host: the same digits on one such host only.
+                "hosts": sorted({(h["cpu"], " ".join(h["vector_extensions"]), h["xla_flags"])
+                                 for r in records for h in (r, *r.get("attempts", ())) if "cpu" in h}),
                 "env_steps": steps[::every].tolist(),
                 "mean_return": [None if not np.isfinite(v) else round(float(v), 3) for v in mean[::every]],
             }
@@ -847,7 +862,8 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
         seconds = run_timed(directory, lambda: run_sweep(directory, to_dict(config), seeds - first))
         records = sweep_records(cell, config, directory, seconds)
         for record in records:
-            ledger["runs"][f"{cell.key}/seed{record['seed']}"] = {**record, **(provenance or {})}
+            ledger["runs"][f"{cell.key}/seed{record['seed']}"] = {**record, **(provenance or {}),
+                                                                 "attempts": attempts_of(directory)}
         save_json(ledger_path, ledger)
         finals = [final_return(r["episode_return"]) for r in records]
         print(f"    finished in {_duration(seconds)}: final true returns "

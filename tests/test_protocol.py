@@ -54,6 +54,8 @@ def test_a_registered_cell_runs_once_and_is_recorded_with_its_seeds_and_host(tmp
     record = ledger["runs"]["hopper/RL (trpo)/seed101"]
     assert record["fingerprint"] == cell.fingerprint and record["episode_return"] == [111.0, 121.0]
     assert record["cpu"] and "vector_extensions" in record and "xla_flags" in record
+    [attempt] = record["attempts"]  # one attempt, on this host
+    assert (attempt["cpu"], attempt["vector_extensions"]) == (record["cpu"], record["vector_extensions"])
     confirm.run(registration(cell), ledger_path, run_sweep=stand_in_sweep(calls))
     assert len(calls) == 1  # recorded: never run again
 

@@ -136,7 +136,12 @@ def fake_sweep(calls, interrupt_at=None):
     return run_sweep
 
 
-def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
+def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path, monkeypatch):
+    # The interrupted attempt ran on another host than the one that finished the cell.
+    some, other = ({"cpu": "Some CPU", "vector_extensions": ["avx", "avx2"], "xla_flags": ""},
+                   {"cpu": "Other CPU", "vector_extensions": ["avx"], "xla_flags": ""})
+    hosts = iter([some, other, some])  # RL's attempt, 700 labels' stopped one, then its last
+    monkeypatch.setattr(reproduce, "cpu_host", lambda: next(hosts))
     cells = reproduce.cpu_cells(reproduce.FIGURES[2], ["hopper"], [700], ["trpo"])
     ledger_path, runs_dir = tmp_path / "ledger.json", tmp_path / "runs"
     made_by = {"command": "python -m experiments.reproduce --figure 2 --backend cpu", "commit": "abc", "uncommitted_changes": False,
@@ -158,6 +163,7 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     assert 100 <= record["seconds"] < 200  # ...and counted in the cell's wall time when it finishes
     assert record["episode_return"] == [40.0, 80.0] and record["backend"] == "cpu"
     assert {key: record[key] for key in made_by} == made_by  # each cell says what made it
+    assert len(record["attempts"]) == 2  # stopped once, then finished: two attempts, each with its host
     calls = []
     execute(calls)
     assert calls == []  # every cell finished: nothing runs again
@@ -165,7 +171,9 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path):
     result = reproduce.with_ratios(reproduce.summary(ledger, ["hopper"]))
     cell = result["hopper"]["700 labels"]
     assert cell["made_by"] == [(made_by["command"], "abc")]
-    assert cell["hosts"] == [("Some CPU", "avx avx2", "")]  # and where: its digits are that host's
+    # and where, each attempt's host: its digits are theirs
+    assert cell["hosts"] == [("Other CPU", "avx", ""), ("Some CPU", "avx avx2", "")]
+    assert result["hopper"]["RL (trpo)"]["hosts"] == [("Some CPU", "avx avx2", "")]
     assert cell["ratio_to_rl"] == pytest.approx(0.8)
     # gains over the first point (the mean of both lines' first points, 45): (80 - 45) / (100 - 45)
     assert cell["gain_ratio_to_rl"] == pytest.approx(35 / 55, abs=1e-4)
@@ -358,6 +366,30 @@ def test_a_cells_wall_time_is_on_disk_while_it_runs(tmp_path):
     (tmp_path / reproduce.WALL_SECONDS_FILE).write_text("100.0\n")  # an earlier attempt's
     total = reproduce.run_timed(tmp_path, work, every=0.05)
     assert seen and seen[0] > 100.0 and total > 100.0  # (the file keeps a tenth of a second)
+
+
+def test_each_attempt_at_a_run_names_the_host_that_computed_it(tmp_path, monkeypatch):
+    """A run stopped on one machine and resumed on another was computed by both: each attempt's
+    host, start and seconds are kept in the run's directory, on disk while it runs."""
+    hosts = iter([{"cpu": "AMD EPYC", "vector_extensions": ["avx2", "avx512f"], "xla_flags": ""},
+                  {"cpu": "AMD EPYC", "vector_extensions": ["avx2"], "xla_flags": "--xla_cpu_use_onednn=true"}])
+    monkeypatch.setattr(reproduce, "cpu_host", lambda: next(hosts))
+    seen = []
+
+    def work():  # waits (10 s at most) for this attempt to be on disk before it ends
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            if len(reproduce.attempts_of(tmp_path)) == 2:
+                seen.append(True)
+            time.sleep(0.01)
+
+    reproduce.run_timed(tmp_path, lambda: None, every=0.05)
+    reproduce.run_timed(tmp_path, work, every=0.05)
+    first, second = reproduce.attempts_of(tmp_path)
+    assert seen and first["vector_extensions"] == ["avx2", "avx512f"] and second["vector_extensions"] == ["avx2"]
+    assert second["xla_flags"] == "--xla_cpu_use_onednn=true" and first["began"] <= second["began"]
+    assert first["seconds"] >= 0 and second["seconds"] > 0
+    assert reproduce.attempts_of(tmp_path / "never-run") == []
 
 
 def test_the_gaussian_kl_change_touches_trpo_cells_and_no_others():
