@@ -64,8 +64,8 @@ from benchmarks.common import command_line, cpu_host, enable_compilation_cache
 from experiments.carry import pack_unfinished, unpack_unfinished
 from experiments.common import RESULTS, write_result
 from experiments.protocol import gain_ratio_estimate
-from experiments.reproduce import (PAPER, Kind, Run, _duration, execute, git_commit, load_ledger, run_command,
-                                   runs_to_do, shown)
+from experiments.reproduce import (PAPER, Kind, Run, _duration, execute, git_commit, hosts_of, load_ledger,
+                                   run_command, runs_to_do, shown)
 from rlhf_jax.errors import ConfigError, Interrupted
 
 ENV_STEPS = 10_000_000
@@ -141,7 +141,8 @@ def hours_of(record: dict) -> list[float]:
 
 
 def report(ledger: dict) -> dict:
-    """Per line each seed's final score, env steps and hours; the targets, as the docstring states them."""
+    """Per line each seed's final score, env steps and hours, and the hosts that ran them; the
+    targets, as the docstring states them."""
     lines = {}
     for line in LINES:
         records = sorted((r for r in ledger["runs"].values() if r["line"] == line.title), key=lambda r: r["seed"])
@@ -149,7 +150,7 @@ def report(ledger: dict) -> dict:
             "title": line.title, "seeds_planned": list(line.seeds), "seeds": [r["seed"] for r in records],
             "final_score": [final_score(r["episodes"], r["episode_return"]) for r in records],
             "env_steps": [r["env_steps"][-1] for r in records], "hours": [round(hours_of(r)[-1], 2) for r in records],
-            "commits": sorted({r.get("commit", "") for r in records})}
+            "commits": sorted({r.get("commit", "") for r in records}), "hosts": hosts_of(records)}
         scores = [s for s in lines[line.name]["final_score"] if s is not None]
         lines[line.name]["mean_final_score"] = float(np.mean(scores)) if scores else None
     firsts = [r["episode_return"][0] for r in ledger["runs"].values()

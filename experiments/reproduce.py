@@ -552,6 +552,13 @@ def run_timed(directory: Path, work: Callable[[], None], every: float = 30.0) ->
     return spent()
 
 
+def hosts_of(records: list[dict]) -> list[tuple[str, str, str]]:
+    """Where ``records`` ran (:func:`benchmarks.common.cpu_host`: processor, vector extensions, XLA
+    flags), every attempt's host: the same digits come from one such host only."""
+    return sorted({(h["cpu"], " ".join(h["vector_extensions"]), h["xla_flags"])
+                   for r in records for h in (r, *r.get("attempts", ())) if "cpu" in h})
+
+
 def attempts_of(directory: Path) -> list[dict]:
     """The attempts :func:`run_timed` recorded in ``directory``, oldest first (none for a run
     made before it kept them)."""
@@ -726,9 +733,7 @@ def summary(ledger: dict, task_order: list[str], max_points: int = 200) -> dict:
                 "seconds_per_seed": [r["seconds"] for r in records],
                 # What made the cell (one sweep: the same for every seed); absent from old ledgers.
                 "made_by": sorted({(r.get("command"), r.get("commit")) for r in records if "commit" in r}),
-                # Where (benchmarks.common.cpu_host), every attempt's host: the same digits on one such host only.
-                "hosts": sorted({(h["cpu"], " ".join(h["vector_extensions"]), h["xla_flags"])
-                                 for r in records for h in (r, *r.get("attempts", ())) if "cpu" in h}),
+                "hosts": hosts_of(records),
                 "env_steps": steps[::every].tolist(),
                 "mean_return": [None if not np.isfinite(v) else round(float(v), 3) for v in mean[::every]],
             }

@@ -60,6 +60,16 @@ def test_the_report_reads_the_targets_as_registered():
     assert result["lines"]["dqn"]["mean_final_score"] is None
 
 
+def test_the_report_names_every_host_a_seed_ran_on():
+    """A run carried to another machine names both: the one that finished it and each attempt's."""
+    avx2 = {"cpu": "AMD EPYC", "vector_extensions": ["avx2"], "xla_flags": ""}
+    avx512 = {"cpu": "AMD EPYC", "vector_extensions": ["avx2", "avx512f"], "xla_flags": ""}
+    carried = {**_record(LINES[0].title, 100, -21.0, 19.0), **avx2, "attempts": [avx512, avx2]}
+    alone = {**_record(LINES[0].title, 101, -21.0, 19.0), **avx2}
+    hosts = report({"runs": {"a/100": carried, "a/101": alone}})["lines"]["a2c"]["hosts"]
+    assert hosts == [("AMD EPYC", "avx2", ""), ("AMD EPYC", "avx2 avx512f", "")]
+
+
 def test_an_unknown_line_is_refused_in_one_line(capsys):
     with pytest.raises(SystemExit, match="--lines: no line 'ppo'; the lines are a2c, preferences, acer, dqn"):
         atari_pong.main(["--lines", "a2c,ppo", "--dry-run"])
