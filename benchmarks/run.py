@@ -468,14 +468,27 @@ def accelerator_section(on_device: dict[str, Source]) -> list[str]:
             device = source.data.get("machine", {}).get("device", "not recorded") if source else "not yet"
             command = " ".join(("python -m", f"benchmarks.{bench.name}", *bench.on_accelerator.args))
             lines.append(f"| {bench.name} | {bench.on_accelerator.shows} | `{command}` | {device} |")
-    measured = [(bench, on_device[bench.name]) for bench in BENCHMARKS if bench.name in on_device]
-    if measured:
+    figures = accelerator_figures(on_device)
+    if figures:
         lines += ["", "Figures measured on an accelerator (each JSON's `machine` names the device, its host CPU and",
-                  "cores):", "", *TABLE_HEAD]
-        for bench, source in measured:
-            lines += [line.replace(f"| {source.label} |", f"| `accelerator/{source.path.name}` ({source.mode}) |")
-                      for line in headline_lines(bench, source)]
+                  "cores):", "", *figures]
     return lines + [""]
+
+
+def accelerator_figures(on_device: dict[str, Source]) -> list[str]:
+    """The headline rows of the results in ``results/accelerator/`` as a table (none: no lines)."""
+    measured = [(bench, on_device[bench.name]) for bench in BENCHMARKS if bench.name in on_device]
+    lines = list(TABLE_HEAD) if measured else []
+    for bench, source in measured:
+        lines += [line.replace(f"| {source.label} |", f"| `accelerator/{source.path.name}` ({source.mode}) |")
+                  for line in headline_lines(bench, source)]
+    return lines
+
+
+def accelerator_sources(written_now: set[str] = frozenset(), since: float = 0.0) -> dict[str, Source]:
+    """Each benchmark's result in ``results/accelerator/``, where it has one."""
+    return {b.name: s for b in BENCHMARKS if b.on_accelerator and (s := load_source(
+        b, written_since(ACCELERATOR_RESULTS, written_now, since), ACCELERATOR_RESULTS)) is not None}
 
 
 def written_since(folder: Path, stems: set[str], since: float) -> set[str]:
@@ -489,8 +502,7 @@ def write_report(outcomes: list[Outcome], written_now: set[str], invocation: str
     folder it was written to."""
     sources = {b.name: s for b in BENCHMARKS
                if (s := load_source(b, written_since(RESULTS, written_now, since))) is not None}
-    on_device = {b.name: s for b in BENCHMARKS if b.on_accelerator and (s := load_source(
-        b, written_since(ACCELERATOR_RESULTS, written_now, since), ACCELERATOR_RESULTS)) is not None}
+    on_device = accelerator_sources(written_now, since)
     lines = ["# Benchmark report", "",
              f"Written by `{invocation}` (see `benchmarks/run.py`). Figures are from the JSON files in",
              "`benchmarks/results/` named in the last column; each says whether its run was `--quick`",

@@ -2,7 +2,7 @@
 
 The table is the benchmark report's own (``benchmarks/run.py``: every benchmark's headline
 rows, each stored in its JSON by the benchmark script), followed by when each file was
-written. The page holds the marker ``<!-- benchmark-results -->`` where they go, so no
+written, then the rows of the results measured on an accelerator. The page holds the marker ``<!-- benchmark-results -->`` where they go, so no
 number on it is copied by hand.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # MkDocs loads a hook by its path: the repository is not on sys.path
 
-from benchmarks.run import BENCHMARKS, load_source, table  # noqa: E402
+from benchmarks.run import BENCHMARKS, accelerator_figures, accelerator_sources, load_source, table  # noqa: E402
 
 MARKER = "<!-- benchmark-results -->"
 
@@ -23,7 +23,11 @@ def results_table() -> str:
     sources = {b.name: s for b in BENCHMARKS if (s := load_source(b, set())) is not None}
     dates = ["| file | mode | written |", "| --- | --- | --- |"]
     dates += [f"| `{s.path.name}` | {s.mode} | {s.written} |" for s in sources.values()]
-    return "\n".join([*table(sources), "", *dates])
+    on_device = accelerator_sources()
+    measured = ["", "### Measured on an accelerator", "",
+                "Each file's `machine` names the device, its host CPU and cores:", "",
+                *accelerator_figures(on_device)] if on_device else []
+    return "\n".join([*table(sources), "", *dates, *measured])
 
 
 def on_page_markdown(markdown: str, **_) -> str:
