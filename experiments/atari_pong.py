@@ -3,6 +3,7 @@
     python -m experiments.atari_pong [--dry-run] [--lines a2c,preferences,acer,dqn] [--runs-dir runs/atari_pong]
     python -m experiments.atari_pong --report
     python -m experiments.atari_pong --pack [--runs-dir runs/atari_pong]
+    python -m experiments.atari_pong --lines a2c --hours 2.5   # a stretch, then --pack
 
 The design below (:data:`LINES`, :data:`ENV_STEPS`, the seeds and the targets) was fixed and
 committed before any of its runs. Each line is the paper's config, every setting the paper's:
@@ -42,7 +43,8 @@ checkpointed every chunk of 50,000 env steps: the same command goes on from the 
 checkpoint after a stop, and skips runs the ledger holds
 (:func:`experiments.reproduce.execute`). On another machine it goes on from
 ``experiments/results/atari_pong_unfinished.tar.gz``, which ``--pack`` writes with each unfinished
-run's newest checkpoint (:mod:`experiments.carry`). Each finished run goes into
+run's newest checkpoint (:mod:`experiments.carry`); ``--hours H`` stops after H hours, where
+the run's state is whole, and packs, for a machine lent for a while. Each finished run goes into
 ``experiments/results/atari_pong_runs.json`` with its command, commit and host, and each
 attempt's host (a run carried to another machine has several), and the report is written again: ``atari_pong.json`` (per line each seed's final score, env steps and
 hours, the targets) and ``atari_pong.png`` (per line the true score against env steps and
@@ -52,8 +54,12 @@ remaining run's ``rlhf-jax train`` command and its expected wall time on this CP
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import NamedTuple
@@ -230,7 +236,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pack", action="store_true",
                         help=f"write the runs begun but not finished (of every line), each with its newest "
                              f"checkpoint, into {shown(UNFINISHED)} for another machine to go on from; run nothing")
+    parser.add_argument("--hours", type=float, default=0.0,
+                        help="stop after this many hours where the run's state is whole (as SIGTERM does), then "
+                             "--pack: a stretch on a machine lent for a while; 0: run to the end")
     args = parser.parse_args(argv)
+    if args.hours < 0:
+        raise SystemExit(f"--hours: {args.hours:g} is negative; give the hours to run, or 0 for no limit")
     names = args.lines.split(",") if args.lines else list(LINE_NAMES)
     unknown = [name for name in names if name not in LINE_NAMES]
     if unknown:
@@ -243,11 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     # First, so that --pack rewrites the archive with the runs it carried that this machine lacked.
     for run_dir in unpack_unfinished(UNFINISHED, runs_dir):
         print(f"{run_dir}: carried over from {shown(UNFINISHED)}; goes on from its checkpoint", flush=True)
-    if args.pack:  # every line's: the archive is rewritten whole
-        begun = [Path(config.run.dir) for _, config in runs_to_do(plan(list(LINES)), load_ledger(LEDGER), runs_dir,
-                                                                  ENV_STEPS)]
-        packed = pack_unfinished(begun, runs_dir, UNFINISHED)  # those without a checkpoint are passed over
-        print(f"{shown(UNFINISHED)}: {len(packed)} unfinished runs" + "".join(f"\n  {p}" for p in packed))
+    if args.pack:
+        pack(runs_dir)
         return
     if args.dry_run:
         for run, config in runs_to_do(runs, load_ledger(LEDGER), runs_dir, ENV_STEPS):
@@ -257,12 +265,43 @@ def main(argv: list[str] | None = None) -> None:
         return
     enable_compilation_cache()
     provenance = {"command": command_line("experiments.atari_pong", argv), **git_commit(), **cpu_host()}
+    with stopped_after(args.hours):
+        try:
+            execute(runs, LEDGER, runs_dir, ENV_STEPS, after_run=publish, provenance=provenance)
+        except (Interrupted, KeyboardInterrupt):
+            print("stopped: the same command goes on from the newest checkpoint", flush=True)
+        except ConfigError as error:
+            raise SystemExit(f"error: {error}") from None
+    if args.hours:
+        pack(runs_dir)
+
+
+def pack(runs_dir: Path) -> None:
+    """Every line's runs begun but not finished into :data:`UNFINISHED`, rewritten whole."""
+    begun = [Path(config.run.dir) for _, config in runs_to_do(plan(list(LINES)), load_ledger(LEDGER), runs_dir,
+                                                              ENV_STEPS)]
+    packed = pack_unfinished(begun, runs_dir, UNFINISHED)  # those without a checkpoint are passed over
+    print(f"{shown(UNFINISHED)}: {len(packed)} unfinished runs" + "".join(f"\n  {p}" for p in packed), flush=True)
+
+
+@contextlib.contextmanager
+def stopped_after(hours: float):
+    """SIGTERM to this process once ``hours`` have passed (0: never). A run in training stops
+    after its chunk in flight and saves it (:class:`rlhf_jax.run_control.StopRequests`); between
+    runs the signal raises :class:`Interrupted` here, where nothing is in flight."""
+    def between_runs(number, frame):
+        raise Interrupted(number, "stopped between runs")
+
+    previous = signal.signal(signal.SIGTERM, between_runs)
+    timer = threading.Timer(hours * 3600, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.daemon = True
+    if hours:
+        timer.start()
     try:
-        execute(runs, LEDGER, runs_dir, ENV_STEPS, after_run=publish, provenance=provenance)
-    except (Interrupted, KeyboardInterrupt):
-        print("stopped: the same command goes on from the newest checkpoint", flush=True)
-    except ConfigError as error:
-        raise SystemExit(f"error: {error}") from None
+        yield
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

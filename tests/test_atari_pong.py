@@ -2,7 +2,9 @@
 hand-made ledgers (no training here)."""
 import math
 import shutil
+import signal
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -125,6 +127,29 @@ def test_pack_carries_each_unfinished_run_with_only_its_newest_checkpoint(tmp_pa
     (labels_dir / "config.yaml").write_text("agent: a2c\n")
     atari_pong.main(["--runs-dir", str(runs_dir), "--pack"])
     assert not archive.exists()
+
+
+def test_a_stretch_of_so_many_hours_stops_then_packs_its_runs(tmp_path, monkeypatch, capsys):
+    """``--hours``: SIGTERM once the hours have passed (here half a second), which stops the run
+    in flight as Ctrl-C would (here a stand-in waiting for it), then the runs go into the archive."""
+    archive, runs_dir = tmp_path / "unfinished.tar.gz", tmp_path / "runs"
+    monkeypatch.setattr(atari_pong, "UNFINISHED", archive)
+    run_dir = Path(run_config(plan(list(LINES))[0], atari_pong.ENV_STEPS, 0, runs_dir).run.dir)
+    _begun_run(run_dir, [4])
+
+    def training(*args, **kwargs):  # stands in for execute: trains until a signal stops it
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        pytest.fail("--hours sent no signal")
+
+    monkeypatch.setattr(atari_pong, "execute", training)
+    before = signal.getsignal(signal.SIGTERM)
+    atari_pong.main(["--lines", "a2c", "--runs-dir", str(runs_dir), "--hours", str(0.5 / 3600)])
+    out = capsys.readouterr().out
+    assert "stopped: the same command goes on" in out and "1 unfinished runs" in out
+    assert signal.getsignal(signal.SIGTERM) is before  # this process's handler as it was
+    assert unpack_unfinished(archive, tmp_path / "elsewhere") == [tmp_path / "elsewhere" / run_dir.relative_to(runs_dir)]
 
 
 def test_an_archive_member_outside_the_runs_folder_is_refused_and_nothing_unpacked(tmp_path):
