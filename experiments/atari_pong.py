@@ -46,8 +46,9 @@ checkpoint after a stop, and skips runs the ledger holds
 run's newest checkpoint (:mod:`experiments.carry`); ``--hours H`` stops after H hours, where
 the run's state is whole, and packs, for a machine lent for a while. Each finished run goes into
 ``experiments/results/atari_pong_runs.json`` with its command, commit and host, and each
-attempt's host (a run carried to another machine has several), and the report is written again: ``atari_pong.json`` (per line each seed's final score, env steps and
-hours, the targets) and ``atari_pong.png`` (per line the true score against env steps and
+attempt's host (a run carried to another machine has several), and the report is written
+again: ``atari_pong.json`` (per line each seed's final score, env steps and hours, the hosts,
+the targets) and ``atari_pong.png`` (per line the true score against env steps and
 against the hours of training, each seed thin, the mean bold). ``--dry-run`` prints each
 remaining run's ``rlhf-jax train`` command and its expected wall time on this CPU.
 """
