@@ -346,8 +346,8 @@ TABLE_HEAD = ["| section | metric | ours | peer or raw | ratio | target | met? |
               "| --- | --- | ---: | ---: | ---: | --- | --- | --- |"]
 
 
-def headline_lines(bench: Benchmark, source: Source) -> list[str]:
-    """``source``'s headline rows as lines of the table."""
+def headline_lines(bench: Benchmark, source: Source, label: str = "") -> list[str]:
+    """``source``'s headline rows as lines of the table; ``label`` names the file (its own label unless given)."""
     if source.headline is None:
         return [f"| {bench.section} | `{source.path.name}` has no headline rows: "
                 "`python -m benchmarks.run --backfill-headlines` | | | | | | |"]
@@ -355,7 +355,7 @@ def headline_lines(bench: Benchmark, source: Source) -> list[str]:
     for row in source.headline:
         target, met = target_cells(row.target)
         lines.append(f"| {bench.section} | {row.what} | {fmt(row.ours)} | {fmt(row.peer)} | {fmt(row.ratio)} "
-                     f"| {target} | {met} | {source.label} |")
+                     f"| {target} | {met} | {label or source.label} |")
     return lines
 
 
@@ -480,8 +480,7 @@ def accelerator_figures(on_device: dict[str, Source]) -> list[str]:
     measured = [(bench, on_device[bench.name]) for bench in BENCHMARKS if bench.name in on_device]
     lines = list(TABLE_HEAD) if measured else []
     for bench, source in measured:
-        lines += [line.replace(f"| {source.label} |", f"| `accelerator/{source.path.name}` ({source.mode}) |")
-                  for line in headline_lines(bench, source)]
+        lines += headline_lines(bench, source, f"`accelerator/{source.path.name}` ({source.mode})")
     return lines
 
 
