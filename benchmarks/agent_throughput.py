@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import (Headline, Side, Target, compiled_chunk, enable_compilation_cache, parse_parts, ratio,
+from benchmarks.common import (Headline, Side, Target, compiled_chunk, enable_compilation_cache, on_cpu, parse_parts, ratio,
                                side_by_side, stacked_runners, steps_per_second, write_result)
 from benchmarks.env_throughput import envpool_python_side
 from rlhf_jax import replay
@@ -453,7 +453,8 @@ def headline(result: dict) -> list[Headline]:
                  r.get("sb3_pong_network_steps_per_s"), r.get("a2c_pong_network_over_sb3")),
         Headline(f"A2C Pong training env steps/s vs raw EnvPool stepping ({r['pong_envs']} envs)",
                  r["a2c_pong_steps_per_s"], r["envpool_pong_raw_steps_per_s"], r["a2c_pong_over_raw_env"],
-                 Target.on(r, "a2c_pong_over_raw_env", ">=", 0.8)),  # the target is for CPU
+                 # A CPU's target: there the network and the pool share the cores.
+                 Target.on(r, "a2c_pong_over_raw_env", ">=", 0.8) if on_cpu(r) else None),
     ]
     for agent, task in (("a2c", "CartPole"), ("dqn", "CartPole"), ("acer", "CartPole"), ("trpo", "Pendulum")):
         one, many = (r.get(f"{agent}_{task.lower()}_{seeds}seeds_steps_per_s") for seeds in (1, 64))

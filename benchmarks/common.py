@@ -240,6 +240,12 @@ def results_folder() -> Path:
     return RESULTS if jax.default_backend() == "cpu" else RESULTS / "accelerator"
 
 
+def on_cpu(result: dict) -> bool:
+    """Whether ``result`` was measured with JAX on a CPU (results written before ``machine`` was
+    stored were)."""
+    return result.get("machine", {}).get("device", "cpu").startswith("cpu")
+
+
 def with_headline(result: dict, headline: Callable[[dict], list[Headline]]) -> dict:
     """``result`` with its headline rows, made from ``result`` itself, under the key ``"headline"``."""
     return {**result, "headline": [row.to_json() for row in headline(result)]}

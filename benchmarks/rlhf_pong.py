@@ -30,7 +30,7 @@ from pathlib import Path
 
 import jax
 
-from benchmarks.common import Headline, enable_compilation_cache, write_result
+from benchmarks.common import Headline, enable_compilation_cache, on_cpu, write_result
 from benchmarks.rlhf_overhead import xla_flops
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.driver import Driver
@@ -134,7 +134,7 @@ def headline(result: dict) -> list[Headline]:
     ]
     # On a GPU, XLA's cost analysis leaves out the convolutions cuDNN computes (it counts about
     # the dense layers' share of A2C's arithmetic there): the count is arithmetic on a CPU only.
-    if r.get("machine", {}).get("device", "cpu").startswith("cpu"):
+    if on_cpu(r):
         rows.append(Headline(
             "Arithmetic per env step (XLA cost analysis, flops): the reward CNN's fitting vs A2C's iteration (Pong)",
             r["flops_per_env_step_fitting"], r["flops_per_env_step_a2c"],
