@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"write the runs begun but not finished (of every line), each with its newest "
                              f"checkpoint, into {shown(UNFINISHED)} for another machine to go on from; run nothing")
     parser.add_argument("--hours", type=float, default=0.0,
-                        help="stop after this many hours where the run's state is whole (as SIGTERM does), then "
-                             "--pack: a stretch on a machine lent for a while; 0: run to the end")
+                        help="stop after this many hours where the run's state is whole (as SIGTERM does; "
+                             "between runs, the command stops), then --pack: a stretch on a machine lent for a "
+                             "while; 0: run to the end")
     args = parser.parse_args(argv)
     if args.hours < 0:
         raise SystemExit(f"--hours: {args.hours:g} is negative; give the hours to run, or 0 for no limit")
@@ -290,14 +291,17 @@ def stopped_after(hours: float):
     """SIGTERM to this process once ``hours`` have passed (0: never). A run in training stops
     after its chunk in flight and saves it (:class:`rlhf_jax.run_control.StopRequests`); between
     runs the signal raises :class:`Interrupted` here, where nothing is in flight."""
+    if not hours:
+        yield
+        return
+
     def between_runs(number, frame):
         raise Interrupted(number, "stopped between runs")
 
     previous = signal.signal(signal.SIGTERM, between_runs)
     timer = threading.Timer(hours * 3600, lambda: os.kill(os.getpid(), signal.SIGTERM))
     timer.daemon = True
-    if hours:
-        timer.start()
+    timer.start()
     try:
         yield
     finally:
