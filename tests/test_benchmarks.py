@@ -292,3 +292,11 @@ def test_the_pong_training_over_raw_stepping_target_is_a_cpus():
               "envpool_pong_raw_steps_per_s": 16233.4, "a2c_pong_over_raw_env": 0.6796}
     row = lambda device: headline({**result, "machine": {"device": device}})[3]  # noqa: E731
     assert row("cpu:cpu").target.met is False and row("gpu:NVIDIA H100 80GB HBM3").target is None
+
+
+def test_env_throughput_rows_are_those_of_the_parts_measured():
+    """``--only-mjx`` (MJX's Hopper alone, where EnvPool cannot load) writes a result whose one row is MJX's."""
+    from benchmarks.env_throughput import headline
+
+    [row] = headline({"quick": True, "mjx_hopper_envs": 64, "mjx_hopper_steps_per_s": 123456.0})
+    assert row.what == "Hopper env steps/s, MJX (64 envs)" and row.ours == 123456.0
