@@ -183,7 +183,7 @@ def headline(result: dict) -> list[Headline]:
     """The report's rows: each back end beside its raw one, with the module docstring's targets."""
     r = result
     rows = []
-    if "envpool_xla_over_python" in r:  # not measured by --only-mjx, nor the two rows below
+    if "envpool_xla_over_python" in r:  # the EnvPool and gymnax parts, which --only-mjx leaves out
         rows += [
             Headline(f"Pong env steps/s, our EnvPool XLA wrapper in a jitted scan vs EnvPool's Python loop "
                      f"({r['atari_envs']} envs)",
