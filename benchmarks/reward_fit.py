@@ -179,8 +179,8 @@ def torch_cnn_twin(config: ensemble.RewardModelConfig, capacity: int) -> Side | 
     then 64 leaky-ReLU units and one output; the returns' Bradley-Terry loss with the 10%
     random answer, plus l2 on the kernels; one Adam step. Frames are uint8 stacks stored whole
     in torch's channel-first layout (ours rebuilds each stack from frames stored once, which
-    costs it a gather). Initialisation is torch's default: it does not change the time. On a GPU
-    where torch sees one, as ours runs on JAX's default device.
+    costs it a gather). Initialisation is torch's default: it does not change the time. It runs
+    on a GPU where torch sees one, as ours runs on JAX's default device.
     """
     try:
         import torch

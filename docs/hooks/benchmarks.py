@@ -2,8 +2,8 @@
 
 The table is the benchmark report's own (``benchmarks/run.py``: every benchmark's headline
 rows, each stored in its JSON by the benchmark script), followed by when each file was
-written, then the rows of the results measured on an accelerator. The page holds the marker ``<!-- benchmark-results -->`` where they go, so no
-number on it is copied by hand.
+written, then the rows of the results measured on an accelerator. The page holds the marker
+``<!-- benchmark-results -->`` where they go, so no number on it is copied by hand.
 """
 from __future__ import annotations
 
