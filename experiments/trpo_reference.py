@@ -67,7 +67,7 @@ import numpy as np
 from benchmarks.common import command_line, cpu_host
 from experiments.common import RESULTS
 from experiments.protocol import fingerprint
-from experiments.reproduce import (PAPER, final_return, git_commit, load_ledger, run_or_resume_sweep, run_timed,
+from experiments.reproduce import (PAPER, attempts_of, final_return, git_commit, load_ledger, run_or_resume_sweep, run_timed,
                                   save_json)
 
 POINTS = 25
@@ -183,7 +183,8 @@ def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed
                         "variant": variant_name(overrides, as_reference), "control_cost": control_cost,
                         "episode_return": curve,
                         "final_return": final_return(curve), "config": f"configs/paper/mujoco/{task}_trpo.yaml",
-                        "overrides": keys, "fingerprint": tag, "seconds_all_seeds": round(seconds, 1)})
+                        "overrides": keys, "fingerprint": tag, "seconds_all_seeds": round(seconds, 1),
+                        "attempts": attempts_of(directory)})
     return records
 
 

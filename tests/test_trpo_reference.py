@@ -291,3 +291,14 @@ def test_our_run_on_changed_code_supersedes_the_old_record_in_the_report_and_kee
     assert ours["superseded"]["ant/old/seed0"]["superseded_by"] == "new"
     row = trpo_reference.report()["seed_blocks"]["0"]["as configured"]["tasks"]["ant"]
     assert sorted(row["ours_per_seed"]) == [200.0, 300.0]
+
+
+def test_a_run_of_ours_names_each_attempts_host(tmp_path, monkeypatch):
+    """Our side's sweep, resumable like the figures' cells, keeps each attempt's host in its records."""
+    import test_reproduce_cpu
+
+    monkeypatch.setattr(trpo_reference, "RUNS", tmp_path)
+    monkeypatch.setattr(trpo_reference, "run_or_resume_sweep", test_reproduce_cpu.fake_sweep([]))
+    records = trpo_reference.run_ours("hopper", 10_000, 2, [])
+    assert [r["seed"] for r in records] == [0, 1]
+    assert all(len(r["attempts"]) == 1 and r["attempts"][0]["cpu"] for r in records)
