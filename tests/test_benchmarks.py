@@ -294,6 +294,32 @@ def test_the_pong_training_over_raw_stepping_target_is_a_cpus():
     assert row("cpu:cpu").target.met is False and row("gpu:NVIDIA H100 80GB HBM3").target is None
 
 
+def test_env_throughput_only_mjx_keeps_the_stored_results_mode(tmp_path, monkeypatch):
+    """``--only-mjx --quick`` merged into a full stored result leaves the file's ``quick`` (its
+    EnvPool and gymnax parts' mode) as it was, records MJX's own, and its row says so; with no
+    stored result, the file's mode is MJX's."""
+    import sys
+
+    from benchmarks import common, env_throughput
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(env_throughput, "make", lambda config: config)
+    monkeypatch.setattr(env_throughput, "measure_scan", lambda env, steps, repeats: 500.0)
+    monkeypatch.setattr(sys, "argv", ["env_throughput", "--only-mjx", "--quick"])
+    env_throughput.main()
+    alone = json.loads((tmp_path / "env_throughput.json").read_text())
+    assert alone["quick"] is True and alone["mjx_hopper_quick"] is True
+
+    full = {"quick": False, "atari_envs": 8, "mjx_hopper_envs": 256,
+            "mjx_hopper_steps_per_s": 900.0, "mjx_hopper_quick": False}
+    (tmp_path / "env_throughput.json").write_text(json.dumps(full))
+    env_throughput.main()
+    merged = json.loads((tmp_path / "env_throughput.json").read_text())
+    assert merged["quick"] is False and merged["atari_envs"] == 8
+    assert merged["mjx_hopper_quick"] is True and merged["mjx_hopper_steps_per_s"] == 500.0
+    assert merged["headline"][-1]["what"] == "Hopper env steps/s, MJX (64 envs --quick)"
+
+
 def test_env_throughput_rows_are_those_of_the_parts_measured():
     """``--only-mjx`` (MJX's Hopper alone, where EnvPool cannot load) writes a result whose one row is MJX's."""
     from benchmarks.env_throughput import headline
