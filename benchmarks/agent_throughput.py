@@ -308,47 +308,11 @@ def sb3_network_side(config: a2c.A2CConfig, vec_env, updates: int) -> Side | str
 
 
 def envpool_vec_env(task: str, num_envs: int):
-    """EnvPool's ``task`` as an SB3 ``VecEnv`` (SB3 cannot take EnvPool's gymnasium pool as it is).
+    """EnvPool's ``task`` as an SB3 ``VecEnv`` (:mod:`benchmarks.sb3_envpool`), its rewards unclipped
+    as ours are."""
+    from benchmarks.sb3_envpool import EnvPoolVecEnv
 
-    EnvPool resets a finished environment on its next step rather than the same one, so an
-    episode's last observation comes one step late: a throughput benchmark's approximation,
-    not a training setup."""
-    import envpool
-    from stable_baselines3.common.vec_env import VecEnv
-
-    class EnvPoolVecEnv(VecEnv):
-        def __init__(self):
-            self.pool = envpool.make(task, env_type="gymnasium", num_envs=num_envs, seed=0, reward_clip=False)
-            super().__init__(num_envs, self.pool.observation_space, self.pool.action_space)
-
-        def reset(self):
-            return self.pool.reset()[0]
-
-        def step_async(self, actions):
-            self.actions = actions
-
-        def step_wait(self):
-            obs, reward, terminated, truncated, _ = self.pool.step(np.asarray(self.actions))
-            done = terminated | truncated
-            infos = [{"terminal_observation": obs[i]} if done[i] else {} for i in range(num_envs)]
-            return obs, reward.astype(np.float32), done, infos
-
-        def close(self):
-            self.pool.close()
-
-        def get_attr(self, name, indices=None):
-            return [getattr(self, name)] * len(self._get_indices(indices))
-
-        def set_attr(self, name, value, indices=None):
-            setattr(self, name, value)
-
-        def env_method(self, name, *args, indices=None, **kwargs):
-            return [None] * len(self._get_indices(indices))
-
-        def env_is_wrapped(self, wrapper_class, indices=None):
-            return [False] * len(self._get_indices(indices))
-
-    return EnvPoolVecEnv()
+    return EnvPoolVecEnv(task, num_envs, seed=0, reward_clip=False)
 
 
 PARTS = ("seeds", "sb3_cartpole", "pong", "atari_gradients")

@@ -23,7 +23,7 @@ cost; each side's records say which, and the report keeps the two apart):
   epochs), on Gymnasium's ``<Task>-v5``, torch on one thread, or with ``--reference-overrides``
   in place of the zoo's (``gamma=0.995 gae_lambda=0.97``: the paper's, as the figure's agent
   has them), recorded as another variant of the reference; with ``--reference-on envpool``, on
-  EnvPool's ``<Task>-v5``, the task ours plays (:mod:`experiments.sb3_envpool`), its own variant
+  EnvPool's ``<Task>-v5``, the task ours plays (:mod:`benchmarks.sb3_envpool`), its own variant
   too. Needs the ``peers`` extra and ``sb3-contrib`` and ``rl_zoo3``.
 
 **The two bound different KLs.** sb3-contrib's TRPO (2.9.2) takes the mean of
@@ -262,13 +262,13 @@ SIMULATORS = ("gymnasium", "envpool")  # whose <Task>-v5 the reference plays; ou
 
 def reference_env(task: str, n_envs: int, seed: int, control_cost: bool = True, simulator: str = "gymnasium"):
     """``<Task>-v5`` in ``n_envs`` copies, Gymnasium's (each copy in a ``Monitor``) or EnvPool's,
-    the task ours plays (:mod:`experiments.sb3_envpool`, in a ``VecMonitor``); without the control
+    the task ours plays (:mod:`benchmarks.sb3_envpool`, in a ``VecMonitor``); without the control
     cost, the task as figure 2 scores it (appendix A.1; every v5 task names its weight so)."""
     options = {} if control_cost else {"ctrl_cost_weight": 0.0}
     if simulator == "envpool":
         from stable_baselines3.common.vec_env import VecMonitor
 
-        from experiments.sb3_envpool import EnvPoolVecEnv
+        from benchmarks.sb3_envpool import EnvPoolVecEnv
 
         return VecMonitor(EnvPoolVecEnv(f"{TASKS[task]}-v5", n_envs, seed, **options))
     from stable_baselines3.common.env_util import make_vec_env
