@@ -3,9 +3,10 @@
 A run longer than a machine is kept (Pong's, hours each) goes on elsewhere from one archive:
 :func:`pack_unfinished` puts each unfinished run's directory into it with only its newest
 checkpoint (``checkpoints/<chunk>``, the highest whole one; about 10 MB for the Nature CNN and
-its optimiser), and :func:`unpack_unfinished` puts back the runs the machine lacks, so that the
-experiment's own command goes on from that checkpoint (its wall seconds and metrics carried
-with it). A run present on the machine is never overwritten: its own checkpoints are newer.
+its optimiser), and :func:`unpack_unfinished` puts back the runs the machine lacks or holds
+only at an older checkpoint, so that the experiment's own command goes on from the newest
+(its wall seconds and metrics carried with it). A machine's run as new as the archive's, or
+newer, is left as it is.
 """
 from __future__ import annotations
 
@@ -45,21 +46,36 @@ def pack_unfinished(run_dirs: list[Path], runs_dir: Path, archive: Path) -> list
     return packed
 
 
+def chunk_number(path: Path) -> int:
+    """The chunk a checkpoint folder holds (-1 for none): its bare number."""
+    return int(path.name) if path is not None and path.name.isdigit() else -1
+
+
+def carried_chunk(members: list[tarfile.TarInfo], run: Path) -> int:
+    """The newest chunk the archive holds of ``run`` (-1 for none)."""
+    inside = [Path(m.name).relative_to(run).parts for m in members if run in Path(m.name).parents]
+    return max((int(parts[1]) for parts in inside if len(parts) > 1 and parts[0] == CHECKPOINTS
+                and parts[1].isdigit()), default=-1)
+
+
 def unpack_unfinished(archive: Path, runs_dir: Path) -> list[Path]:
     """Put back into ``runs_dir`` each run of ``archive`` that it lacks (no ``config.yaml``
-    there); returns those run directories. A member that would land outside ``runs_dir``
-    (an absolute path, ``..``, a link out) is refused with a :class:`ConfigError`."""
+    there) or holds at an older checkpoint than the archive's (a machine that ran it before
+    another machine took it further): its files replaced by the archive's, its checkpoints
+    joined by the newer one. Returns those run directories. A member that would land outside
+    ``runs_dir`` (an absolute path, ``..``, a link out) is refused with a :class:`ConfigError`."""
     if not archive.exists():
         return []
     with tarfile.open(archive, "r:gz") as tar:
         members = tar.getmembers()
         runs = {Path(m.name).parent for m in members if Path(m.name).name == "config.yaml"}
-        missing = {run for run in runs if not (runs_dir / run / "config.yaml").exists()}
-        wanted = [m for m in members if any(run in Path(m.name).parents for run in missing)]
+        behind = {run for run in runs if not (runs_dir / run / "config.yaml").exists()
+                  or chunk_number(newest_checkpoint(runs_dir / run)) < carried_chunk(members, run)}
+        wanted = [m for m in members if any(run in Path(m.name).parents for run in behind)]
         try:  # every member checked before any is written
             for member in members:
                 tarfile.data_filter(member, str(runs_dir))
         except tarfile.FilterError as error:
             raise ConfigError(f"{archive}: {error}; nothing of it is used") from None
         tar.extractall(runs_dir, members=wanted, filter="data")
-    return sorted(runs_dir / run for run in missing)
+    return sorted(runs_dir / run for run in behind)

@@ -113,10 +113,20 @@ def test_pack_carries_each_unfinished_run_with_only_its_newest_checkpoint(tmp_pa
     assert sorted(p.name for p in (carried / "checkpoints").iterdir()) == ["10"]
     assert (carried / "checkpoints" / "10" / "default" / "array").read_text() == "chunk 10"
     assert (carried / "wall_seconds.txt").read_text() == "3600.0\n"
-    # A run the machine has is its own, newer: never overwritten.
+    # A run the machine holds as new as the archive's, or newer, is left as it is.
     (carried / "wall_seconds.txt").write_text("7200.0\n")
     assert unpack_unfinished(archive, elsewhere) == []
     assert (carried / "wall_seconds.txt").read_text() == "7200.0\n"
+    (carried / "checkpoints" / "11").mkdir()
+    assert unpack_unfinished(archive, elsewhere) == []
+    # A machine that ran it before another took it further: the archive's newer checkpoint and
+    # files replace what it holds, its older checkpoints stay beside them.
+    shutil.rmtree(carried / "checkpoints" / "11")
+    shutil.rmtree(carried / "checkpoints" / "10")
+    _begun_run(carried, [4])
+    assert unpack_unfinished(archive, elsewhere) == [carried]
+    assert sorted(p.name for p in (carried / "checkpoints").iterdir() if p.name.isdigit()) == ["10", "4"]
+    assert (carried / "wall_seconds.txt").read_text() == "3600.0\n"
     # --pack on a machine that lacks the run (another runs folder) carries it on, not drops it.
     atari_pong.main(["--runs-dir", str(tmp_path / "fresh"), "--pack"])
     third = tmp_path / "third"
@@ -125,6 +135,8 @@ def test_pack_carries_each_unfinished_run_with_only_its_newest_checkpoint(tmp_pa
     shutil.rmtree(run_dir / "checkpoints")
     labels_dir.mkdir(parents=True)
     (labels_dir / "config.yaml").write_text("agent: a2c\n")
+    with tarfile.open(archive, "w:gz"):  # an archive of runs no longer begun anywhere
+        pass
     atari_pong.main(["--runs-dir", str(runs_dir), "--pack"])
     assert not archive.exists()
 
