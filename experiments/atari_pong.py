@@ -50,12 +50,14 @@ attempt's host (a run carried to another machine has several), and the report is
 again: ``atari_pong.json`` (per line each seed's final score, env steps and hours, the hosts,
 the targets) and ``atari_pong.png`` (per line the true score against env steps and
 against the hours of training, each seed thin, the mean bold). ``--dry-run`` prints each
-remaining run's ``rlhf-jax train`` command and its expected wall time on this CPU.
+remaining run's ``rlhf-jax train`` command, how far a begun one has come, and its expected
+wall time left on this CPU.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import math
 import os
 import signal
@@ -118,6 +120,13 @@ def plan(lines: list[Line]) -> list[Run]:
     most = max(len(line.seeds) for line in lines)
     return [Run(TASK, line.title, line.kind, line.seeds[index], line.config, line.overrides)
             for index in range(most) for line in lines if index < len(line.seeds)]
+
+
+def env_steps_done(run_dir: Path) -> float:
+    """The env steps a begun run has trained: its metrics' last row (0 for a run not begun)."""
+    path = run_dir / "metrics.csv"
+    rows = list(csv.DictReader(path.read_text().splitlines())) if path.exists() else []
+    return float(rows[-1]["env_steps"]) if rows else 0.0
 
 
 def expected_hours(line: Line) -> float:
@@ -262,7 +271,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         for run, config in runs_to_do(runs, load_ledger(LEDGER), runs_dir, ENV_STEPS):
             line = next(line for line in lines if line.title == run.line)
-            print(f"# {run.line}, seed {run.seed}: about {_duration(expected_hours(line) * 3600)} on this CPU")
+            done = env_steps_done(Path(config.run.dir))
+            begun = f"begun, {done / 1e6:.2f}M of {ENV_STEPS / 1e6:g}M env steps; " if done else ""
+            left = expected_hours(line) * 3600 * (1 - done / ENV_STEPS)
+            print(f"# {run.line}, seed {run.seed}: {begun}about {_duration(left)} left on this CPU")
             print(run_command(run, config))
         return
     enable_compilation_cache()

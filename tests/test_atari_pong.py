@@ -12,7 +12,7 @@ import pytest
 from experiments import atari_pong
 from experiments.atari_pong import LINES, final_score, hours_of, plan, report
 from experiments.carry import unpack_unfinished
-from experiments.reproduce import run_config
+from experiments.reproduce import _duration, run_config
 from rlhf_jax.errors import ConfigError
 
 
@@ -139,6 +139,20 @@ def test_pack_carries_each_unfinished_run_with_only_its_newest_checkpoint(tmp_pa
         pass
     atari_pong.main(["--runs-dir", str(runs_dir), "--pack"])
     assert not archive.exists()
+
+
+def test_the_dry_run_says_how_far_a_begun_run_has_come(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(atari_pong, "UNFINISHED", tmp_path / "none.tar.gz")
+    monkeypatch.setattr(atari_pong, "LEDGER", tmp_path / "ledger.json")
+    runs_dir = tmp_path / "runs"
+    run_dir = Path(run_config(plan(list(LINES))[0], atari_pong.ENV_STEPS, 0, runs_dir).run.dir)
+    _begun_run(run_dir, [49])
+    (run_dir / "metrics.csv").write_text("env_steps,episodes\n2450000.0,30\n2500000.0,31\n")
+    atari_pong.main(["--lines", "a2c", "--runs-dir", str(runs_dir), "--dry-run"])
+    out = capsys.readouterr().out.splitlines()
+    hours = atari_pong.expected_hours(LINES[0])
+    assert out[0] == f"# A2C on the score, seed 100: begun, 2.50M of 10M env steps; about {_duration(0.75 * hours * 3600)} left on this CPU"
+    assert out[2] == f"# A2C on the score, seed 101: about {_duration(hours * 3600)} left on this CPU"
 
 
 def test_a_stretch_of_so_many_hours_stops_then_packs_its_runs(tmp_path, monkeypatch, capsys):
