@@ -222,6 +222,8 @@ def plot(ledger: dict, path: Path) -> None:
                 ax.set_ylabel("true score (episode return)")
             if records:
                 ax.legend(fontsize=7)
+            else:
+                ax.text(0.5, 0.5, "no run finished yet", transform=ax.transAxes, ha="center", color="gray")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
