@@ -68,14 +68,14 @@ def unpack_unfinished(archive: Path, runs_dir: Path) -> list[Path]:
         return []
     with tarfile.open(archive, "r:gz") as tar:
         members = tar.getmembers()
-        runs = {Path(m.name).parent for m in members if Path(m.name).name == "config.yaml"}
-        behind = {run for run in runs if not (runs_dir / run / "config.yaml").exists()
-                  or chunk_number(newest_checkpoint(runs_dir / run)) < carried_chunk(members, run)}
-        wanted = [m for m in members if any(run in Path(m.name).parents for run in behind)]
-        try:  # every member checked before any is written
+        try:  # every member checked before any is read or written
             for member in members:
                 tarfile.data_filter(member, str(runs_dir))
         except tarfile.FilterError as error:
             raise ConfigError(f"{archive}: {error}; nothing of it is used") from None
+        runs = {Path(m.name).parent for m in members if Path(m.name).name == "config.yaml"}
+        behind = {run for run in runs if not (runs_dir / run / "config.yaml").exists()
+                  or chunk_number(newest_checkpoint(runs_dir / run)) < carried_chunk(members, run)}
+        wanted = [m for m in members if any(run in Path(m.name).parents for run in behind)]
         tar.extractall(runs_dir, members=wanted, filter="data")
     return sorted(runs_dir / run for run in behind)
