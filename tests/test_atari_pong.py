@@ -97,6 +97,7 @@ def _begun_run(run_dir, chunks):
 def test_pack_carries_each_unfinished_run_with_only_its_newest_checkpoint(tmp_path, monkeypatch, capsys):
     archive, runs_dir = tmp_path / "unfinished.tar.gz", tmp_path / "runs"
     monkeypatch.setattr(atari_pong, "UNFINISHED", archive)
+    monkeypatch.setattr(atari_pong, "LEDGER", tmp_path / "ledger.json")  # not the repository's finished runs
     # A2C's and the label line's seed 100, where the design's command trains them: every line's run is carried.
     run_dir, labels_dir = (Path(run_config(run, atari_pong.ENV_STEPS, 0, runs_dir).run.dir)
                            for run in plan(list(LINES))[:2])
@@ -160,6 +161,7 @@ def test_a_stretch_of_so_many_hours_stops_then_packs_its_runs(tmp_path, monkeypa
     in flight as Ctrl-C would (here a stand-in waiting for it), then the runs go into the archive."""
     archive, runs_dir = tmp_path / "unfinished.tar.gz", tmp_path / "runs"
     monkeypatch.setattr(atari_pong, "UNFINISHED", archive)
+    monkeypatch.setattr(atari_pong, "LEDGER", tmp_path / "ledger.json")  # not the repository's finished runs
     run_dir = Path(run_config(plan(list(LINES))[0], atari_pong.ENV_STEPS, 0, runs_dir).run.dir)
     _begun_run(run_dir, [4])
 
