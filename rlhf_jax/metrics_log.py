@@ -37,12 +37,15 @@ class MetricsLog:
             self.path.unlink()  # the header goes too: the next row writes it again
 
     def rows(self) -> list[dict]:
-        """Every complete row. A row cut short (the process was killed while appending it)
-        is dropped: it was written after the last checkpoint, so a resume drops it anyway."""
+        """Every complete row. A row cut short (the process was killed while appending it: its
+        line has no end, or too few fields) is dropped: it was written after the last
+        checkpoint, so a resume drops it anyway."""
         if not self.path.exists():
             return []
-        with self.path.open() as f:
-            rows = [row for row in csv.DictReader(f) if None not in row.values() and None not in row]
+        lines = self.path.read_text().splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines = lines[:-1]  # cut anywhere, even at a comma or inside a number
+        rows = [row for row in csv.DictReader(lines) if None not in row.values() and None not in row]
         return [{k: float(v) for k, v in row.items()} for row in rows]
 
     def append(self, row: dict) -> None:

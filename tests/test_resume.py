@@ -217,6 +217,22 @@ def test_a_kill_in_the_middle_of_a_metrics_row_does_not_stop_the_resume(killed_a
     assert steps == [200.0, 400.0, 600.0]
 
 
+@pytest.mark.parametrize("cut", ["400.0,3.0,", "400.0,3.0,2", "400.0,3"])
+def test_a_metrics_row_cut_anywhere_is_dropped_not_read(cut, tmp_path):
+    """A kill while a row is appended can stop it at a comma (every field there, the last one
+    empty) or inside a number (every field there, the last one short): both are dropped, as a
+    row with fields missing is, and the resume's truncation leaves whole lines only."""
+    from rlhf_jax.metrics_log import MetricsLog
+
+    log = MetricsLog(tmp_path, tensorboard=False)
+    log.append({"env_steps": 200.0, "episodes": 1.0, "loss": 0.5})
+    with log.path.open("a") as f:
+        f.write(cut)
+    assert log.rows() == [{"env_steps": 200.0, "episodes": 1.0, "loss": 0.5}]
+    log.truncate_after(400)
+    assert log.path.read_text().splitlines() == ["env_steps,episodes,loss", "200.0,1.0,0.5"]
+
+
 # The disk fills up right after checkpoint 0: 32 KiB stay free, room for metrics rows but not
 # for checkpoint 1.
 FILL_DISK_AFTER_CHECKPOINT_0 = """
