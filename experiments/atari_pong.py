@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import math
 import os
 import signal
@@ -76,6 +75,7 @@ from experiments.protocol import gain_ratio_estimate
 from experiments.reproduce import (PAPER, Kind, Run, _duration, execute, git_commit, hosts_of, load_ledger,
                                    run_command, runs_to_do, shown)
 from rlhf_jax.errors import ConfigError, Interrupted
+from rlhf_jax.metrics_log import MetricsLog
 
 ENV_STEPS = 10_000_000
 TASK = "pong"
@@ -123,10 +123,9 @@ def plan(lines: list[Line]) -> list[Run]:
 
 
 def env_steps_done(run_dir: Path) -> float:
-    """The env steps a begun run has trained: its metrics' last row (0 for a run not begun)."""
-    path = run_dir / "metrics.csv"
-    rows = list(csv.DictReader(path.read_text().splitlines())) if path.exists() else []
-    return float(rows[-1]["env_steps"]) if rows else 0.0
+    """The env steps a begun run has trained: its metrics' last whole row (0 for a run not begun)."""
+    rows = MetricsLog(run_dir, tensorboard=False).rows()
+    return rows[-1]["env_steps"] if rows else 0.0
 
 
 def expected_hours(line: Line) -> float:
