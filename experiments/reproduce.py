@@ -437,12 +437,17 @@ def load_ledger(path: Path) -> dict:
     return {"runs": {}}
 
 
-def save_json(path: Path, data: dict | list) -> None:
+def write_whole(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all (a kill mid-write keeps the previous version)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.tmp")
-    partial.write_text(json.dumps(data, indent=1) + "\n")
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text)
     partial.replace(path)
+
+
+def save_json(path: Path, data: dict | list) -> None:
+    """``data`` as ``path``'s JSON, written whole or not at all (:func:`write_whole`)."""
+    write_whole(path, json.dumps(data, indent=1) + "\n")
 
 
 def shown(path: Path) -> str:
@@ -532,7 +537,7 @@ def run_timed(directory: Path, work: Callable[[], None], every: float = 30.0) ->
 
     def write():
         if directory.exists():  # an attempt that failed before making it has nothing to resume
-            path.write_text(f"{spent():.1f}\n")
+            write_whole(path, f"{spent():.1f}\n")  # read back at the next attempt's start
             this = {"began": began, "seconds": round(time.perf_counter() - start, 1), **host}
             save_json(attempts_path, [*earlier, this])
 

@@ -368,6 +368,23 @@ def test_a_cells_wall_time_is_on_disk_while_it_runs(tmp_path):
     assert seen and seen[0] > 100.0 and total > 100.0  # (the file keeps a tenth of a second)
 
 
+def test_a_write_of_the_time_cut_short_leaves_the_time_before(tmp_path, monkeypatch):
+    """The machine going away while the wall seconds are rewritten leaves the file as it was, not
+    a few characters of the new one that the next attempt would read as its time, or fail on."""
+    (tmp_path / reproduce.WALL_SECONDS_FILE).write_text("100.0\n")
+    write_text = Path.write_text
+
+    def cut_short(self, text, *args, **kwargs):  # two characters written, then the machine is gone
+        write_text(self, text[:2])
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(Path, "write_text", cut_short)
+    with pytest.raises(SystemExit):
+        reproduce.run_timed(tmp_path, lambda: None, every=60)
+    monkeypatch.undo()
+    assert (tmp_path / reproduce.WALL_SECONDS_FILE).read_text() == "100.0\n"
+
+
 def test_each_attempt_at_a_run_names_the_host_that_computed_it(tmp_path, monkeypatch):
     """A run stopped on one machine and resumed on another was computed by both: each attempt's
     host, start and seconds are kept in the run's directory, on disk while it runs."""
