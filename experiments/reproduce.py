@@ -110,6 +110,7 @@ from rlhf_jax.config_base import read_yaml
 from rlhf_jax.envs import make
 from rlhf_jax.reward.config import resolve
 from rlhf_jax.errors import ConfigError, Interrupted
+from rlhf_jax.files import write_atomically
 from rlhf_jax.metrics_log import judged_return
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -437,17 +438,10 @@ def load_ledger(path: Path) -> dict:
     return {"runs": {}}
 
 
-def write_whole(path: Path, text: str) -> None:
+def save_json(path: Path, data: dict | list) -> None:
     """Write ``path`` whole or not at all (a kill mid-write keeps the previous version)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(text)
-    partial.replace(path)
-
-
-def save_json(path: Path, data: dict | list) -> None:
-    """``data`` as ``path``'s JSON, written whole or not at all (:func:`write_whole`)."""
-    write_whole(path, json.dumps(data, indent=1) + "\n")
+    write_atomically(path, lambda partial: partial.write_text(json.dumps(data, indent=1) + "\n"))
 
 
 def shown(path: Path) -> str:
@@ -537,7 +531,8 @@ def run_timed(directory: Path, work: Callable[[], None], every: float = 30.0) ->
 
     def write():
         if directory.exists():  # an attempt that failed before making it has nothing to resume
-            write_whole(path, f"{spent():.1f}\n")  # read back at the next attempt's start
+            # Whole or not at all, as the attempts: the next attempt reads it back as its start.
+            write_atomically(path, lambda partial: partial.write_text(f"{spent():.1f}\n"))
             this = {"began": began, "seconds": round(time.perf_counter() - start, 1), **host}
             save_json(attempts_path, [*earlier, this])
 

@@ -481,15 +481,3 @@ def stop_on_write_failure(checkpoints: Checkpoints, what: str):
         yield
     except OSError as error:
         raise write_failed(error, what, checkpoints) from None
-
-
-def write_atomically(path: Path, write) -> None:
-    """``write(temporary_path)``, then rename it to ``path``: a reader (or a resume after a
-    kill or a full disk) finds the old file or the new one whole, never half of one."""
-    # Hidden, and with the same suffix: np.savez and savefig go by it.
-    temporary = path.with_name(f".{path.stem}.partial{path.suffix}")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)

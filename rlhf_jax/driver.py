@@ -18,13 +18,14 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.agents import get_agent
-from rlhf_jax.checkpoints import Checkpoints, write_atomically
+from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, to_dict
 from rlhf_jax.dispatch import dispatch_of, repeat
 from rlhf_jax.envs import ATARI_NAMES, EnvConfig, make
 from rlhf_jax.envs.options import without_run_changes
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.evaluation import LearnedReward, evaluate
+from rlhf_jax.files import write_atomically
 from rlhf_jax.head_start import HeadStartFiles
 from rlhf_jax.loop import Loop, LoopState
 from rlhf_jax.reward.ibt_learner import IBTLearner

@@ -31,14 +31,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhf_jax.checkpoints import write_atomically
 from rlhf_jax.config import DEFAULT_EXPERIMENT, ExperimentConfig, apply_overrides, build, to_dict, without_local_files
 from rlhf_jax.config_base import parse_mapping
 from rlhf_jax.dispatch import dispatch_of, repeat_over
 from rlhf_jax.driver import make_learner
 from rlhf_jax.envs import make
 from rlhf_jax.errors import ConfigError, RunError
-from rlhf_jax.files import refuse_to_overwrite
+from rlhf_jax.files import refuse_to_overwrite, write_atomically
 from rlhf_jax import label_datasets
 from rlhf_jax.head_start import HeadStartFiles
 from rlhf_jax.ops.ring import full_ring

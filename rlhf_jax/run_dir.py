@@ -11,10 +11,11 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.checkpoints import Checkpoints, config_diff, editable_on_resume, out_of_space, write_atomically
+from rlhf_jax.checkpoints import Checkpoints, config_diff, editable_on_resume, out_of_space
 from rlhf_jax.config import ExperimentConfig, build, to_dict
 from rlhf_jax.config_base import CONFIG_FILE, dump_yaml, is_in_state, read_run_config
 from rlhf_jax.errors import ConfigError, RunError
+from rlhf_jax.files import write_atomically
 from rlhf_jax.wandb_log import ID_FILE
 
 

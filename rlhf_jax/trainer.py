@@ -28,12 +28,13 @@ from pathlib import Path
 
 import jax
 
-from rlhf_jax.checkpoints import Checkpoints, stop_on_write_failure, write_atomically
+from rlhf_jax.checkpoints import Checkpoints, stop_on_write_failure
 from rlhf_jax.config import ExperimentConfig, to_dict
 from rlhf_jax.driver import Driver, scoring_env_config, scoring_steps
 from rlhf_jax.envs import make
 from rlhf_jax.errors import RunError
 from rlhf_jax.evaluation import evaluate, record_episodes
+from rlhf_jax.files import write_atomically
 from rlhf_jax.host_loop import ChunkDone, run_chunks, summarize
 from rlhf_jax.metrics_log import MetricsLog, judged_return, plot_learning_curve
 from rlhf_jax.people_seam import check_people, connect_people
