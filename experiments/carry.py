@@ -14,6 +14,7 @@ import tarfile
 from pathlib import Path
 
 from rlhf_jax.errors import ConfigError
+from rlhf_jax.files import write_atomically
 
 CHECKPOINTS = "checkpoints"
 
@@ -34,15 +35,17 @@ def pack_unfinished(run_dirs: list[Path], runs_dir: Path, archive: Path) -> list
     if not packed:
         archive.unlink(missing_ok=True)
         return []
-    partial = archive.with_name(archive.name + ".tmp")  # a stop mid-write leaves the old archive whole
-    with tarfile.open(partial, "w:gz") as tar:
-        for run_dir in packed:
-            name = run_dir.relative_to(runs_dir)
-            for path in sorted(run_dir.iterdir()):
-                if path.name != CHECKPOINTS:
-                    tar.add(path, name / path.name)
-            tar.add(newest[run_dir], name / CHECKPOINTS / newest[run_dir].name)
-    partial.replace(archive)
+
+    def write(partial: Path) -> None:
+        with tarfile.open(partial, "w:gz") as tar:
+            for run_dir in packed:
+                name = run_dir.relative_to(runs_dir)
+                for path in sorted(run_dir.iterdir()):
+                    if path.name != CHECKPOINTS:
+                        tar.add(path, name / path.name)
+                tar.add(newest[run_dir], name / CHECKPOINTS / newest[run_dir].name)
+
+    write_atomically(archive, write)  # a stop mid-write leaves the old archive whole
     return packed
 
 
