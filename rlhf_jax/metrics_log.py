@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
+
+from rlhf_jax.files import write_atomically
 
 if TYPE_CHECKING:
     from rlhf_jax.wandb_log import WandbRun
@@ -69,13 +70,15 @@ class MetricsLog:
             self._wandb.log_row(row)
 
     def _write_all(self, rows: list[dict]) -> None:
-        """Rewrite the file whole through a temporary one, so a kill meanwhile leaves the old one."""
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with temporary.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(temporary, self.path)
+        """Rewrite the file whole, so a kill meanwhile leaves the old one."""
+
+        def write(temporary: Path) -> None:
+            with temporary.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+                writer.writeheader()
+                writer.writerows(rows)
+
+        write_atomically(self.path, write)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -57,6 +57,7 @@ from rlhf_jax.config import ExperimentConfig, apply_overrides, build, read_yaml
 from rlhf_jax.config_base import dump_yaml, is_in_state, override
 from rlhf_jax.driver import Driver
 from rlhf_jax.errors import ConfigError, RunError
+from rlhf_jax.files import write_atomically
 from rlhf_jax.host_loop import ChunkDone, run_chunks, summarize
 from rlhf_jax.metrics_log import judged_return
 from rlhf_jax.run_control import StopRequests, check_finite
@@ -317,12 +318,14 @@ class Sweep:
         if jax.process_index() != 0 or not rows:
             return
         keys = list(dict.fromkeys(k for row in rows for k in row))
-        temporary = self.rows_file.with_suffix(".tmp")
-        with temporary.open("w", newline="") as f:
-            writer = csv.DictWriter(f, keys)
-            writer.writeheader()
-            writer.writerows(rows)
-        temporary.replace(self.rows_file)  # never a half-written file
+
+        def write(temporary: Path) -> None:
+            with temporary.open("w", newline="") as f:
+                writer = csv.DictWriter(f, keys)
+                writer.writeheader()
+                writer.writerows(rows)
+
+        write_atomically(self.rows_file, write)  # never a half-written file
 
     def wandb_runs(self, program: GroupProgram, open_runs: contextlib.ExitStack) -> dict[int, WandbRun]:
         """The W&B run of each member of ``program`` whose ``run.wandb`` is on, grouped under the

@@ -20,7 +20,6 @@ waits for the renderer (:meth:`wait_for_renders`).
 """
 from __future__ import annotations
 
-import os
 import queue
 import re
 import threading
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from rlhf_jax.feedback.store import STORE_FILE, LabelStore, QueryRow
+from rlhf_jax.files import write_atomically
 from rlhf_jax.reward.kinds import kind_named
 from rlhf_jax.reward.people import Answer, Query
 
@@ -38,11 +38,13 @@ QUERIES_DIR = "queries"
 
 
 def save_arrays(path: Path, **arrays) -> None:
-    """``np.savez`` written under a temporary name first, so a reader never sees half a file."""
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as file:
-        np.savez(file, **arrays)
-    os.replace(partial, path)
+    """``np.savez`` written whole or not at all, so a reader never sees half a file."""
+
+    def write(partial: Path) -> None:
+        with open(partial, "wb") as file:  # a file object: np.savez adds no suffix of its own
+            np.savez(file, **arrays)
+
+    write_atomically(path, write)
 
 
 class PeopleLabeler:
