@@ -461,9 +461,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--reference-on chooses the reference's task: give it with --side reference")
     if args.reference_overrides and args.side != "reference":
         parser.error("--reference-overrides sets the reference's settings: give it with --side reference")
+    if (args.ours_overrides or args.ours_as_reference) and args.side != "ours":
+        parser.error("--ours-overrides and --ours-as-reference set our agent: give them with --side ours")
     try:
         overrides_of = {task: reference_overrides(args.reference_overrides, task) for task in tasks}
-    except ValueError as error:
+        for task in tasks if args.side == "ours" else ():
+            our_config(task, args.steps, args.ours_overrides)  # a wrong key stops here, before any run
+    except ValueError as error:  # ConfigError is one
         parser.error(str(error))
     if args.trace:
         for task in tasks:

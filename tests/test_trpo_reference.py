@@ -302,3 +302,17 @@ def test_a_run_of_ours_names_each_attempts_host(tmp_path, monkeypatch):
     records = trpo_reference.run_ours("hopper", 10_000, 2, [])
     assert [r["seed"] for r in records] == [0, 1]
     assert all(len(r["attempts"]) == 1 and r["attempts"][0]["cpu"] for r in records)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--side", "ours", "--tasks", "hopper", "--ours-overrides", "trpo.nope=1"], "trpo.nope"),
+    (["--side", "ours", "--tasks", "hopper", "--ours-overrides", "trpo.max_kl=big"], "trpo.max_kl"),
+    (["--side", "reference", "--tasks", "hopper", "--ours-overrides", "trpo.max_kl=0.02"], "--ours-overrides"),
+])
+def test_a_wrong_setting_of_ours_stops_in_one_line_before_any_run(argv, named, capsys, monkeypatch):
+    monkeypatch.setattr(trpo_reference, "run_ours", lambda *a, **k: pytest.fail("ran"))
+    monkeypatch.setattr(trpo_reference, "run_reference", lambda *a, **k: pytest.fail("ran"))
+    with pytest.raises(SystemExit):
+        trpo_reference.main(argv)
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert named in error and "Traceback" not in error
