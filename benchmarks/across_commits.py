@@ -35,9 +35,11 @@ from benchmarks.common import Headline, Spread, Target, write_result
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def commit_of(ref: str) -> str:
-    return subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout.strip()
+def commit_of(ref: str) -> str | None:
+    """``ref``'s short commit, or None where the repository has no such commit."""
+    found = subprocess.run(["git", "rev-parse", "--short", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=ROOT,
+                           capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else None
 
 
 def run_benchmark(tree: Path, benchmark: str, args: list[str], key: str) -> float:
@@ -59,7 +61,7 @@ def headline(result: dict) -> list[Headline]:
     return [Headline(what, result["after_median"], result["before_median"], result["after_over_before"], target)]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", default="499a760", help="the older commit")
     parser.add_argument("--after", default="HEAD", help="the newer commit")
@@ -70,8 +72,15 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=3.0, help="the ratio aimed at; 0 for none")
     parser.add_argument("--name", help="the result's name, so that another pair of commits does not replace "
                                        "the default's (default: across_commits_<benchmark>)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     commits = {"after": commit_of(args.after), "before": commit_of(args.before)}
+    for side, commit in commits.items():
+        if commit is None:
+            parser.error(f"--{side}: no commit {getattr(args, side)!r} in this repository")
+    if not (ROOT / "benchmarks" / f"{args.benchmark}.py").is_file():
+        parser.error(f"--benchmark: no module benchmarks/{args.benchmark}.py")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     values: dict[str, list[float]] = {"after": [], "before": []}
     loads = [round(os.getloadavg()[0], 2)]
     with tempfile.TemporaryDirectory() as scratch:

@@ -553,7 +553,7 @@ def plot(result: dict, path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="budget 50 only, 200 fitting steps, no all-pairs T=1000, 3 timed calls: ~3 minutes on 2 CPU cores")
     parser.add_argument("--skip-throughput", action="store_true")
@@ -567,7 +567,14 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=1e-4, help="IBT's and AR's Adam step (IBTConfig's)")
     parser.add_argument("--fraction", type=float, default=0.2, help="the annotator's chance of marking an event")
     parser.add_argument("--noise", type=float, default=0.05, help="the annotator's chance of flipping a mark")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    unknown = [task for task in args.tasks.split(",") if task not in TASKS]
+    if unknown:  # before the throughput part's minutes, not after them
+        parser.error(f"--tasks: unknown task {unknown[0]!r}; the tasks are {', '.join(TASKS)}")
+    try:
+        budgets = tuple(int(b) for b in args.budgets.split(",")) if args.budgets else ()
+    except ValueError:
+        parser.error(f"--budgets: {args.budgets!r} is not a comma-separated list of whole numbers")
     enable_compilation_cache()
     quick = args.quick
     start = time.perf_counter()
@@ -579,7 +586,7 @@ def main() -> None:
         pref_steps = args.pref_steps or (200 if quick else 600)
         chunk = min(100, pref_steps)
         settings = Settings(
-            budgets=tuple(int(b) for b in args.budgets.split(",")) if args.budgets else (50,) if quick else (20, 50, 100),
+            budgets=budgets or ((50,) if quick else (20, 50, 100)),
             ibt_steps=args.ibt_steps or steps, ar_steps=args.ar_steps or steps,
             pref_steps=pref_steps // chunk * chunk, pref_chunk_steps=chunk,
             learning_rate=args.learning_rate, batch_episodes=args.batch_episodes,

@@ -326,3 +326,25 @@ def test_env_throughput_rows_are_those_of_the_parts_measured():
 
     [row] = headline({"quick": True, "mjx_hopper_envs": 64, "mjx_hopper_steps_per_s": 123456.0})
     assert row.what == "Hopper env steps/s, MJX (64 envs)" and row.ours == 123456.0
+
+
+@pytest.mark.parametrize("argv, named", [(["--before", "no-such-commit"], "--before"),
+                                         (["--after", "no-such-commit"], "--after"),
+                                         (["--benchmark", "no_such_benchmark"], "--benchmark"),
+                                         (["--rounds", "0"], "--rounds")])
+def test_across_commits_refuses_a_wrong_commit_benchmark_or_rounds_in_one_line(argv, named, capsys, monkeypatch):
+    from benchmarks import across_commits
+
+    monkeypatch.setattr(across_commits.subprocess, "run", _refuse_worktrees(across_commits.subprocess.run))
+    with pytest.raises(SystemExit):
+        across_commits.main(argv)
+    assert named in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def _refuse_worktrees(run):
+    """subprocess.run, but a worktree added is a test failure: the refusal comes first."""
+    def guarded(command, *args, **kwargs):
+        if command[:3] == ["git", "worktree", "add"]:
+            pytest.fail("a worktree was added")
+        return run(command, *args, **kwargs)
+    return guarded

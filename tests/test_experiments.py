@@ -206,3 +206,14 @@ def test_the_implied_penalty_is_what_r_hat_charges_a_fall_in_progress_and_the_la
     assert got["one_fall_pairs"] == 3
     assert got["largest_lead_of_a_fallen_clip"] == pytest.approx(6.0)
     assert got["leads_above_rhat_penalty"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("argv, named", [(["--tasks", "cartpole,foo"], "'foo'"), (["--budgets", "20,x"], "--budgets")])
+def test_the_ibt_experiment_refuses_an_unknown_task_or_budget_in_one_line_before_it_runs(argv, named, capsys,
+                                                                                          monkeypatch):
+    from experiments import ibt
+
+    monkeypatch.setattr(ibt, "throughput", lambda quick: pytest.fail("ran"))
+    with pytest.raises(SystemExit):
+        ibt.main(argv)
+    assert named in capsys.readouterr().err.strip().splitlines()[-1]
