@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import Headline, Spread, Target, write_result
+from rlhf_jax.cli import whole_number
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--benchmark", default="rlhf_pong", help="a module of benchmarks/")
     parser.add_argument("--args", default="", help="the benchmark's arguments, one string")
     parser.add_argument("--key", default="pong_rlhf_steps_per_s", help="the JSON key compared")
-    parser.add_argument("--rounds", type=int, default=1, help="runs of `before` (after runs one more)")
+    parser.add_argument("--rounds", type=whole_number(1), default=1, help="runs of `before` (after runs one more)")
     parser.add_argument("--target", type=float, default=3.0, help="the ratio aimed at; 0 for none")
     parser.add_argument("--name", help="the result's name, so that another pair of commits does not replace "
                                        "the default's (default: across_commits_<benchmark>)")
@@ -79,8 +80,6 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--{side}: no commit {getattr(args, side)!r} in this repository")
     if not (ROOT / "benchmarks" / f"{args.benchmark}.py").is_file():
         parser.error(f"--benchmark: no module benchmarks/{args.benchmark}.py")
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     values: dict[str, list[float]] = {"after": [], "before": []}
     loads = [round(os.getloadavg()[0], 2)]
     with tempfile.TemporaryDirectory() as scratch:

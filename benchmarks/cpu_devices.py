@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import Headline, Spread, write_result
+from rlhf_jax.cli import whole_number
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("trpo_pendulum", "a2c_cartpole", "rlhf_cartpole")
@@ -102,8 +103,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="TRPO on Pendulum alone, one round, 256k env steps a seed")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated: {', '.join(CONFIGS)}")
-    parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seeds", type=whole_number(1), default=4)
+    parser.add_argument("--rounds", type=whole_number(1), default=2)
     args = parser.parse_args()
     configs = ["trpo_pendulum"] if args.quick else args.configs.split(",")
     overrides = ["trpo.total_env_steps=256000"] if args.quick else []

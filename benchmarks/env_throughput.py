@@ -21,6 +21,7 @@ import numpy as np
 
 from benchmarks.common import (Headline, Side, Target, enable_compilation_cache, results_folder, steps_per_second,
                                write_result)
+from rlhf_jax.cli import whole_number
 from rlhf_jax.envs import Discrete, EnvConfig, make
 
 
@@ -118,7 +119,7 @@ def measure_gymnax_raw(num_envs: int, steps: int, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small budgets: under a minute on 2 CPU cores")
-    parser.add_argument("--atari-envs", type=int, default=8)
+    parser.add_argument("--atari-envs", type=whole_number(1), default=8)
     parser.add_argument("--mjx", action="store_true",
                         help="measure MJX in --quick mode too (its compile alone takes ~40 s on 2 CPU cores)")
     parser.add_argument("--only-mjx", action="store_true",

@@ -56,6 +56,7 @@ import numpy as np
 
 from benchmarks.common import Headline, Target, cpu_overrides, enable_compilation_cache, write_result
 from benchmarks.rlhf_overhead import flops_per_env_step
+from rlhf_jax.cli import whole_number
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.envs.core import Environment, EnvSpec, TimeStep, clip_action
 from rlhf_jax.envs.envpool_envs import x64
@@ -349,9 +350,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Hopper only, 3 rounds")
     parser.add_argument("--tasks", default="hopper",
                         help=f"comma-separated, of {', '.join(MUJOCO_TASKS)}; or all of them: all")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--num-envs", type=int, default=64)
-    parser.add_argument("--chunk-env-steps", type=int, default=20_000, help="env steps per measurement (about)")
+    parser.add_argument("--rounds", type=whole_number(1), default=5)
+    parser.add_argument("--num-envs", type=whole_number(1), default=64)
+    parser.add_argument("--chunk-env-steps", type=whole_number(1), default=20_000, help="env steps per measurement (about)")
     parser.add_argument("--fit-rates", default=str(DEFAULT_FIT_RATE),
                         help="comma-separated fitting rates (pairs per env step) of the loop's other sides")
     parser.add_argument("--name", help="the result's name (default: mujoco_throughput, or mujoco_throughput_quick), "

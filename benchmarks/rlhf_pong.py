@@ -32,6 +32,7 @@ import jax
 
 from benchmarks.common import Headline, enable_compilation_cache, on_cpu, write_result
 from benchmarks.rlhf_overhead import xla_flops
+from rlhf_jax.cli import whole_number
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.driver import Driver
 
@@ -83,7 +84,7 @@ def fitting_flops_per_env_step(driver: Driver) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="chunks of 10,000 env steps: about 10 minutes on 2 cores")
-    parser.add_argument("--rounds", type=int, default=1, help="RLHF chunks timed, each between two on the score")
+    parser.add_argument("--rounds", type=whole_number(1), default=1, help="RLHF chunks timed, each between two on the score")
     args = parser.parse_args()
     enable_compilation_cache()
     chunk = 10_000 if args.quick else 50_000

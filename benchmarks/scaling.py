@@ -58,6 +58,7 @@ import jax
 from benchmarks.agent_throughput import CARTPOLE_ENVS, agent_setups
 from benchmarks.common import (RESULTS, Headline, compiled_chunk, enable_compilation_cache, ratio, stacked_runners,
                                steps_per_second, write_result)
+from rlhf_jax.cli import whole_number
 from rlhf_jax.envs import EnvConfig, make
 
 ENV_ID = "gymnax/CartPole-v1"
@@ -194,7 +195,7 @@ def main() -> None:
     parser.add_argument("--agents", default="a2c,dqn", help="comma-separated, of a2c, dqn")
     parser.add_argument("--seeds", default="", help="seed counts (default 1,4,...,1024; quick up to 64)")
     parser.add_argument("--envs", default="", help="environments per seed in the environment sweep (default 1,...,1024)")
-    parser.add_argument("--seed-envs", type=int, default=CARTPOLE_ENVS, help="environments per seed in the seed sweep")
+    parser.add_argument("--seed-envs", type=whole_number(1), default=CARTPOLE_ENVS, help="environments per seed in the seed sweep")
     parser.add_argument("--plot-only", action="store_true", help="redraw the two plots from results/scaling.json")
     args = parser.parse_args()
     if args.plot_only:

@@ -105,6 +105,7 @@ import optax
 
 from benchmarks.common import Headline, enable_compilation_cache, ratio
 from experiments.common import RESULTS, write_result
+from rlhf_jax.cli import whole_number
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.ops.ring import Ring
 from rlhf_jax.reward import ensemble, ibt
@@ -560,10 +561,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
     parser.add_argument("--budgets", default="", help="annotated clips per cell, comma-separated (default 20,50,100)")
-    parser.add_argument("--ibt-steps", type=int, default=0, help="default 1000 (--quick 200)")
-    parser.add_argument("--ar-steps", type=int, default=0, help="default 1000 (--quick 200)")
-    parser.add_argument("--pref-steps", type=int, default=0, help="default 600 (--quick 200); rounded down to a multiple of 100")
-    parser.add_argument("--batch-episodes", type=int, default=16, help="IBT's and AR's clips per step")
+    parser.add_argument("--ibt-steps", type=whole_number(0), default=0, help="default 1000 (--quick 200)")
+    parser.add_argument("--ar-steps", type=whole_number(0), default=0, help="default 1000 (--quick 200)")
+    parser.add_argument("--pref-steps", type=whole_number(0), default=0, help="default 600 (--quick 200); rounded down to a multiple of 100")
+    parser.add_argument("--batch-episodes", type=whole_number(1), default=16, help="IBT's and AR's clips per step")
     parser.add_argument("--learning-rate", type=float, default=1e-4, help="IBT's and AR's Adam step (IBTConfig's)")
     parser.add_argument("--fraction", type=float, default=0.2, help="the annotator's chance of marking an event")
     parser.add_argument("--noise", type=float, default=0.05, help="the annotator's chance of flipping a mark")

@@ -17,6 +17,7 @@ import numpy as np
 from benchmarks.agent_throughput import agent_setups
 from benchmarks.common import Headline, enable_compilation_cache
 from experiments.common import RESULTS, write_result
+from rlhf_jax.cli import whole_number
 from rlhf_jax.envs import EnvConfig, make
 
 ENV_ID = "gymnax/Breakout-MinAtar"
@@ -45,7 +46,7 @@ def curve(agent, config, env_steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run, under a minute on 2 CPU cores")
-    parser.add_argument("--env-steps", type=int, default=0, help="env steps per seed (default 5M, quick 100k)")
+    parser.add_argument("--env-steps", type=whole_number(0), default=0, help="env steps per seed (default 5M, quick 100k)")
     args = parser.parse_args()
     enable_compilation_cache()
     env_steps = args.env_steps or (100_000 if args.quick else 5_000_000)

@@ -76,6 +76,7 @@ from benchmarks.common import Headline, enable_compilation_cache, machine, stack
 from experiments.common import RESULTS, write_result
 from rlhf_jax.agents import acer, trpo
 from rlhf_jax.agents.base import env_reward
+from rlhf_jax.cli import whole_number
 from rlhf_jax.envs import EnvConfig, make
 
 SEEDS = 3
@@ -238,11 +239,11 @@ def plot(curves: dict, tasks: list[str], path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny budget that just runs end to end")
-    parser.add_argument("--steps", type=int, default=0, help="env steps per seed (default 1M; quick 2,560)")
+    parser.add_argument("--steps", type=whole_number(0), default=0, help="env steps per seed (default 1M; quick 2,560)")
     parser.add_argument("--agents", nargs="+", choices=AGENTS, default=list(AGENTS))
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
-    parser.add_argument("--num-envs", type=int, default=0, help="environments per seed (default 64 on GPU, 4 on CPU)")
-    parser.add_argument("--points", type=int, default=0, help="chunks, i.e. points per curve (default 50; quick 4)")
+    parser.add_argument("--num-envs", type=whole_number(0), default=0, help="environments per seed (default 64 on GPU, 4 on CPU)")
+    parser.add_argument("--points", type=whole_number(0), default=0, help="chunks, i.e. points per curve (default 50; quick 4)")
     parser.add_argument("--name", default="", help="results file name (default mujoco_curves, or mujoco_curves_quick)")
     args = parser.parse_args()
     enable_compilation_cache()

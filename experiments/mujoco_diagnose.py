@@ -59,6 +59,7 @@ import numpy as np
 from experiments.common import RESULTS
 from rlhf_jax import evaluation
 from rlhf_jax.agents.base import env_step, rollout_rewards
+from rlhf_jax.cli import whole_number
 from rlhf_jax.envs.core import clip_action
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.reward import ensemble as reward_model
@@ -374,7 +375,7 @@ def held_labels(directory: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cells", nargs="+", type=Path, help="sweep directories of finished cells")
-    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--episodes", type=whole_number(1), default=8)
     parser.add_argument("--against", type=Path, help="another cell's sweep directory: rank its policies' "
                         "clips against each seed's own with that seed's r̂ (label cells only)")
     parser.add_argument("--by-life", action="store_true", help="each seed's r̂ against the oracle by a step's "

@@ -105,6 +105,7 @@ import numpy as np
 
 from benchmarks.common import command_line, cpu_host, cpu_overrides, enable_compilation_cache
 from experiments.common import RESULTS, write_result
+from rlhf_jax.cli import whole_number
 from rlhf_jax.config import DEFAULT_EXPERIMENT_FILE, ExperimentConfig, flat_keys, load_config, to_dict
 from rlhf_jax.config_base import read_yaml
 from rlhf_jax.envs import make
@@ -1096,9 +1097,9 @@ def main(argv: list[str] | None = None) -> None:
                         f"configs/paper/ablations.yaml or ours ({', '.join(map(repr, OUR_ABLATIONS))}), "
                         "'all' (the paper's) or 'none'")
     parser.add_argument("--baselines", help="agents on the true reward: a2c, dqn (Atari), trpo (MuJoCo), or 'none'")
-    parser.add_argument("--seeds", type=int, help="runs per line (default: the paper's, 5 MuJoCo, 3 Atari; --quick 1)")
-    parser.add_argument("--steps", type=int, default=0, help="env steps per run (default: each config's)")
-    parser.add_argument("--points", type=int, default=0, help="chunks per run, i.e. points per curve "
+    parser.add_argument("--seeds", type=whole_number(1), help="runs per line (default: the paper's, 5 MuJoCo, 3 Atari; --quick 1)")
+    parser.add_argument("--steps", type=whole_number(0), default=0, help="env steps per run (default: each config's)")
+    parser.add_argument("--points", type=whole_number(0), default=0, help="chunks per run, i.e. points per curve "
                         f"(default: each config's chunk size, at least {MIN_POINTS} points)")
     parser.add_argument("--quick", action="store_true", help="CartPole, short runs, one seed: a few minutes on a CPU")
     parser.add_argument("--dry-run", action="store_true", help="print the runs as rlhf-jax train commands; run nothing")

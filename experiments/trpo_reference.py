@@ -69,6 +69,7 @@ from experiments.common import RESULTS
 from experiments.protocol import fingerprint
 from experiments.reproduce import (PAPER, attempts_of, final_return, git_commit, load_ledger, run_or_resume_sweep, run_timed,
                                   save_json)
+from rlhf_jax.cli import whole_number
 
 POINTS = 25
 TARGET = 0.9
@@ -429,10 +430,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--side", choices=("ours", "reference"))
     parser.add_argument("--tasks", default="hopper,walker2d,halfcheetah,ant")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--first-seed", type=int, default=0,
+    parser.add_argument("--seeds", type=whole_number(1), default=3)
+    parser.add_argument("--first-seed", type=whole_number(0), default=0,
                         help="the block's first seed: 0 for probes, a fresh block (100) to confirm")
-    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--steps", type=whole_number(1), default=1_000_000)
     parser.add_argument("--ours-overrides", nargs="*", default=[])
     parser.add_argument("--reference-overrides", nargs="*", default=[],
                         help="the reference with other settings than the zoo's, KEY=VALUE (e.g. gamma=0.995)")

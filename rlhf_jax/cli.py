@@ -204,17 +204,17 @@ def cmd_fit_reward(args) -> None:
           f"start a run from it with reward_model.init_from={result.path})")
 
 
-def count(name: str):
-    """An option that counts something: a whole number, at least 1 (``--steps`` also 0: unset)."""
-    low = 0 if name == "--steps" else 1
+def whole_number(low: int, high: int = 10**9):
+    """An argparse type: a whole number from ``low`` to ``high`` (an option that counts something
+    takes 1; one whose 0 means "the default" takes 0)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-        if not low <= value <= 10**9:
-            raise argparse.ArgumentTypeError(f"must be from {low} to {10**9}, got {value}")
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {value:,}")
         return value
 
     return parse
@@ -333,8 +333,8 @@ def make_parser() -> argparse.ArgumentParser:
                      help="overrides of the dataset's run config, e.g. reward_model.ensemble_size=1 seed=3 "
                           "(IBT: ibt.batch_episodes=16)")
     fit.add_argument("--out", metavar="PATH", help="the .npz to write (default: DATASET_DIR-reward_model.npz beside it)")
-    fit.add_argument("--epochs", type=count("--epochs"), default=200, help="passes over the labels (default 200)")
-    fit.add_argument("--steps", type=count("--steps"), default=0, help="fitting steps, in place of --epochs")
+    fit.add_argument("--epochs", type=whole_number(1), default=200, help="passes over the labels (default 200)")
+    fit.add_argument("--steps", type=whole_number(0), default=0, help="fitting steps, in place of --epochs")
     fit.set_defaults(run=cmd_fit_reward)
     return parser
 

@@ -217,3 +217,22 @@ def test_the_ibt_experiment_refuses_an_unknown_task_or_budget_in_one_line_before
     with pytest.raises(SystemExit):
         ibt.main(argv)
     assert named in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("module, option, value", [
+    ("experiments.mujoco_curves", "--steps", "-5"), ("experiments.minatar_curves", "--env-steps", "-1"),
+    ("experiments.mujoco_diagnose", "--episodes", "0"), ("experiments.reproduce", "--seeds", "0"),
+    ("experiments.trpo_reference", "--seeds", "0"), ("experiments.ibt", "--batch-episodes", "x"),
+    ("benchmarks.cpu_devices", "--rounds", "0"), ("benchmarks.env_throughput", "--atari-envs", "0"),
+    ("benchmarks.mujoco_throughput", "--num-envs", "-64"), ("benchmarks.rlhf_pong", "--rounds", "0"),
+    ("benchmarks.scaling", "--seed-envs", "0"), ("benchmarks.across_commits", "--rounds", "0"),
+])
+def test_a_count_given_to_an_experiment_or_benchmark_below_its_least_is_refused_in_one_line(module, option, value,
+                                                                                             capsys, monkeypatch):
+    import importlib
+
+    monkeypatch.setattr("sys.argv", [module, option, value])
+    with pytest.raises(SystemExit) as stop:
+        importlib.import_module(module).main()
+    assert stop.value.code == 2
+    assert f"argument {option}: must be" in capsys.readouterr().err.strip().splitlines()[-1]
