@@ -452,6 +452,8 @@ def _one_line(error: yaml.YAMLError) -> str:
 
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{str(path)!r} is a directory; give a config file (a run's is its config.yaml)")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:

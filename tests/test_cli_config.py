@@ -34,6 +34,7 @@ def command(*argv: str, cwd=None):
     (["train", "nosuch.key=1"], "unknown key 'nosuch'"),
     (["train", "a2c.gamma=2"], "a2c.gamma must be at least 0 and at most 1"),
     (["train", "missing.yaml", "seed=1"], "config file 'missing.yaml' does not exist"),
+    (["train", ".", "seed=1"], "'.' is a directory; give a config file"),
     (["train", "--resume", "no_run_here"], "run directory 'no_run_here' does not exist"),
     (["sweep", "a2c.learning_rate=0.001,0.003", "nosuch=1,2"], "unknown key 'nosuch'"),
     (["sweep", "a2c.gamma=7,0.9"], "a2c.gamma must be at least 0 and at most 1"),
