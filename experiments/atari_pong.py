@@ -72,8 +72,8 @@ from benchmarks.common import command_line, cpu_host, enable_compilation_cache
 from experiments.carry import pack_unfinished, unpack_unfinished
 from experiments.common import RESULTS, write_result
 from experiments.protocol import gain_ratio_estimate
-from experiments.reproduce import (PAPER, Kind, Run, _duration, execute, git_commit, hosts_of, load_ledger,
-                                   run_command, runs_to_do, shown)
+from experiments.records import duration, git_commit, hosts_of, load_ledger
+from experiments.reproduce import PAPER, Kind, Run, execute, run_command, runs_to_do, shown
 from rlhf_jax.errors import ConfigError, Interrupted
 from rlhf_jax.metrics_log import MetricsLog
 
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
             done = env_steps_done(Path(config.run.dir))
             begun = f"begun, {done / 1e6:.2f}M of {ENV_STEPS / 1e6:g}M env steps; " if done else ""
             left = expected_hours(line) * 3600 * (1 - done / ENV_STEPS)
-            print(f"# {run.line}, seed {run.seed}: {begun}about {_duration(left)} left on this CPU")
+            print(f"# {run.line}, seed {run.seed}: {begun}about {duration(left)} left on this CPU")
             print(run_command(run, config))
         return
     enable_compilation_cache()

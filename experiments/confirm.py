@@ -65,9 +65,9 @@ from benchmarks.common import command_line, cpu_host, enable_compilation_cache
 from experiments.protocol import (REGISTRATIONS, Registration, RegisteredCell, RegistrationError, cell_config,
                                   check_fingerprint, decide, fingerprint, gain_ratio_estimate, load, save, seed_keys)
 from experiments.common import RESULTS
-from experiments.reproduce import (FIGURES, MUJOCO_TASKS, ROOT, Kind, attempts_of, budget_line, budget_of, cpu_overrides,
-                                   curve_of, final_return, git_commit, load_ledger, pinned_segment_length, plot,
-                                   run_or_resume_sweep, run_timed, save_json, shown, slug, summary)
+from experiments.records import ROOT, attempts_of, final_return, git_commit, load_ledger, run_timed, save_json
+from experiments.reproduce import (FIGURES, MUJOCO_TASKS, Kind, budget_line, budget_of, cpu_overrides, curve_of,
+                                   pinned_segment_length, plot, run_or_resume_sweep, shown, slug, summary)
 from experiments.trpo_reference import figure_rl_line
 from rlhf_jax.config import ExperimentConfig, build, to_dict
 from rlhf_jax.errors import ConfigError, Interrupted

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from experiments.reproduce import ROOT, digest, fingerprinted_fields
+from experiments.records import ROOT
+from experiments.reproduce import digest, fingerprinted_fields
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.errors import ConfigError
 

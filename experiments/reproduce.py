@@ -94,7 +94,6 @@ import math
 import os
 import re
 import sys
-import threading
 import time
 import warnings
 from enum import StrEnum
@@ -105,16 +104,16 @@ import numpy as np
 
 from benchmarks.common import command_line, cpu_host, cpu_overrides, enable_compilation_cache
 from experiments.common import RESULTS, write_result
+from experiments.records import (ROOT, attempts_of, duration, final_return, git_commit, hosts_of, load_ledger,
+                                 run_timed, save_json)
 from rlhf_jax.cli import whole_number
 from rlhf_jax.config import DEFAULT_EXPERIMENT_FILE, ExperimentConfig, flat_keys, load_config, to_dict
 from rlhf_jax.config_base import read_yaml
 from rlhf_jax.envs import make
 from rlhf_jax.reward.config import resolve
 from rlhf_jax.errors import ConfigError, Interrupted
-from rlhf_jax.files import write_atomically
 from rlhf_jax.metrics_log import judged_return
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 PAPER = CONFIGS / "paper"
 ABLATIONS_FILE = PAPER / "ablations.yaml"
@@ -433,18 +432,6 @@ def read_curve(run_dir: Path) -> dict:
         return curve_of([{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)])
 
 
-def load_ledger(path: Path) -> dict:
-    if path.exists():
-        return json.loads(path.read_text())
-    return {"runs": {}}
-
-
-def save_json(path: Path, data: dict | list) -> None:
-    """Write ``path`` whole or not at all (a kill mid-write keeps the previous version)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, lambda partial: partial.write_text(json.dumps(data, indent=1) + "\n"))
-
-
 def shown(path: Path) -> str:
     """A config's path as the ledger and the printed commands name it: from the repository root."""
     return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
@@ -487,7 +474,7 @@ def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, 
           flush=True)
     spent = []
     for index, (run, config) in enumerate(todo):
-        eta = f", about {_duration(np.mean(spent) * (len(todo) - index))} left" if spent else ""
+        eta = f", about {duration(np.mean(spent) * (len(todo) - index))} left" if spent else ""
         print(f"[{index + 1}/{len(todo)}] {run.task}, {run.line}, seed {run.seed}{eta}", flush=True)
         run_dir = Path(config.run.dir)
         if (run_dir / "config.yaml").exists():  # begun before: go on from its newest checkpoint
@@ -502,80 +489,11 @@ def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, 
         ledger["runs"][run.key] = record
         save_json(ledger_path, ledger)
         final = final_return(record["episode_return"])
-        print(f"    finished in {_duration(spent[-1])}: final true return {final:.1f}" if final is not None
-              else f"    finished in {_duration(spent[-1])}: no episode ended", flush=True)
+        print(f"    finished in {duration(spent[-1])}: final true return {final:.1f}" if final is not None
+              else f"    finished in {duration(spent[-1])}: no episode ended", flush=True)
         if after_run is not None:
             after_run(ledger)
     return ledger
-
-
-WALL_SECONDS_FILE = "wall_seconds.txt"
-ATTEMPTS_FILE = "attempts.json"  # each attempt's host, start and seconds: a run resumed elsewhere has several
-
-
-def run_timed(directory: Path, work: Callable[[], None], every: float = 30.0) -> float:
-    """Do ``work`` (a run or a sweep that checkpoints into ``directory``) and return the wall
-    seconds it has taken over every attempt. Each attempt adds its time to ``directory``'s
-    :data:`WALL_SECONDS_FILE`, stopped or not, so a cell resumed after a stop is recorded with
-    its whole time, not the last stretch's; and its host (processor, vector extensions, XLA
-    flags), start and seconds to :data:`ATTEMPTS_FILE` (:func:`attempts_of`), since a run
-    resumed on another machine was computed by both. The files are rewritten every ``every``
-    seconds as well as at the end: a process that is killed outright (the machine going away)
-    runs no ``finally``, and would otherwise leave its attempt out."""
-    path, attempts_path = directory / WALL_SECONDS_FILE, directory / ATTEMPTS_FILE
-    before = float(path.read_text()) if path.exists() else 0.0
-    earlier = attempts_of(directory)
-    began = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    host = cpu_host()
-    start = time.perf_counter()
-    spent = lambda: before + time.perf_counter() - start  # noqa: E731
-
-    def write():
-        if directory.exists():  # an attempt that failed before making it has nothing to resume
-            # Whole or not at all, as the attempts: the next attempt reads it back as its start.
-            write_atomically(path, lambda partial: partial.write_text(f"{spent():.1f}\n"))
-            this = {"began": began, "seconds": round(time.perf_counter() - start, 1), **host}
-            save_json(attempts_path, [*earlier, this])
-
-    def keep_writing():
-        while not stopped.wait(every):
-            write()
-
-    stopped = threading.Event()
-    writer = threading.Thread(target=keep_writing, daemon=True)
-    writer.start()
-    try:
-        work()
-    finally:
-        stopped.set()
-        writer.join()
-        write()
-    return spent()
-
-
-def hosts_of(records: list[dict]) -> list[tuple[str, str, str]]:
-    """Where ``records`` ran (:func:`benchmarks.common.cpu_host`: processor, vector extensions, XLA
-    flags), every attempt's host: the same digits come from one such host only."""
-    return sorted({(h["cpu"], " ".join(h["vector_extensions"]), h["xla_flags"])
-                   for r in records for h in (r, *r.get("attempts", ())) if "cpu" in h})
-
-
-def attempts_of(directory: Path) -> list[dict]:
-    """The attempts :func:`run_timed` recorded in ``directory``, oldest first (none for a run
-    made before it kept them)."""
-    path = directory / ATTEMPTS_FILE
-    return json.loads(path.read_text()) if path.exists() else []
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
-
-
-def final_return(returns: list) -> float | None:
-    """The mean of the last tenth of a curve's points (at least one) that have a value."""
-    tail = returns[-max(1, len(returns) // 10):]
-    values = [r for r in tail if r is not None]
-    return float(np.mean(values)) if values else None
 
 
 def _line_order(record: dict, ablation_names: list[str]) -> tuple:
@@ -872,7 +790,7 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
                                                                  "attempts": attempts_of(directory)}
         save_json(ledger_path, ledger)
         finals = [final_return(r["episode_return"]) for r in records]
-        print(f"    finished in {_duration(seconds)}: final true returns "
+        print(f"    finished in {duration(seconds)}: final true returns "
               f"{', '.join('-' if f is None else f'{f:.1f}' for f in finals)}", flush=True)
         if after_cell is not None:
             after_cell(ledger)
@@ -1073,17 +991,6 @@ def provenance_of(argv: list[str]) -> dict:
     the host (processor, vector extensions, XLA flags), whose XLA code can turn a chaotic run
     another way."""
     return {"command": command_line("experiments.reproduce", argv), **git_commit(), **cpu_host()}
-
-
-def git_commit() -> dict:
-    import subprocess
-
-    def git(*words):
-        return subprocess.run(["git", *words], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"),
-            "uncommitted_changes": bool(git("status", "--porcelain", "--", "rlhf_jax", "experiments/reproduce.py",
-                                            "configs/paper"))}
 
 
 def main(argv: list[str] | None = None) -> None:

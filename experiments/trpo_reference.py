@@ -40,7 +40,7 @@ nothing recorded), to set beside the ``entropy`` and ``kl`` columns of ours in i
 
 Both are scored alike: the true return of the training episodes (the policy's own samples),
 averaged per stretch of ``steps / 25`` env steps, and the run's final return is the mean of
-the last tenth of those stretches (:func:`experiments.reproduce.final_return`). The ratio per
+the last tenth of those stretches (:func:`experiments.records.final_return`). The ratio per
 task is ours over the reference, by the seeds' means; the target is 0.9 on every task.
 
 Each (side, task) writes its records to ``results/trpo_reference_<side>_runs.json`` as it
@@ -67,8 +67,8 @@ import numpy as np
 from benchmarks.common import command_line, cpu_host
 from experiments.common import RESULTS
 from experiments.protocol import fingerprint
-from experiments.reproduce import (PAPER, attempts_of, final_return, git_commit, load_ledger, run_or_resume_sweep, run_timed,
-                                  save_json)
+from experiments.records import attempts_of, final_return, git_commit, load_ledger, run_timed, save_json
+from experiments.reproduce import PAPER, run_or_resume_sweep
 from rlhf_jax.cli import whole_number
 
 POINTS = 25

@@ -12,7 +12,8 @@ import pytest
 from experiments import atari_pong
 from experiments.atari_pong import LINES, final_score, hours_of, plan, report
 from experiments.carry import unpack_unfinished
-from experiments.reproduce import _duration, run_config
+from experiments.records import duration
+from experiments.reproduce import run_config
 from rlhf_jax.errors import ConfigError
 
 
@@ -152,8 +153,8 @@ def test_the_dry_run_says_how_far_a_begun_run_has_come(tmp_path, monkeypatch, ca
     atari_pong.main(["--lines", "a2c", "--runs-dir", str(runs_dir), "--dry-run"])
     out = capsys.readouterr().out.splitlines()
     hours = atari_pong.expected_hours(LINES[0])
-    assert out[0] == f"# A2C on the score, seed 100: begun, 2.50M of 10M env steps; about {_duration(0.75 * hours * 3600)} left on this CPU"
-    assert out[2] == f"# A2C on the score, seed 101: about {_duration(hours * 3600)} left on this CPU"
+    assert out[0] == f"# A2C on the score, seed 100: begun, 2.50M of 10M env steps; about {duration(0.75 * hours * 3600)} left on this CPU"
+    assert out[2] == f"# A2C on the score, seed 101: about {duration(hours * 3600)} left on this CPU"
 
 
 def test_a_stretch_of_so_many_hours_stops_then_packs_its_runs(tmp_path, monkeypatch, capsys):

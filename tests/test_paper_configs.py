@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import reproduce
+from experiments import records, reproduce
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.envs.core import Box, Discrete, EnvSpec
 from rlhf_jax.reward.config import resolve
@@ -191,7 +191,7 @@ def test_reproduce_records_each_run_and_skips_finished_ones(tmp_path):
     calls = []
     with pytest.raises(KeyboardInterrupt):  # the second run is interrupted: the first is kept
         execute(calls, interrupt_at=2)
-    assert list(reproduce.load_ledger(ledger_path)["runs"]) == ["cartpole/RL (a2c)/seed0"]
+    assert list(records.load_ledger(ledger_path)["runs"]) == ["cartpole/RL (a2c)/seed0"]
 
     calls = []
     ledger = execute(calls)
@@ -209,9 +209,9 @@ def test_reproduce_records_each_run_and_skips_finished_ones(tmp_path):
     reproduce.execute(runs, ledger_path, runs_dir, steps=600, points=3, train_fn=fake_training(calls), progress=False)
     assert len(calls) == len(runs)  # other settings are other runs
 
-    result = reproduce.summary(reproduce.load_ledger(ledger_path), ["cartpole"])
+    result = reproduce.summary(records.load_ledger(ledger_path), ["cartpole"])
     assert result["cartpole"]["target"]["final_return"] == 30.0 and result["cartpole"]["target"]["seeds"] == 2
-    reproduce.plot(reproduce.load_ledger(ledger_path), figure, ["cartpole"], tmp_path / "fig.png", quick=True)
+    reproduce.plot(records.load_ledger(ledger_path), figure, ["cartpole"], tmp_path / "fig.png", quick=True)
     assert (tmp_path / "fig.png").stat().st_size > 0
 
 

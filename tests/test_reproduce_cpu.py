@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments import reproduce
+from experiments import records, reproduce
 from rlhf_jax.config import ExperimentConfig, load_config
 from rlhf_jax.errors import Interrupted
 from rlhf_jax.sweep import SWEEP_FILE
@@ -141,7 +141,7 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path, monkeyp
     some, other = ({"cpu": "Some CPU", "vector_extensions": ["avx", "avx2"], "xla_flags": ""},
                    {"cpu": "Other CPU", "vector_extensions": ["avx"], "xla_flags": ""})
     hosts = iter([some, other, some])  # RL's attempt, 700 labels' stopped one, then its last
-    monkeypatch.setattr(reproduce, "cpu_host", lambda: next(hosts))
+    monkeypatch.setattr(records, "cpu_host", lambda: next(hosts))
     cells = reproduce.cpu_cells(reproduce.FIGURES[2], ["hopper"], [700], ["trpo"])
     ledger_path, runs_dir = tmp_path / "ledger.json", tmp_path / "runs"
     made_by = {"command": "python -m experiments.reproduce --figure 2 --backend cpu", "commit": "abc", "uncommitted_changes": False,
@@ -153,7 +153,7 @@ def test_cells_are_recorded_as_they_finish_and_never_run_again(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):  # the second cell is interrupted: the first is kept
         execute(calls, interrupt_at=2)
     assert sorted(json.loads(ledger_path.read_text())["runs"]) == ["hopper/RL (trpo)/seed0", "hopper/RL (trpo)/seed1"]
-    stopped = calls[1] / reproduce.WALL_SECONDS_FILE  # the stopped attempt's time is kept...
+    stopped = calls[1] / records.WALL_SECONDS_FILE  # the stopped attempt's time is kept...
     assert stopped.exists()
     stopped.write_text("100.0\n")  # (as if it had run 100 s)
     calls = []
@@ -358,20 +358,20 @@ def test_a_cells_wall_time_is_on_disk_while_it_runs(tmp_path):
     def work():  # waits (10 s at most) to see the file grow past the earlier attempt's time
         deadline = time.monotonic() + 10
         while not seen and time.monotonic() < deadline:
-            value = float((tmp_path / reproduce.WALL_SECONDS_FILE).read_text())
+            value = float((tmp_path / records.WALL_SECONDS_FILE).read_text())
             if value > 100.0:
                 seen.append(value)
             time.sleep(0.01)
 
-    (tmp_path / reproduce.WALL_SECONDS_FILE).write_text("100.0\n")  # an earlier attempt's
-    total = reproduce.run_timed(tmp_path, work, every=0.05)
+    (tmp_path / records.WALL_SECONDS_FILE).write_text("100.0\n")  # an earlier attempt's
+    total = records.run_timed(tmp_path, work, every=0.05)
     assert seen and seen[0] > 100.0 and total > 100.0  # (the file keeps a tenth of a second)
 
 
 def test_a_write_of_the_time_cut_short_leaves_the_time_before(tmp_path, monkeypatch):
     """The machine going away while the wall seconds are rewritten leaves the file as it was, not
     a few characters of the new one that the next attempt would read as its time, or fail on."""
-    (tmp_path / reproduce.WALL_SECONDS_FILE).write_text("100.0\n")
+    (tmp_path / records.WALL_SECONDS_FILE).write_text("100.0\n")
     write_text = Path.write_text
 
     def cut_short(self, text, *args, **kwargs):  # two characters written, then the machine is gone
@@ -380,9 +380,9 @@ def test_a_write_of_the_time_cut_short_leaves_the_time_before(tmp_path, monkeypa
 
     monkeypatch.setattr(Path, "write_text", cut_short)
     with pytest.raises(SystemExit):
-        reproduce.run_timed(tmp_path, lambda: None, every=60)
+        records.run_timed(tmp_path, lambda: None, every=60)
     monkeypatch.undo()
-    assert (tmp_path / reproduce.WALL_SECONDS_FILE).read_text() == "100.0\n"
+    assert (tmp_path / records.WALL_SECONDS_FILE).read_text() == "100.0\n"
 
 
 def test_each_attempt_at_a_run_names_the_host_that_computed_it(tmp_path, monkeypatch):
@@ -390,23 +390,23 @@ def test_each_attempt_at_a_run_names_the_host_that_computed_it(tmp_path, monkeyp
     host, start and seconds are kept in the run's directory, on disk while it runs."""
     hosts = iter([{"cpu": "AMD EPYC", "vector_extensions": ["avx2", "avx512f"], "xla_flags": ""},
                   {"cpu": "AMD EPYC", "vector_extensions": ["avx2"], "xla_flags": "--xla_cpu_use_onednn=true"}])
-    monkeypatch.setattr(reproduce, "cpu_host", lambda: next(hosts))
+    monkeypatch.setattr(records, "cpu_host", lambda: next(hosts))
     seen = []
 
     def work():  # waits (10 s at most) for this attempt to be on disk before it ends
         deadline = time.monotonic() + 10
         while not seen and time.monotonic() < deadline:
-            if len(reproduce.attempts_of(tmp_path)) == 2:
+            if len(records.attempts_of(tmp_path)) == 2:
                 seen.append(True)
             time.sleep(0.01)
 
-    reproduce.run_timed(tmp_path, lambda: None, every=0.05)
-    reproduce.run_timed(tmp_path, work, every=0.05)
-    first, second = reproduce.attempts_of(tmp_path)
+    records.run_timed(tmp_path, lambda: None, every=0.05)
+    records.run_timed(tmp_path, work, every=0.05)
+    first, second = records.attempts_of(tmp_path)
     assert seen and first["vector_extensions"] == ["avx2", "avx512f"] and second["vector_extensions"] == ["avx2"]
     assert second["xla_flags"] == "--xla_cpu_use_onednn=true" and first["began"] <= second["began"]
     assert first["seconds"] >= 0 and second["seconds"] > 0
-    assert reproduce.attempts_of(tmp_path / "never-run") == []
+    assert records.attempts_of(tmp_path / "never-run") == []
 
 
 def test_the_gaussian_kl_change_touches_trpo_cells_and_no_others():

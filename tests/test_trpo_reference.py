@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from experiments import reproduce, trpo_reference
+from experiments import records, reproduce, trpo_reference
 from rlhf_jax.config import ExperimentConfig, load_config, to_dict
 from rlhf_jax.sweep import Sweep
 
@@ -129,13 +129,13 @@ def test_a_reference_run_keeps_what_another_process_recorded_while_it_ran(tmp_pa
     monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: path)
 
     def run_reference(task, steps, seed, overrides=None, control_cost=True, simulator="gymnasium"):
-        reproduce.save_json(path, {"runs": {"hopper/seed0": record("reference", "hopper", 1.0, steps)}})
+        records.save_json(path, {"runs": {"hopper/seed0": record("reference", "hopper", 1.0, steps)}})
         return {**record("reference", task, 2.0, steps, seed=seed), "seconds": 900.0}
 
     monkeypatch.setattr(trpo_reference, "run_reference", run_reference)
     trpo_reference.main(["--side", "reference", "--tasks", "ant", "--seeds", "1", "--first-seed", "100",
                          "--steps", "100"])
-    runs = reproduce.load_ledger(path)["runs"]
+    runs = records.load_ledger(path)["runs"]
     assert sorted(runs) == ["ant/seed100", "hopper/seed0"]
     assert runs["ant/seed100"]["first_seed"] == 100  # the block it belongs to, for the report
 
@@ -189,14 +189,14 @@ def test_the_tasks_without_their_control_cost_are_a_study_of_their_own(ledgers, 
     assert trpo_reference.our_config("ant", 100_000, [])[0].env.control_cost is True
     path = tmp_path / "reference_runs.json"
     monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: path)
-    monkeypatch.setattr(trpo_reference, "load_ledger", reproduce.load_ledger)  # a real file, from here on
+    monkeypatch.setattr(trpo_reference, "load_ledger", records.load_ledger)  # a real file, from here on
     asked = []
     monkeypatch.setattr(trpo_reference, "run_reference", lambda task, steps, seed, overrides=None, control_cost=True,
                         simulator="gymnasium": asked.append(control_cost) or {**record("reference", task, 2.0, steps),
                                                                               "seconds": 1.0})
     trpo_reference.main(["--side", "reference", "--tasks", "ant", "--seeds", "1", "--first-seed", "120",
                          "--steps", "100", "--no-control-cost"])
-    assert asked == [False] and list(reproduce.load_ledger(path)["runs"]) == ["ant/seed120/no_control_cost"]
+    assert asked == [False] and list(records.load_ledger(path)["runs"]) == ["ant/seed120/no_control_cost"]
 
 
 def test_the_reference_plays_the_task_without_its_control_cost_when_asked():
@@ -229,7 +229,7 @@ def test_the_reference_on_envpools_task_is_its_own_variant_and_ledger_key(tmp_pa
         trpo_reference.main(["--side", "reference", "--tasks", "inverteddoublependulum", "--seeds", "1",
                              "--first-seed", "940", "--steps", "100", *on])
     assert asked == ["gymnasium", "envpool"]
-    assert sorted(reproduce.load_ledger(path)["runs"]) == ["inverteddoublependulum/seed940",
+    assert sorted(records.load_ledger(path)["runs"]) == ["inverteddoublependulum/seed940",
                                                           "inverteddoublependulum/seed940/envpool"]
     with pytest.raises(SystemExit):
         trpo_reference.main(["--side", "ours", "--reference-on", "envpool"])

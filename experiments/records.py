@@ -1,0 +1,113 @@
+"""A run's record, shared by the experiments that keep ledgers (the figures, the registered
+comparisons, Pong): the ledger of finished runs, written whole or not at all; the wall time and
+the host of every attempt at a run, kept in its directory while it runs; the commit that made
+it; and a curve's final return."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from benchmarks.common import cpu_host
+from rlhf_jax.files import write_atomically
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_ledger(path: Path) -> dict:
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"runs": {}}
+
+
+def save_json(path: Path, data: dict | list) -> None:
+    """Write ``path`` whole or not at all (a kill mid-write keeps the previous version)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, lambda partial: partial.write_text(json.dumps(data, indent=1) + "\n"))
+
+
+WALL_SECONDS_FILE = "wall_seconds.txt"
+ATTEMPTS_FILE = "attempts.json"  # each attempt's host, start and seconds: a run resumed elsewhere has several
+
+
+def run_timed(directory: Path, work: Callable[[], None], every: float = 30.0) -> float:
+    """Do ``work`` (a run or a sweep that checkpoints into ``directory``) and return the wall
+    seconds it has taken over every attempt. Each attempt adds its time to ``directory``'s
+    :data:`WALL_SECONDS_FILE`, stopped or not, so a cell resumed after a stop is recorded with
+    its whole time, not the last stretch's; and its host (processor, vector extensions, XLA
+    flags), start and seconds to :data:`ATTEMPTS_FILE` (:func:`attempts_of`), since a run
+    resumed on another machine was computed by both. The files are rewritten every ``every``
+    seconds as well as at the end: a process that is killed outright (the machine going away)
+    runs no ``finally``, and would otherwise leave its attempt out."""
+    path, attempts_path = directory / WALL_SECONDS_FILE, directory / ATTEMPTS_FILE
+    before = float(path.read_text()) if path.exists() else 0.0
+    earlier = attempts_of(directory)
+    began = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    host = cpu_host()
+    start = time.perf_counter()
+    spent = lambda: before + time.perf_counter() - start  # noqa: E731
+
+    def write():
+        if directory.exists():  # an attempt that failed before making it has nothing to resume
+            # Whole or not at all, as the attempts: the next attempt reads it back as its start.
+            write_atomically(path, lambda partial: partial.write_text(f"{spent():.1f}\n"))
+            this = {"began": began, "seconds": round(time.perf_counter() - start, 1), **host}
+            save_json(attempts_path, [*earlier, this])
+
+    def keep_writing():
+        while not stopped.wait(every):
+            write()
+
+    stopped = threading.Event()
+    writer = threading.Thread(target=keep_writing, daemon=True)
+    writer.start()
+    try:
+        work()
+    finally:
+        stopped.set()
+        writer.join()
+        write()
+    return spent()
+
+
+def hosts_of(records: list[dict]) -> list[tuple[str, str, str]]:
+    """Where ``records`` ran (:func:`benchmarks.common.cpu_host`: processor, vector extensions, XLA
+    flags), every attempt's host: the same digits come from one such host only."""
+    return sorted({(h["cpu"], " ".join(h["vector_extensions"]), h["xla_flags"])
+                   for r in records for h in (r, *r.get("attempts", ())) if "cpu" in h})
+
+
+def attempts_of(directory: Path) -> list[dict]:
+    """The attempts :func:`run_timed` recorded in ``directory``, oldest first (none for a run
+    made before it kept them)."""
+    path = directory / ATTEMPTS_FILE
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a person reads them: 90 s, 25 min, 6.7 h."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def final_return(returns: list) -> float | None:
+    """The mean of the last tenth of a curve's points (at least one) that have a value."""
+    tail = returns[-max(1, len(returns) // 10):]
+    values = [r for r in tail if r is not None]
+    return float(np.mean(values)) if values else None
+
+
+def git_commit() -> dict:
+    """The commit whose code this process runs, and whether the library, the figures' code or the
+    papers' configs differ from it in the work tree."""
+    import subprocess
+
+    def git(*words):
+        return subprocess.run(["git", *words], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"),
+            "uncommitted_changes": bool(git("status", "--porcelain", "--", "rlhf_jax", "experiments/reproduce.py",
+                                            "configs/paper"))}
