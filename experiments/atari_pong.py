@@ -50,8 +50,9 @@ attempt's host (a run carried to another machine has several), and the report is
 again: ``atari_pong.json`` (per line each seed's final score, env steps and hours, the hosts,
 the targets) and ``atari_pong.png`` (per line the true score against env steps and
 against the hours of training, each seed thin, the mean bold). ``--dry-run`` prints each
-remaining run's ``rlhf-jax train`` command, how far a begun one has come, and its expected
-wall time left on this CPU.
+remaining run's ``rlhf-jax train`` command, how far a begun one has come, and the training
+time it has left at the rate measured nearest to it: its own so far, else its line's finished
+seeds', else the design's (:func:`expected_rate`).
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ class Line(NamedTuple):
     config: Path
     overrides: tuple[str, ...]
     seeds: tuple[int, ...]
-    steps_per_second: float  # measured on this 2-core CPU (see ``expected_hours``)
+    steps_per_second: float  # the design's estimate for this 2-core CPU (see ``expected_rate``)
 
 
 ATARI = PAPER / "atari"
@@ -122,15 +123,27 @@ def plan(lines: list[Line]) -> list[Run]:
             for index in range(most) for line in lines if index < len(line.seeds)]
 
 
-def env_steps_done(run_dir: Path) -> float:
-    """The env steps a begun run has trained: its metrics' last whole row (0 for a run not begun)."""
-    rows = MetricsLog(run_dir, tensorboard=False).rows()
-    return rows[-1]["env_steps"] if rows else 0.0
+def training_rate(env_steps: list[float], steps_per_second: list) -> float | None:
+    """Env steps per second of training over a run's chunks whose rate was measured (compiling and
+    saving aside), from its metrics' or record's per-chunk env steps and rates; None for none."""
+    steps = np.diff([0.0, *env_steps])
+    rates = np.asarray([math.nan if r is None else r for r in steps_per_second], float)
+    measured = np.isfinite(rates) & (rates > 0)
+    return float(steps[measured].sum() / (steps[measured] / rates[measured]).sum()) if measured.any() else None
 
 
-def expected_hours(line: Line) -> float:
-    """Wall hours of one run of ``line`` at its rate in :data:`LINES`."""
-    return ENV_STEPS / line.steps_per_second / 3600
+def expected_rate(line: Line, ledger: dict, begun: list[dict]) -> tuple[float, str]:
+    """The env steps/s a run of ``line`` is expected to go on at, and whence: its own rate so far
+    (``begun``: its metrics' rows), else its line's finished seeds' (the ledger), else the
+    design's (:data:`LINES`, written before any run)."""
+    own = training_rate([r["env_steps"] for r in begun], [r.get("steps_per_second") for r in begun]) if begun else None
+    if own:
+        return own, "its own rate so far"
+    finished = [rate for r in ledger["runs"].values() if r["line"] == line.title
+                for rate in [training_rate(r["env_steps"], r["steps_per_second"])] if rate]
+    if finished:
+        return float(np.mean(finished)), "its line's finished seeds' rate"
+    return line.steps_per_second, "the design's rate"
 
 
 # ------------------------------------------------------------------------ the report
@@ -270,12 +283,15 @@ def main(argv: list[str] | None = None) -> None:
         pack(runs_dir)
         return
     if args.dry_run:
-        for run, config in runs_to_do(runs, load_ledger(LEDGER), runs_dir, ENV_STEPS):
+        ledger = load_ledger(LEDGER)
+        for run, config in runs_to_do(runs, ledger, runs_dir, ENV_STEPS):
             line = next(line for line in lines if line.title == run.line)
-            done = env_steps_done(Path(config.run.dir))
+            rows = MetricsLog(Path(config.run.dir), tensorboard=False).rows()
+            done = rows[-1]["env_steps"] if rows else 0.0
             begun = f"begun, {done / 1e6:.2f}M of {ENV_STEPS / 1e6:g}M env steps; " if done else ""
-            left = expected_hours(line) * 3600 * (1 - done / ENV_STEPS)
-            print(f"# {run.line}, seed {run.seed}: {begun}about {duration(left)} left on this CPU")
+            rate, whence = expected_rate(line, ledger, rows)
+            print(f"# {run.line}, seed {run.seed}: {begun}about {duration((ENV_STEPS - done) / rate)} left "
+                  f"at {rate:,.0f} env steps/s ({whence})")
             print(run_command(run, config))
         return
     enable_compilation_cache()

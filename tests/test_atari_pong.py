@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments import atari_pong
+from experiments import atari_pong, records
 from experiments.atari_pong import LINES, final_score, hours_of, plan, report
 from experiments.carry import unpack_unfinished
 from experiments.records import duration
-from experiments.reproduce import run_config
+from experiments.reproduce import fingerprint_of, run_config, runs_to_do
 from rlhf_jax.errors import ConfigError
 
 
@@ -143,18 +143,34 @@ def test_pack_carries_each_unfinished_run_with_only_its_newest_checkpoint(tmp_pa
     assert not archive.exists()
 
 
-def test_the_dry_run_says_how_far_a_begun_run_has_come(tmp_path, monkeypatch, capsys):
+def test_the_dry_run_says_how_far_a_begun_run_has_come_at_its_own_rate(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(atari_pong, "UNFINISHED", tmp_path / "none.tar.gz")
     monkeypatch.setattr(atari_pong, "LEDGER", tmp_path / "ledger.json")
     runs_dir = tmp_path / "runs"
     run_dir = Path(run_config(plan(list(LINES))[0], atari_pong.ENV_STEPS, 0, runs_dir).run.dir)
     _begun_run(run_dir, [49])
-    (run_dir / "metrics.csv").write_text("env_steps,episodes\n2450000.0,30\n2500000.0,31\n")
+    (run_dir / "metrics.csv").write_text("env_steps,episodes,steps_per_second\n2450000.0,30,400\n2500000.0,31,600\n")
     atari_pong.main(["--lines", "a2c", "--runs-dir", str(runs_dir), "--dry-run"])
     out = capsys.readouterr().out.splitlines()
-    hours = atari_pong.expected_hours(LINES[0])
-    assert out[0] == f"# A2C on the score, seed 100: begun, 2.50M of 10M env steps; about {duration(0.75 * hours * 3600)} left on this CPU"
-    assert out[2] == f"# A2C on the score, seed 101: about {duration(hours * 3600)} left on this CPU"
+    rate = 2_500_000 / (2_450_000 / 400 + 50_000 / 600)  # 402.7: each chunk's steps at its own rate
+    assert out[0] == (f"# A2C on the score, seed 100: begun, 2.50M of 10M env steps; about "
+                      f"{duration(7_500_000 / rate)} left at 403 env steps/s (its own rate so far)")
+    assert out[2] == "# A2C on the score, seed 101: about 2.3 h left at 1,200 env steps/s (the design's rate)"
+
+
+def test_the_dry_run_expects_a_run_not_begun_to_go_at_its_lines_finished_seeds_rate(tmp_path, monkeypatch, capsys):
+    ledger = tmp_path / "ledger.json"
+    monkeypatch.setattr(atari_pong, "UNFINISHED", tmp_path / "none.tar.gz")
+    monkeypatch.setattr(atari_pong, "LEDGER", ledger)
+    runs_dir = tmp_path / "runs"
+    first, config = runs_to_do(plan([LINES[0]]), {"runs": {}}, runs_dir, atari_pong.ENV_STEPS)[0]
+    records.save_json(ledger, {"runs": {first.key: {
+        "line": first.line, "fingerprint": fingerprint_of(config),
+        "env_steps": [5e6, 1e7], "steps_per_second": [400.0, None]}}})  # a chunk without a rate is left out
+    atari_pong.main(["--lines", "a2c", "--runs-dir", str(runs_dir), "--dry-run"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# A2C on the score, seed 101: about 6.9 h left at 400 env steps/s (its line's finished seeds' rate)"
+    assert len(out) == 4  # seed 100 is finished
 
 
 def test_a_stretch_of_so_many_hours_stops_then_packs_its_runs(tmp_path, monkeypatch, capsys):
