@@ -126,9 +126,8 @@ def plan(lines: list[Line]) -> list[Run]:
 def training_rate(env_steps: list[float], steps_per_second: list) -> float | None:
     """Env steps per second of training over a run's chunks whose rate was measured (compiling and
     saving aside), from its metrics' or record's per-chunk env steps and rates; None for none."""
-    steps = np.diff([0.0, *env_steps])
-    rates = np.asarray([math.nan if r is None else r for r in steps_per_second], float)
-    measured = np.isfinite(rates) & (rates > 0)
+    steps, rates = chunk_steps_and_rates(env_steps, steps_per_second)
+    measured = np.isfinite(rates)
     return float(steps[measured].sum() / (steps[measured] / rates[measured]).sum()) if measured.any() else None
 
 
@@ -163,9 +162,14 @@ def final_score(episodes: list[float], returns: list[float | None], last: int = 
 def hours_of(record: dict) -> list[float]:
     """The training hours at the end of each chunk: its env steps over the chunk's steps/s, summed
     (compiling and saving aside)."""
-    steps = np.diff([0.0, *record["env_steps"]])
-    rates = np.asarray([math.nan if r is None else r for r in record["steps_per_second"]], float)
+    steps, rates = chunk_steps_and_rates(record["env_steps"], record["steps_per_second"])
     return list(np.cumsum(np.where(np.isfinite(rates), steps / rates, 0.0)) / 3600)
+
+
+def chunk_steps_and_rates(env_steps: list[float], steps_per_second: list) -> tuple[np.ndarray, np.ndarray]:
+    """Each chunk's env steps (from the running totals) and its env steps/s, NaN where unmeasured."""
+    rates = np.asarray([math.nan if r is None else r for r in steps_per_second], float)
+    return np.diff([0.0, *env_steps]), np.where(rates > 0, rates, math.nan)
 
 
 def report(ledger: dict) -> dict:
