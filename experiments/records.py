@@ -1,14 +1,17 @@
 """A run's record, shared by the experiments that keep ledgers (the figures, the registered
 comparisons, Pong): the ledger of finished runs, written whole or not at all; the wall time and
 the host of every attempt at a run, kept in its directory while it runs; the commit that made
-it; and a curve's final return."""
+it; a curve's final return; and the claims by which several processes share a block of runs."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -28,6 +31,66 @@ def save_json(path: Path, data: dict | list) -> None:
     """Write ``path`` whole or not at all (a kill mid-write keeps the previous version)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, lambda partial: partial.write_text(json.dumps(data, indent=1) + "\n"))
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold the lock of ``path``'s folder (``flock`` on the folder itself, which a file written whole
+    by renaming keeps) against other processes on this machine doing the same: for a ledger's
+    read, change and write, or a claim's check and take."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # and with it the lock
+
+
+def record_run(path: Path, key: str, record: dict) -> None:
+    """Add ``record`` to the ledger at ``path`` as ``key``, keeping what other processes added meanwhile."""
+    with locked(path):
+        ledger = load_ledger(path)
+        ledger["runs"][key] = record
+        save_json(path, ledger)
+
+
+def _boot() -> str:
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    return boot.read_text().strip() if boot.exists() else ""
+
+
+def _alive(holder: str) -> bool:
+    """Whether the process a claim names (``"<pid> <boot id>"``) still runs on this machine since its boot."""
+    pid, _, boot = holder.strip().partition(" ")
+    if not pid.isdigit() or boot != _boot():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        pass
+    return True
+
+
+@contextlib.contextmanager
+def claimed(path: Path) -> Iterator[bool]:
+    """Claim the run that ``path`` names for this process while the block runs: yields True, and
+    gives the claim up after, or False, claiming nothing, where a living process on this machine
+    holds it. A claim left by a process that died (or by an earlier boot) is taken over. So several
+    processes given the same block of seeds share it, each run made once."""
+    with locked(path):
+        held = path.exists() and _alive(path.read_text())
+        if not held:
+            path.write_text(f"{os.getpid()} {_boot()}\n")
+    if held:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        path.unlink(missing_ok=True)
 
 
 WALL_SECONDS_FILE = "wall_seconds.txt"

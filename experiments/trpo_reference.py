@@ -44,7 +44,8 @@ the last tenth of those stretches (:func:`experiments.records.final_return`). Th
 task is ours over the reference, by the seeds' means; the target is 0.9 on every task.
 
 Each (side, task) writes its records to ``results/trpo_reference_<side>_runs.json`` as it
-finishes (the two sides can run at once, one process each); ``--report`` writes
+finishes (the two sides can run at once; so can several processes of the reference given the same
+block, each taking the seeds no other has claimed, :func:`experiments.records.claimed`); ``--report`` writes
 ``results/trpo_reference.json`` with one table per block of seeds and variant of ours, each
 side's runs on the same seeds (against the zoo's settings in ``seed_blocks``, against the
 reference's other variants in ``reference_variants``), and every record names the host
@@ -67,7 +68,8 @@ import numpy as np
 from benchmarks.common import command_line, cpu_host
 from experiments.common import RESULTS
 from experiments.protocol import fingerprint
-from experiments.records import attempts_of, final_return, git_commit, load_ledger, run_timed, save_json
+from experiments.records import (attempts_of, claimed, final_return, git_commit, load_ledger, locked, record_run,
+                                 run_timed, save_json)
 from experiments.reproduce import PAPER, run_or_resume_sweep
 from rlhf_jax.cli import whole_number
 
@@ -486,26 +488,29 @@ def main(argv: list[str] | None = None) -> None:
                 # the zoo's settings keep the keys they had before the reference had variants
                 key = (f"{task}/seed{seed}" + "".join(f"/{k}={v}" for k, v in overrides.items())
                        + "/no_control_cost" * args.no_control_cost + "/envpool" * (args.reference_on == "envpool"))
-                done = load_ledger(path)["runs"].get(key)
-                if done is not None and done["steps"] == args.steps:
-                    continue
-                record = {**run_reference(task, args.steps, seed, overrides=overrides,
-                                          control_cost=not args.no_control_cost, simulator=args.reference_on),
-                          "first_seed": args.first_seed, **provenance}
-                ledger = load_ledger(path)  # as it is now: another process may have added to it meanwhile
-                ledger["runs"][key] = record
-                save_json(path, ledger)
+                with claimed(RUNS / "claims" / key.replace("/", "_")) as mine:  # processes share a block
+                    if not mine:
+                        print(f"reference {task} seed {seed}: another process runs it", flush=True)
+                        continue
+                    done = load_ledger(path)["runs"].get(key)
+                    if done is not None and done["steps"] == args.steps:
+                        continue
+                    record = {**run_reference(task, args.steps, seed, overrides=overrides,
+                                              control_cost=not args.no_control_cost, simulator=args.reference_on),
+                              "first_seed": args.first_seed, **provenance}
+                    record_run(path, key, record)
                 print(f"reference {task} seed {seed}: final return {record['final_return']:.0f} "
                       f"in {record['seconds'] / 60:.0f} min", flush=True)
         return
     for task in tasks:  # ours: a task's seeds are one program
         records = run_ours(task, args.steps, args.seeds, args.ours_overrides, args.first_seed, args.ours_as_reference,
                            control_cost=not args.no_control_cost)
-        ledger = load_ledger(path)
-        for record in ({**record, **provenance} for record in records):
-            supersede(ledger, record)
-            ledger["runs"][f"{task}/{record['fingerprint']}/seed{record['seed']}"] = record
-        save_json(path, ledger)
+        with locked(path):  # as the ledger is now: another process may have added to it meanwhile
+            ledger = load_ledger(path)
+            for record in ({**record, **provenance} for record in records):
+                supersede(ledger, record)
+                ledger["runs"][f"{task}/{record['fingerprint']}/seed{record['seed']}"] = record
+            save_json(path, ledger)
         print(f"ours {task}: final returns {[round(r['final_return'] or float('nan')) for r in records]}", flush=True)
 
 

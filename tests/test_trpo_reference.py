@@ -1,4 +1,8 @@
 """The TRPO reference study's bookkeeping: what its report compares, and its sweeps' resumption."""
+import contextlib
+import os
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -19,8 +23,15 @@ def ledgers(tmp_path, monkeypatch):
     books = {"reference": {"runs": {}}, "ours": {"runs": {}}}
     monkeypatch.setattr(trpo_reference, "load_ledger", lambda path: books[path])
     monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: side)
+    monkeypatch.setattr(trpo_reference, "locked", lambda path: contextlib.nullcontext())  # no file to lock
     monkeypatch.setattr(trpo_reference, "RESULTS", tmp_path)
     return books
+
+
+@pytest.fixture(autouse=True)
+def claims_apart(tmp_path, monkeypatch):
+    """The reference's claims on its runs go to the test's folder, not the repository's runs/."""
+    monkeypatch.setattr(trpo_reference, "RUNS", tmp_path / "runs")
 
 
 def test_the_report_compares_only_our_runs_at_the_reference_budget(ledgers):
@@ -316,3 +327,47 @@ def test_a_wrong_setting_of_ours_stops_in_one_line_before_any_run(argv, named, c
         trpo_reference.main(argv)
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert named in error and "Traceback" not in error
+
+
+def _reference_runs(tmp_path, monkeypatch):
+    """Run the reference's seeds 100-102 of Ant in this process, recording which seeds it ran."""
+    path, ran = tmp_path / "reference_runs.json", []
+    monkeypatch.setattr(trpo_reference, "ledger_path", lambda side: path)
+
+    def run_reference(task, steps, seed, overrides=None, control_cost=True, simulator="gymnasium"):
+        ran.append(seed)
+        return {**record("reference", task, 2.0, steps, seed=seed), "seconds": 60.0}
+
+    monkeypatch.setattr(trpo_reference, "run_reference", run_reference)
+    trpo_reference.main(["--side", "reference", "--tasks", "ant", "--seeds", "3", "--first-seed", "100",
+                         "--steps", "100"])
+    return ran, records.load_ledger(path)["runs"]
+
+
+def test_processes_given_one_block_share_it_each_seed_run_once(tmp_path, monkeypatch, capsys):
+    claims = tmp_path / "runs" / "claims"
+    claims.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "60"])  # another process, running seed 101
+    try:
+        (claims / "ant_seed101").write_text(f"{other.pid} {records._boot()}\n")
+        ran, runs = _reference_runs(tmp_path, monkeypatch)
+    finally:
+        other.kill()
+        other.wait()
+    assert ran == [100, 102] and sorted(runs) == ["ant/seed100", "ant/seed102"]
+    assert "reference ant seed 101: another process runs it" in capsys.readouterr().out
+    assert sorted(p.name for p in claims.iterdir()) == ["ant_seed101"]  # its own claims given up, the other's kept
+
+
+@pytest.mark.parametrize("holder", ["a process that has ended", "a process of an earlier boot"])
+def test_a_claim_whose_process_is_gone_is_taken_over(holder, tmp_path, monkeypatch):
+    claims = tmp_path / "runs" / "claims"
+    claims.mkdir(parents=True)
+    if holder == "a process that has ended":
+        ended = subprocess.Popen(["true"])
+        ended.wait()
+        (claims / "ant_seed101").write_text(f"{ended.pid} {records._boot()}\n")
+    else:
+        (claims / "ant_seed101").write_text(f"{os.getpid()} an-earlier-boot\n")
+    ran, _ = _reference_runs(tmp_path, monkeypatch)
+    assert ran == [100, 101, 102] and not list(claims.iterdir())
