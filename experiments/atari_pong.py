@@ -69,11 +69,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from benchmarks.common import command_line, cpu_host, enable_compilation_cache
+from benchmarks.common import enable_compilation_cache
 from experiments.carry import pack_unfinished, unpack_unfinished
 from experiments.common import RESULTS, write_result
 from experiments.protocol import gain_ratio_estimate
-from experiments.records import duration, git_commit, hosts_of, load_ledger
+from experiments.records import duration, hosts_of, load_ledger, provenance_of
 from experiments.reproduce import PAPER, Kind, Run, execute, run_command, runs_to_do, shown
 from rlhf_jax.errors import ConfigError, Interrupted
 from rlhf_jax.metrics_log import MetricsLog
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
             print(run_command(run, config))
         return
     enable_compilation_cache()
-    provenance = {"command": command_line("experiments.atari_pong", argv), **git_commit(), **cpu_host()}
+    provenance = provenance_of("experiments.atari_pong", argv)
     with stopped_after(args.hours):
         try:
             execute(runs, LEDGER, runs_dir, ENV_STEPS, after_run=publish, provenance=provenance)

@@ -61,11 +61,11 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from benchmarks.common import command_line, cpu_host, enable_compilation_cache
+from benchmarks.common import cpu_host, enable_compilation_cache
 from experiments.protocol import (REGISTRATIONS, Registration, RegisteredCell, RegistrationError, cell_config,
                                   check_fingerprint, decide, fingerprint, gain_ratio_estimate, load, save, seed_keys)
 from experiments.common import RESULTS
-from experiments.records import ROOT, attempts_of, final_return, git_commit, load_ledger, run_timed, save_json
+from experiments.records import ROOT, attempts_of, final_return, git_commit, load_ledger, provenance_of, run_timed, save_json
 from experiments.reproduce import (FIGURES, MUJOCO_TASKS, Kind, budget_line, budget_of, cpu_overrides, curve_of,
                                    pinned_segment_length, plot, run_or_resume_sweep, shown, slug, summary)
 from experiments.trpo_reference import figure_rl_line
@@ -378,8 +378,7 @@ def main(argv: list[str] | None = None) -> None:
             print(table(publish(registration, load_ledger(ledger_path))))
             return
         enable_compilation_cache()
-        provenance = {"command": command_line("experiments.confirm", sys.argv[1:] if argv is None else argv),
-                      **git_commit(), "versions": versions()}
+        provenance = {**provenance_of("experiments.confirm", argv), "versions": versions()}
         cells = [c.strip() for c in args.cells.split(",")] if args.cells else None
         ledger = run(registration, ledger_path, cells, after_cell=lambda ledger: publish(registration, ledger),
                      provenance=provenance)

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from benchmarks.common import cpu_host
+from benchmarks.common import command_line, cpu_host
 from rlhf_jax.files import write_atomically
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,3 +174,13 @@ def git_commit() -> dict:
     return {"commit": git("rev-parse", "HEAD"),
             "uncommitted_changes": bool(git("status", "--porcelain", "--", "rlhf_jax", "experiments/reproduce.py",
                                             "configs/paper"))}
+
+
+def provenance_of(module: str, argv: list[str] | None) -> dict:
+    """What made a record: the command (``python -m module`` with ``argv``, the process's own
+    arguments where None), the commit whose code this process imported (taken at its start:
+    commits made while it runs do not change its code), and the host (processor, vector
+    extensions, XLA flags), whose XLA code can turn a chaotic run another way."""
+    import sys
+
+    return {"command": command_line(module, sys.argv[1:] if argv is None else argv), **git_commit(), **cpu_host()}

@@ -102,9 +102,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from benchmarks.common import command_line, cpu_host, cpu_overrides, enable_compilation_cache
+from benchmarks.common import cpu_overrides, enable_compilation_cache
 from experiments.common import RESULTS, write_result
-from experiments.records import (ROOT, attempts_of, duration, final_return, git_commit, hosts_of, load_ledger,
+from experiments.records import (ROOT, attempts_of, duration, final_return, hosts_of, load_ledger, provenance_of,
                                  run_timed, save_json)
 from rlhf_jax.cli import whole_number
 from rlhf_jax.config import DEFAULT_EXPERIMENT_FILE, ExperimentConfig, flat_keys, load_config, to_dict
@@ -464,7 +464,7 @@ def execute(runs: list[Run], ledger_path: Path, runs_dir: Path, steps: int = 0, 
 
     ``train_fn(config, resume=None, progress=True)`` is :func:`rlhf_jax.trainer.train`
     unless given (the tests give a stand-in). ``after_run(ledger)`` is called after each
-    run is recorded (the figure is redrawn there); ``provenance`` (:func:`provenance_of`)
+    run is recorded (the figure is redrawn there); ``provenance`` (:func:`experiments.records.provenance_of`)
     goes into each record, as :func:`execute_cells` puts it. Returns the ledger."""
     if train_fn is None:
         from rlhf_jax.trainer import train as train_fn
@@ -770,7 +770,7 @@ def execute_cells(cells: list[tuple[Cell, ExperimentConfig]], ledger_path: Path,
     newest checkpoint (every chunk has one); a finished one never runs again.
     ``run_sweep(directory, base, seeds)`` is the sweep unless given (the tests give a stand-in);
     ``after_cell(ledger)`` runs after each cell is recorded; ``provenance`` (the command, the
-    commit this process runs and the processor, :func:`provenance_of`) goes into each record."""
+    commit this process runs and the processor, :func:`experiments.records.provenance_of`) goes into each record."""
     run_sweep = run_sweep or run_or_resume_sweep
     ledger, shared = with_identical_runs(load_ledger(ledger_path), cells, seeds)
     if shared:
@@ -985,14 +985,6 @@ def result_name(figure: int, quick: bool, cpu: bool, steps: int) -> str:
     return name
 
 
-def provenance_of(argv: list[str]) -> dict:
-    """What made a cell: the command, the commit whose code this process imported (taken at
-    its start, before any cell runs: commits made while it runs do not change its code), and
-    the host (processor, vector extensions, XLA flags), whose XLA code can turn a chaotic run
-    another way."""
-    return {"command": command_line("experiments.reproduce", argv), **git_commit(), **cpu_host()}
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1070,7 +1062,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{run_command(run, config)}   # {run.key}")
         return
     enable_compilation_cache()
-    provenance = provenance_of(sys.argv[1:] if argv is None else argv)
+    provenance = provenance_of("experiments.reproduce", argv)
     png = RESULTS / f"{name}.png"
     task_order = list(task_table)
     start = time.perf_counter()

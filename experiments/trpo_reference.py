@@ -59,16 +59,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import command_line, cpu_host
 from experiments.common import RESULTS
 from experiments.protocol import fingerprint
-from experiments.records import (attempts_of, claimed, final_return, git_commit, load_ledger, locked, record_run,
+from experiments.records import (attempts_of, claimed, final_return, load_ledger, locked, provenance_of, record_run,
                                  run_timed, save_json)
 from experiments.reproduce import PAPER, run_or_resume_sweep
 from rlhf_jax.cli import whole_number
@@ -478,8 +476,7 @@ def main(argv: list[str] | None = None) -> None:
                           control_cost=not args.no_control_cost, simulator=args.reference_on)
         return
     path = ledger_path(args.side)
-    provenance = {**git_commit(), **cpu_host(), "steps": args.steps,
-                  "command": command_line("experiments.trpo_reference", argv or sys.argv[1:])}
+    provenance = {**provenance_of("experiments.trpo_reference", argv), "steps": args.steps}
     if args.side == "reference":
         # seed by seed across the tasks, so that every task has a first comparison early
         for seed in range(args.first_seed, args.first_seed + args.seeds):

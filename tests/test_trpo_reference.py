@@ -291,7 +291,7 @@ def test_our_run_on_changed_code_supersedes_the_old_record_in_the_report_and_kee
     saved = trpo_reference.save_json  # the ledgers live in ``ledgers``; the report's table in a file
     monkeypatch.setattr(trpo_reference, "save_json",
                         lambda path, data: ledgers[path].update(data) if path in ledgers else saved(path, data))
-    monkeypatch.setattr(trpo_reference, "git_commit", lambda: {"commit": "test"})
+    monkeypatch.setattr(records, "git_commit", lambda: {"commit": "test"})
     rerun = {**record("ours", "ant", 200.0, 1_000_000), "fingerprint": "new"}
     rerun.pop("steps")  # the run's budget comes with its provenance, as in ``run_ours``
     monkeypatch.setattr(trpo_reference, "run_ours", lambda *args, **kwargs: [rerun])
