@@ -573,9 +573,9 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:  # before the throughput part's minutes, not after them
         parser.error(f"--tasks: unknown task {unknown[0]!r}; the tasks are {', '.join(TASKS)}")
     try:
-        budgets = tuple(int(b) for b in args.budgets.split(",")) if args.budgets else ()
-    except ValueError:
-        parser.error(f"--budgets: {args.budgets!r} is not a comma-separated list of whole numbers")
+        budgets = tuple(whole_number(1)(b) for b in args.budgets.split(",")) if args.budgets else ()
+    except argparse.ArgumentTypeError as error:
+        parser.error(f"--budgets: each {error}")
     enable_compilation_cache()
     quick = args.quick
     start = time.perf_counter()

@@ -208,7 +208,8 @@ def test_the_implied_penalty_is_what_r_hat_charges_a_fall_in_progress_and_the_la
     assert got["leads_above_rhat_penalty"] == pytest.approx(0.0)
 
 
-@pytest.mark.parametrize("argv, named", [(["--tasks", "cartpole,foo"], "'foo'"), (["--budgets", "20,x"], "--budgets")])
+@pytest.mark.parametrize("argv, named", [(["--tasks", "cartpole,foo"], "'foo'"), (["--budgets", "20,x"], "--budgets"),
+                                         (["--budgets", "20,0"], "--budgets: each must be from 1")])
 def test_the_ibt_experiment_refuses_an_unknown_task_or_budget_in_one_line_before_it_runs(argv, named, capsys,
                                                                                           monkeypatch):
     from experiments import ibt
