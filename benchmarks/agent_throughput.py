@@ -15,11 +15,14 @@
 * ``a2c_pong_network_over_sb3``: the network's arithmetic of one such update alone (five
   acting passes over 16 frames, one gradient over the 80), ours over SB3's own policy on the
   same frames: how much of the whole run's ratio is the network's kernels.
+* ``pong_training``: A2C, DQN and ACER at the papers' Pong configs
+  (``configs/paper/atari/pong_{a2c,dqn,acer}.yaml``), one chunk of each as ``rlhf-jax train``
+  runs it, learning from the first step: the rates the Pong experiment's lines train at.
 
 Each "over" is timed side by side in one run (:func:`benchmarks.common.side_by_side`: the
 two alternate over 5 rounds, compiling excluded; medians, [min, max] and the load stored).
 SB3 is optional: without it one line says so and our figures are still written.
-``--only PART`` (seeds, sb3_cartpole, pong, atari_gradients) measures some parts, each short enough to time
+``--only PART`` (seeds, sb3_cartpole, pong, pong_training, atari_gradients) measures some parts, each short enough to time
 on a paused machine, and keeps the stored result's other figures.
 
 Every seed count runs the same env steps per seed (``--quick``: 2,048, with DQN learning
@@ -48,7 +51,7 @@ from benchmarks.common import (Headline, Side, Target, compiled_chunk, enable_co
 from benchmarks.env_throughput import envpool_python_side
 from rlhf_jax import replay
 from rlhf_jax.agents import a2c, acer, dqn, trpo
-from rlhf_jax.config import ExperimentConfig, RunConfig
+from rlhf_jax.config import ExperimentConfig, RunConfig, load_config
 from rlhf_jax.envs import EnvConfig, make
 from rlhf_jax.networks import apply_time_major
 from rlhf_jax.driver import Driver
@@ -112,6 +115,28 @@ def command_training_side(config: ExperimentConfig) -> Side:
         jax.block_until_ready(metrics)
 
     return Side(run, driver.loop.chunk_length(0) * driver.loop.steps_per_iteration)
+
+
+PONG_TRAINING = {  # agent: (iterations a timed chunk, the overrides that make it learn from the first step)
+    "a2c": (20, ()),
+    "dqn": (20, ("dqn.replay_start=0",)),
+    "acer": (5, ("acer.replay_start=0",)),
+}
+
+
+def pong_training(repeats: int) -> dict:
+    """Env steps/s of each agent's Pong run at its paper config, one chunk of a few iterations as
+    ``rlhf-jax train`` runs it (compiling excluded), learning and replaying from the first step."""
+    results = {}
+    for agent, (iterations, overrides) in PONG_TRAINING.items():
+        path = f"configs/paper/atari/pong_{agent}.yaml"
+        probe = Driver(load_config(ExperimentConfig, path, list(overrides)))
+        chunk = iterations * probe.loop.steps_per_iteration
+        side = command_training_side(load_config(ExperimentConfig, path, [*overrides, f"run.chunk_env_steps={chunk}"]))
+        side.run()  # compile
+        results[f"{agent}_pong_steps_per_s"] = rate = steps_per_second(side.run, side.units, repeats)
+        print(f"{agent} on Pong ({path}): {rate:,.0f} env steps/s", flush=True)
+    return results
 
 
 class NetworkWork(NamedTuple):
@@ -315,7 +340,7 @@ def envpool_vec_env(task: str, num_envs: int):
     return EnvPoolVecEnv(task, num_envs, seed=0, reward_clip=False)
 
 
-PARTS = ("seeds", "sb3_cartpole", "pong", "atari_gradients")
+PARTS = ("seeds", "sb3_cartpole", "pong", "pong_training", "atari_gradients")
 
 
 def main() -> None:
@@ -391,6 +416,9 @@ def main() -> None:
                                         "A2C Pong network: ours vs SB3's policy").fields(
                 "a2c_pong_network_steps_per_s", "sb3_pong_network_steps_per_s", "a2c_pong_network_over_sb3"))
         results["pong_envs"] = pong_envs
+
+    if "pong_training" in parts:
+        results.update(pong_training(repeats))
 
     if "atari_gradients" in parts:
         results.update(atari_gradient_steps(EnvConfig(id="envpool/Pong-v5", num_envs=16), repeats))
