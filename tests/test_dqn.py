@@ -115,7 +115,6 @@ def test_atari_smoke():
     assert replay.valid_mask(runner.memory).sum() > 0
 
 
-
 def convolutions_by_control_flow(jaxpr, around: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """For each convolution in ``jaxpr`` at any depth, the loops and conditionals around it
     (``while``, ``cond``, and ``scan`` unless unrolled whole, which lowers to straight-line code)."""
