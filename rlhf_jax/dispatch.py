@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -30,6 +32,25 @@ def repeat(step, dispatch: str):
                        static_argnums=1, donate_argnums=0)
     one = jax.jit(step, donate_argnums=0)
     return lambda state, length: one_by_one(lambda s, _: one(s), state, range(length))
+
+
+def repeat_drawn(step, count, dispatch: str):
+    """:func:`repeat` for ``step(state, updates=None)`` whose iteration draws its count of updates
+    (:class:`rlhf_jax.agents.base.DrawnCountIteration`), ``count(state)`` being that draw. A Python
+    loop reads each step's count first and calls the step compiled for it, its updates written
+    out (one program per count met, compiled when first met); a scan runs the drawn loop."""
+    if dispatch == "scan":
+        return repeat(step, dispatch)
+    count = jax.jit(count)
+    compiled = {}
+
+    def one(state, _):
+        updates = int(count(state))
+        if updates not in compiled:
+            compiled[updates] = jax.jit(functools.partial(step, updates=updates), donate_argnums=0)
+        return compiled[updates](state)
+
+    return lambda state, length: one_by_one(one, state, range(length))
 
 
 def repeat_over(step, dispatch: str):

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from rlhf_jax.agents import get_agent
 from rlhf_jax.checkpoints import Checkpoints
 from rlhf_jax.config import ExperimentConfig, to_dict
-from rlhf_jax.dispatch import dispatch_of, repeat
+from rlhf_jax.dispatch import dispatch_of, repeat, repeat_drawn
 from rlhf_jax.envs import ATARI_NAMES, EnvConfig, make
 from rlhf_jax.envs.options import without_run_changes
 from rlhf_jax.errors import ConfigError
@@ -76,7 +76,9 @@ class CompiledLoop:
     def __init__(self, loop: Loop, dispatch: str):
         self.loop, self.dispatch = loop, dispatch
         self.start = jax.jit(loop.start)
-        self.collect = repeat(loop.collect, dispatch)  # (state, length) -> (state, metrics of each iteration)
+        # (state, length) -> (state, metrics of each iteration)
+        self.collect = (repeat_drawn(loop.collect, loop.updates_drawn, dispatch) if loop.draws_updates
+                        else repeat(loop.collect, dispatch))
         self._ask = jax.jit(loop.ask, static_argnums=2, donate_argnums=0)
         if dispatch == "scan":
             self._init = jax.jit(loop.init)

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhf_jax.agents.base import env_reward
+from rlhf_jax.agents.base import DrawnCountIteration, env_reward
 from rlhf_jax.errors import ConfigError
 from rlhf_jax.reward.data import Segments, empty_segments
 from rlhf_jax.reward.learner import HeadStart, Queries, RewardLearner, fitting_blocks
@@ -159,13 +159,24 @@ class Loop:
         # `recent` starts afresh with RL.
         return LoopState(runner, learner, recent, clips, key, jnp.zeros((), jnp.int32))
 
-    def collect(self, state: LoopState) -> tuple[LoopState, dict]:
+    @property
+    def draws_updates(self) -> bool:
+        """Whether the agent's iteration draws how many updates it makes (:class:`DrawnCountIteration`)."""
+        return isinstance(self.iteration, DrawnCountIteration)
+
+    def updates_drawn(self, state) -> jax.Array:
+        """The count of updates the next iteration from ``state`` draws (only where :attr:`draws_updates`)."""
+        return self.iteration.count(self.runner_of(state))
+
+    def collect(self, state: LoopState, updates: int | None = None) -> tuple[LoopState, dict]:
         """One agent iteration on the learned reward, its steps recorded and cut into clips (on
-        the true reward: the iteration alone)."""
+        the true reward: the iteration alone). ``updates`` (static): the count
+        :meth:`updates_drawn` gives, for the iteration with its updates written out."""
+        iteration = self.iteration if updates is None else self.iteration.with_count(updates)
         if self.learner is None:
-            return self.iteration(state)[:2]
+            return iteration(state)[:2]
         key, cut_key = jax.random.split(state.key)
-        runner, metrics, transitions = self.iteration(state.runner, self.learner.reward_params(state.learner))
+        runner, metrics, transitions = iteration(state.runner, self.learner.reward_params(state.learner))
         recent, clips = self._record_and_cut(state.recent, state.clips, cut_key, transitions)
         return state._replace(runner=runner, recent=recent, clips=clips, key=key), metrics
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from control_flow import convolutions_by_control_flow
 from rlhf_jax import ops, replay
 from rlhf_jax.agents import acer
 from rlhf_jax.agents.base import env_reward
@@ -420,6 +421,45 @@ def test_replays_follow_a_poisson_count_once_the_memory_is_warm(cartpole):
     assert abs(replays[warm].mean() - config.replay_ratio) < 0.4
     assert abs(replays[warm].var() - config.replay_ratio) < 1.5
     assert int(runner.updates) == len(replays) + replays.sum()
+
+
+def test_updates_written_out_compute_what_the_drawn_loop_does():
+    """A host that dispatches iterations one at a time (``run.loop=python``) reads the drawn count
+    first and runs the iteration with that many updates written out: the same updates, keys and
+    results as the loop, up to rounding."""
+    env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=4))
+    config = acer.ACERConfig(num_steps=8, replay_capacity=4 * 8 * 16, replay_start=64, replay_ratio=4.0)
+    iteration = acer.make_iteration(config, env, env_reward)
+    step, count = jax.jit(iteration), jax.jit(iteration.count)
+    runner = acer.init_runner(jax.random.PRNGKey(0), config, env)
+    assert int(count(runner)) == 1  # 32 env steps stored after it: before replay_start, no replay
+    counts = []
+    while len(counts) < 4 or counts[-1] < 3:  # warm, then on to an iteration that replays at least twice
+        counts.append(int(count(runner)))
+        drawn, drawn_metrics, _ = step(runner)
+        assert int(drawn.updates - runner.updates) == counts[-1] == 1 + int(drawn_metrics["replay_updates"])
+        if counts[-1] < 3:
+            runner = drawn
+    written, written_metrics, _ = jax.jit(iteration.with_count(counts[-1]))(runner)
+    for a, b in zip(jax.tree.leaves((drawn, drawn_metrics)), jax.tree.leaves((written, written_metrics))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_updates_written_out_keep_the_convolutions_out_of_loops_on_atari():
+    """XLA:CPU runs a CNN's gradient about six times slower inside a loop (jax-ml/jax#12868): with
+    its updates written out, an Atari iteration keeps only the rollout's acting in one."""
+    env = make(EnvConfig(id="envpool/Pong-v5", num_envs=2, max_episode_steps=20))
+    config = acer.ACERConfig(num_steps=4, replay_capacity=64, replay_start=0)
+    runner = acer.init_runner(jax.random.PRNGKey(0), config, env)
+    iteration = acer.make_iteration(config, env, env_reward)
+    contexts = lambda fn: convolutions_by_control_flow(jax.make_jaxpr(fn)(runner).jaxpr)
+    acting = contexts(iteration).count(("scan",))
+    assert acting == 2  # the A3C network's two convolutions (its default torso), once a step
+    assert set(contexts(iteration)) == {("scan",), ("while",)}  # the drawn loop's updates
+    written = contexts(iteration.with_count(3))
+    assert set(written) == {("scan",), ()} and written.count(("scan",)) == acting
+    one_update = contexts(iteration.with_count(1)).count(())
+    assert one_update > 0 and written.count(()) == 3 * one_update  # each update's, once
 
 
 @pytest.mark.slow

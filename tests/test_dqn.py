@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from control_flow import convolutions_by_control_flow
 from rlhf_jax import replay
 from rlhf_jax.agents import dqn
 from rlhf_jax.agents.base import env_reward
@@ -113,22 +114,6 @@ def test_atari_smoke():
         runner, metrics, _ = iteration(runner, None)
     assert int(runner.updates) == (96 - 32) // 4 + 1 and np.isfinite(float(metrics["loss"]))
     assert replay.valid_mask(runner.memory).sum() > 0
-
-
-def convolutions_by_control_flow(jaxpr, around: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """For each convolution in ``jaxpr`` at any depth, the loops and conditionals around it
-    (``while``, ``cond``, and ``scan`` unless unrolled whole, which lowers to straight-line code)."""
-    from jax.extend.core import jaxprs_in_params
-
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "conv_general_dilated":
-            found.append(around)
-        unrolled = eqn.primitive.name == "scan" and eqn.params["unroll"] >= eqn.params["length"]
-        control = eqn.primitive.name in ("while", "cond", "scan") and not unrolled
-        for inner in jaxprs_in_params(eqn.params):
-            found += convolutions_by_control_flow(inner, around + ((eqn.primitive.name,) if control else ()))
-    return found
 
 
 def test_no_convolution_inside_a_loop_or_conditional_on_atari():

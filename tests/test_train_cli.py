@@ -148,9 +148,15 @@ def test_an_existing_run_is_not_overwritten(finished_run, capsys):
 
 
 @pytest.mark.slow
-def test_python_loop_runs_the_same_iterations_as_the_scan():
+@pytest.mark.parametrize("agent", [
+    ["a2c.total_env_steps=320"],
+    # ACER's drawn count of updates: read first and run written out from Python, a loop in the scan.
+    ["agent=acer", "acer.total_env_steps=640", "acer.num_steps=8", "acer.replay_start=64",
+      "acer.replay_capacity=640", "acer.replay_ratio=2"],
+])
+def test_python_loop_runs_the_same_iterations_as_the_scan(agent):
     # run.loop=python exists for CNNs on the CPU (jax-ml/jax#12868); it must change speed only.
-    small = ["env.num_envs=4", "a2c.total_env_steps=320", "run.chunk_env_steps=160"]
+    small = ["env.num_envs=4", *agent, "run.chunk_env_steps=160"]
     results = {}
     for loop in ("scan", "python"):
         driver = Driver(experiment([*small, f"run.loop={loop}"]))

@@ -7,12 +7,17 @@ K ~ Poisson(r) replayed updates (r = ``replay_ratio``, 4 in the paper), each on
 ``num_envs`` trajectories drawn uniformly from the memory (one per environment, as the
 paper's threads each replay one). Replay waits until ``replay_start`` env steps are stored.
 
-**The Poisson count under jit.** The updates run in ``lax.fori_loop(0, 1 + K, ...)``
-whose bound is traced, which JAX lowers to a ``while_loop``: an iteration costs its K
-updates, where a fixed maximum masked down to K would cost the maximum every time.
-Under ``vmap`` over seeds the loop runs until the largest K among them, the others'
-extra steps discarded. Update 0 reads the trajectories just stored, so one compiled
-update serves both the on-policy and the replayed kind.
+**The Poisson count under jit.** K is drawn from the runner's key when the iteration
+begins. Called, the iteration runs its updates in ``lax.fori_loop(0, 1 + K, ...)`` whose
+bound is traced, which JAX lowers to a ``while_loop``: an iteration costs its K updates,
+where a fixed maximum masked down to K would cost the maximum every time. Under ``vmap``
+over seeds the loop runs until the largest K among them, the others' extra steps
+discarded. XLA:CPU runs the Nature CNN's gradient about six times slower inside a loop
+(jax-ml/jax#12868), so a host that dispatches iterations one at a time reads K first and
+calls the iteration with its 1 + K updates written out, one program per count
+(:class:`~rlhf_jax.agents.base.DrawnCountIteration`; the same updates, keys and results up
+to rounding). Update 0 reads the trajectories just stored, so one update function serves
+both the on-policy and the replayed kind.
 
 **Each update** (Algorithm 2, discrete; 3, continuous), on trajectories of length k:
 
@@ -69,8 +74,8 @@ import jax.numpy as jnp
 import optax
 
 from rlhf_jax import ops, replay
-from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, iterations_counter,
-                                  make_train as assemble, rollout_rewards)
+from rlhf_jax.agents.base import (DrawnCountIteration, RewardFn, Transitions, env_step, episode_metrics,
+                                  iterations_counter, make_train as assemble, rollout_rewards)
 from rlhf_jax.agents.options import ACERConfig
 from rlhf_jax.config_base import decay_horizon
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
@@ -436,11 +441,12 @@ def make_loss(config: ACERConfig, spec: EnvSpec):
     return gaussian_loss if isinstance(spec.action_space, Box) else discrete_loss
 
 
-def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
+def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn) -> DrawnCountIteration:
     """``iteration(runner, reward_params) -> (runner, metrics, transitions)``: k steps of every
     environment into the memory, one on-policy update and K ~ Poisson(r) replayed ones.
     ``reward_params`` give every update's rewards (:func:`relabel_rewards`); the true
-    reward (``env_reward``) needs none.
+    reward (``env_reward``) needs none. The iteration's ``count(runner)`` is its 1 + K, and
+    ``with_count(count)`` the iteration with that many updates written out (module docstring).
 
     Jit it with ``donate_argnums=0`` so the memory is updated in place.
     """
@@ -463,8 +469,8 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
         return (params, env_state, timestep.obs, key), (obs, action, behaviour, timestep)
 
     def make_update(memory: Memory, key, rate, reward_params):
-        """The body of the update loop: update ``i`` on trajectories from ``memory``, their
-        rewards recomputed under ``reward_params`` (:func:`relabel_rewards`)."""
+        """Update ``i`` on trajectories from ``memory``, their rewards recomputed under
+        ``reward_params`` (:func:`relabel_rewards`)."""
 
         def update(i, carry):
             params, avg_params, opt_state, sums = carry
@@ -484,31 +490,46 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn):
 
         return update
 
-    def iteration(runner: Runner, reward_params=None):
-        carry = (runner.params, runner.env_state, runner.obs, runner.key)
+    def count(runner: Runner) -> jax.Array:
+        """1 + K: the updates of the iteration from ``runner``. K ~ Poisson(r), and 0 until the
+        memory, with this iteration's trajectories, holds ``replay_start`` env steps."""
+        stored = ring.advance(runner.memory.ring, 1, slots).size * per_iteration
+        replays = jax.random.poisson(jax.random.split(runner.key)[1], config.replay_ratio)
+        return (1 + jnp.where(stored >= config.replay_start, replays, 0)).astype(jnp.int32)
+
+    def run(runner: Runner, reward_params, written_out: int | None):
+        """The iteration; its updates in a loop of the drawn count, or ``written_out`` of them
+        (which must be that count) as straight-line code."""
+        updates = count(runner)
+        key = jax.random.split(runner.key)[0]
+        carry = (runner.params, runner.env_state, runner.obs, key)
         (_, env_state, obs, key), steps = jax.lax.scan(rollout_step, carry, None, config.num_steps)
         observations, actions, behaviour, timesteps = steps
         trajectories = Trajectories(jnp.concatenate([observations, obs[None]]), actions, timesteps.reward,
                                     timesteps.terminated, timesteps.truncated, timesteps.action_ignored,
                                     timesteps.final_obs if keep_final_obs else None, behaviour)
         memory = _store(runner.memory, trajectories)
-        key, count_key, update_key = jax.random.split(key, 3)
-        replaying = memory.ring.size * per_iteration >= config.replay_start
-        replays = jnp.where(replaying, jax.random.poisson(count_key, config.replay_ratio), 0).astype(jnp.int32)
+        key, update_key = jax.random.split(key)
         update = make_update(memory, update_key, learning_rate(runner.env_steps), reward_params)
         sums = {name: jnp.zeros(()) for name in METRICS}
         carry = (runner.params, runner.avg_params, runner.opt_state, sums)
-        # A traced bound: a while loop of 1 + K updates (module docstring).
-        params, avg_params, opt_state, sums = jax.lax.fori_loop(0, 1 + replays, update, carry)
+        if written_out is None:
+            carry = jax.lax.fori_loop(0, updates, update, carry)  # a traced bound: a while loop
+        else:
+            for i in range(written_out):
+                carry = update(i, carry)
+        params, avg_params, opt_state, sums = carry
         env_steps = runner.env_steps + per_iteration
-        metrics = {name: total / (1 + replays) for name, total in sums.items()}  # means over the updates
-        metrics.update(env_steps=env_steps, replay_updates=replays, **episode_metrics(timesteps.info))
+        metrics = {name: total / updates for name, total in sums.items()}  # means over the updates
+        metrics.update(env_steps=env_steps, replay_updates=updates - 1, **episode_metrics(timesteps.info))
         transitions = Transitions(observations, actions, timesteps.reward, timesteps.done)
         runner = Runner(params, avg_params, opt_state, memory, env_state, obs, key, env_steps,
-                        runner.updates + 1 + replays)
+                        runner.updates + updates)
         return runner, metrics, transitions
 
-    return iteration
+    return DrawnCountIteration(lambda runner, reward_params=None: run(runner, reward_params, None), count,
+                               lambda written_out: lambda runner, reward_params=None: run(runner, reward_params,
+                                                                                            written_out))
 
 
 make_train = assemble(init_runner, make_iteration, num_iterations)

@@ -32,6 +32,10 @@ actions and the environment's own step results (``timestep.reward``, the episode
     make_policy(config, env_spec) -> act(params, obs, key) -> action   # for evaluation
     make_train(config, env, reward_fn) -> train(key, reward_params=None) -> (runner, metrics)
 
+An iteration that draws how many updates it makes (ACER's 1 + K, K ~ Poisson(r)) is a
+:class:`DrawnCountIteration`: called, it is the same ``iteration``; a host may also read the
+count first and run the iteration with its updates written out.
+
 ``transitions`` (:class:`Transitions`) are the steps the iteration took, which the
 RLHF loop cuts segments from; whoever does not need them drops them, and XLA then
 never materialises them. ``train`` is ``lax.scan`` over iterations, one function that ``jax.jit`` and
@@ -41,6 +45,7 @@ same with fresh reward parameters for every chunk.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -123,6 +128,27 @@ def rollout_rewards(reward_fn: RewardFn, reward_params, obs, action, timestep: T
     reward = reward_fn(reward_params, flat(obs), flat(action), jax.tree.map(flat, timestep))
     reward = jnp.where(timestep.action_ignored, 0.0, reward.reshape(leading) * reward_scale)
     return jnp.clip(reward, -reward_clip, reward_clip) if reward_clip else reward
+
+
+@dataclasses.dataclass(frozen=True)
+class DrawnCountIteration:
+    """An agent's ``iteration(runner, reward_params=None) -> (runner, metrics, transitions)``
+    that draws how many updates it makes, in two forms that compute the same.
+
+    Called, it draws the count and runs its updates in a loop with a traced bound: one program
+    for ``jit``, ``vmap`` and ``scan``. XLA:CPU runs a convolution's gradient about six times
+    slower inside a loop than in straight-line code (jax-ml/jax#12868), so a host that
+    dispatches iterations one at a time (:func:`rlhf_jax.dispatch.repeat_drawn`) reads the
+    count first, ``count(runner)`` (the very draw the call makes), and calls
+    ``with_count(count)``: the iteration with that many updates written out, one program per count.
+    """
+
+    traced: Callable  # (runner, reward_params=None) -> (runner, metrics, transitions)
+    count: Callable  # (runner) -> int32 scalar: the updates the iteration from runner makes
+    with_count: Callable  # (count: int) -> the iteration with exactly ``count`` updates written out
+
+    def __call__(self, runner, reward_params=None):
+        return self.traced(runner, reward_params)
 
 
 class Transitions(NamedTuple):
