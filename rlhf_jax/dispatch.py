@@ -4,7 +4,8 @@
 * ``"python"``: a Python loop calls one compiled step per dispatch. XLA:CPU runs convolution
   gradients inside a loop about ten times slower than outside one (jax-ml/jax#12868), so
   Atari's CNNs train faster this way on a CPU; the steps, keys and values are those of the
-  scan, up to rounding.
+  scan, up to rounding. An iteration that draws how many updates it makes (ACER's 1 + K) has
+  its count read first and runs with its updates written out (:func:`repeat_drawn`).
 * ``"auto"`` (the default): ``"python"`` for Atari frames on a CPU, ``"scan"`` elsewhere.
 """
 from __future__ import annotations
