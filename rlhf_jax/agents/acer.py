@@ -527,9 +527,11 @@ def make_iteration(config: ACERConfig, env: Environment, reward_fn: RewardFn) ->
                         runner.updates + updates)
         return runner, metrics, transitions
 
-    return DrawnCountIteration(lambda runner, reward_params=None: run(runner, reward_params, None), count,
-                               lambda written_out: lambda runner, reward_params=None: run(runner, reward_params,
-                                                                                            written_out))
+    def with_count(updates: int):
+        """The iteration with its ``updates``, the count :func:`count` draws, written out."""
+        return lambda runner, reward_params=None: run(runner, reward_params, updates)
+
+    return DrawnCountIteration(lambda runner, reward_params=None: run(runner, reward_params, None), count, with_count)
 
 
 make_train = assemble(init_runner, make_iteration, num_iterations)
