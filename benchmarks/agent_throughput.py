@@ -122,10 +122,11 @@ PONG_TRAINING = {  # agent: (iterations a timed chunk, the overrides that make i
     "dqn": (20, ("dqn.replay_start=0",)),
     "acer": (5, ("acer.replay_start=0",)),
 }
-# Untimed chunks first. On a CPU ACER compiles one program per drawn count of updates, when first
-# met (rlhf_jax.dispatch.repeat_drawn); warmed over 20 iterations and timed best of 3, a chunk
-# rarely meets a count not yet compiled.
+# Untimed chunks first, then the best of at least so many timed ones. On a CPU ACER compiles one
+# program per drawn count of updates when it first meets it (rlhf_jax.dispatch.repeat_drawn):
+# after 20 iterations few counts are new, and a chunk that met one is not the one kept.
 PONG_WARM_CHUNKS = {"a2c": 1, "dqn": 1, "acer": 4}
+PONG_TIMED_AT_LEAST = {"a2c": 1, "dqn": 1, "acer": 3}
 
 
 def pong_training(repeats: int) -> dict:
@@ -141,7 +142,7 @@ def pong_training(repeats: int) -> dict:
         side = command_training_side(load_config(ExperimentConfig, path, [*overrides, f"run.chunk_env_steps={chunk}"]))
         for _ in range(PONG_WARM_CHUNKS[agent]):  # compile
             side.run()
-        best_of = max(repeats, 3) if PONG_WARM_CHUNKS[agent] > 1 else repeats
+        best_of = max(repeats, PONG_TIMED_AT_LEAST[agent])
         results[f"{agent}_pong_training_steps_per_s"] = rate = steps_per_second(side.run, side.units, best_of)
         print(f"{agent} on Pong ({path}): {rate:,.0f} env steps/s", flush=True)
     return results
