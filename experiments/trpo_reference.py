@@ -41,7 +41,10 @@ nothing recorded), to set beside the ``entropy`` and ``kl`` columns of ours in i
 Both are scored alike: the true return of the training episodes (the policy's own samples),
 averaged per stretch of ``steps / 25`` env steps, and the run's final return is the mean of
 the last tenth of those stretches (:func:`experiments.records.final_return`). The ratio per
-task is ours over the reference, by the seeds' means; the target is 0.9 on every task.
+task is ours over the reference, by the seeds' means; the target is 0.9 on every task. Beside
+the return, each record holds the Gaussian policy's width per stretch (``policy_width``,
+:func:`gaussian_width`: ours from its chunks' entropy, the reference's from its ``log_std`` as
+each batch began), so that how fast each side's policy narrows can be read seed by seed.
 
 Each (side, task) writes its records to ``results/trpo_reference_<side>_runs.json`` as it
 finishes (the two sides can run at once; so can several processes of the reference given the same
@@ -86,16 +89,24 @@ def ledger_path(side: str) -> Path:
     return RESULTS / f"trpo_reference_{side}_runs.json"
 
 
-def binned_returns(ends: list[tuple[int, float]], steps: int, points: int = POINTS) -> list[float | None]:
-    """The mean return of the episodes that ended in each of ``points`` equal stretches of
-    ``steps`` env steps, from ``(env step at the end, return)`` pairs; None where none ended."""
+def binned_means(values: list[tuple[int, float]], steps: int, points: int = POINTS) -> list[float | None]:
+    """The mean of the values recorded in each of ``points`` equal stretches of ``steps`` env
+    steps, from ``(env step, value)`` pairs (an episode's return at its end, the policy's width at
+    an update); None where none was recorded."""
     width = steps / points
     sums, counts = np.zeros(points), np.zeros(points)
-    for step, value in ends:
+    for step, value in values:
         index = min(points - 1, int((step - 1) // width))
         sums[index] += value
         counts[index] += 1
     return [float(s / c) if c else None for s, c in zip(sums, counts)]
+
+
+def gaussian_width(entropy: float, action_dims: int) -> float:
+    """The geometric mean over the action's dimensions of a diagonal Gaussian's std, from its
+    entropy ``H = sum_d log(2 pi e sigma_d^2) / 2``: ``exp(H / dims - log(2 pi e) / 2)``. Both
+    sides' records carry it as ``policy_width``, per stretch, as they carry the return."""
+    return math.exp(entropy / action_dims - 0.5 * math.log(2 * math.pi * math.e))
 
 
 # ---------------------------------------------------------------- ours
@@ -180,9 +191,10 @@ def run_ours(task: str, steps: int, seeds: int, overrides: list[str], first_seed
     for seed in sorted({int(r["seed"]) for r in rows}):
         mine = sorted((r for r in rows if int(r["seed"]) == seed), key=lambda r: r["chunk"])
         curve = [None if math.isnan(r["episode_return"]) else r["episode_return"] for r in mine]
+        width = [gaussian_width(r["entropy"], action_dims(task)) for r in mine]
         records.append({"side": "ours", "task": task, "seed": seed, "first_seed": first_seed,
                         "variant": variant_name(overrides, as_reference), "control_cost": control_cost,
-                        "episode_return": curve,
+                        "episode_return": curve, "policy_width": width,
                         "final_return": final_return(curve), "config": f"configs/paper/mujoco/{task}_trpo.yaml",
                         "overrides": keys, "fingerprint": tag, "seconds_all_seeds": round(seconds, 1),
                         "attempts": attempts_of(directory)})
@@ -297,6 +309,7 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
     if normalize:
         env = VecNormalize(env, gamma=settings.get("gamma", 0.99))
     ends: list[tuple[int, float]] = []
+    widths: list[tuple[int, float]] = []  # the policy that collected each batch (gaussian_width's)
 
     class EpisodeEnds(BaseCallback):
         def _on_step(self) -> bool:
@@ -306,6 +319,7 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
             return True
 
         def _on_rollout_end(self) -> None:
+            widths.append((self.num_timesteps, math.exp(self.model.policy.log_std.mean().item())))
             if trace:  # the last update's KL as sb3-contrib bounds it (per action dimension) and as ours does
                 logged = self.model.logger.name_to_value
                 kl, dims = logged.get("train/kl_divergence_loss", float("nan")), env.action_space.shape[0]
@@ -315,10 +329,10 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
     start = time.perf_counter()
     model = TRPO(policy, env, seed=seed, device="cpu", verbose=0, **settings)
     model.learn(total_timesteps=steps, callback=EpisodeEnds())
-    curve = binned_returns(ends, steps)
+    curve = binned_means(ends, steps)
     return {"side": "reference", "task": task, "seed": seed,
             "variant": reference_variant(overrides or {}, simulator), "zoo_entry": entry, "simulator": simulator,
-            "control_cost": control_cost, "episode_return": curve,
+            "control_cost": control_cost, "episode_return": curve, "policy_width": binned_means(widths, steps),
             "final_return": final_return(curve), "settings": {"normalize": normalize, "n_envs": n_envs,
                                                              "policy": policy, **settings},
             "sb3_contrib": sb3_contrib.__version__, "torch": torch.__version__,

@@ -127,12 +127,14 @@ def fake_sweep(calls, interrupt_at=None):
             raise KeyboardInterrupt
         returns = 100.0 if "trpo" in base["name"] else 80.0
         with (directory / "members.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, ["group", "chunk", "member", "seed", "label", "env_steps", "episode_return"])
+            writer = csv.DictWriter(f, ["group", "chunk", "member", "seed", "label", "env_steps", "episode_return",
+                                        "entropy"])
             writer.writeheader()
             for seed in range(base["seed"], base["seed"] + seeds):
                 for chunk in range(2):
                     writer.writerow({"group": 0, "chunk": chunk, "member": seed, "seed": seed, "label": "base",
-                                     "env_steps": 5000 * (chunk + 1), "episode_return": (chunk + 1) * returns / 2})
+                                     "env_steps": 5000 * (chunk + 1), "episode_return": (chunk + 1) * returns / 2,
+                                     "entropy": 3.0 - chunk})
     return run_sweep
 
 

@@ -313,6 +313,32 @@ def test_a_run_of_ours_names_each_attempts_host(tmp_path, monkeypatch):
     records = trpo_reference.run_ours("hopper", 10_000, 2, [])
     assert [r["seed"] for r in records] == [0, 1]
     assert all(len(r["attempts"]) == 1 and r["attempts"][0]["cpu"] for r in records)
+    # Each chunk's entropy (3.0, then 2.0, over Hopper's 3 dimensions) as the policy's width
+    log_2_pi_e = np.log(2 * np.pi * np.e)
+    assert records[0]["policy_width"] == pytest.approx([np.exp(3.0 / 3 - log_2_pi_e / 2), np.exp(2.0 / 3 - log_2_pi_e / 2)])
+
+
+def test_the_width_is_the_geometric_mean_std_of_the_gaussian_of_that_entropy():
+    sigmas = np.array([0.3, 2.0, 0.05])
+    entropy = float(np.sum(0.5 * np.log(2 * np.pi * np.e * sigmas ** 2)))
+    assert trpo_reference.gaussian_width(entropy, 3) == pytest.approx(np.prod(sigmas) ** (1 / 3))
+
+
+def test_values_are_averaged_over_the_stretch_they_were_recorded_in():
+    """Stretches of 10 env steps: steps 1-10 the first, 11-20 the second; none in the third."""
+    values = [(1, 2.0), (10, 4.0), (11, 7.0), (20, 9.0), (40, 1.0)]
+    assert trpo_reference.binned_means(values, 40, points=4) == [3.0, 8.0, None, 1.0]
+
+
+def test_a_reference_run_records_the_width_of_the_policy_that_collected_each_batch():
+    """Two batches of 2 x 1,024 steps: the first collected by the untrained policy (log std 0,
+    width 1), the second by the policy its one update moved."""
+    pytest.importorskip("sb3_contrib")
+    pytest.importorskip("rl_zoo3")
+    run = trpo_reference.run_reference("inverteddoublependulum", 4096, 0, simulator="envpool")
+    recorded = [(i, w) for i, w in enumerate(run["policy_width"]) if w is not None]
+    assert [i for i, _ in recorded] == [12, 24]  # env steps 2,048 and 4,096 of 25 stretches
+    assert recorded[0][1] == 1.0 and 0.0 < recorded[1][1] != 1.0
 
 
 @pytest.mark.parametrize("argv, named", [
