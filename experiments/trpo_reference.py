@@ -35,8 +35,9 @@ Its Fisher-vector product is likewise the Hessian of that averaged KL, ``F / dim
 damping of 0.1 added to it: a damping of ``0.1 x dims`` on ours. And its line search shrinks the
 step by 0.8 per try where ours halves it. ``--ours-as-reference`` runs ours with all of the
 reference's settings translated into our units (:func:`in_our_units`);
-``--side reference --trace`` prints the reference's policy std and KL after each update (the first seed,
-nothing recorded), to set beside the ``entropy`` and ``kl`` columns of ours in its ``members.csv``.
+``--side reference --trace`` prints the reference's policy std, KL, whether its line search
+took a step, and V's explained variance after each update (the first seed, nothing recorded), to
+set beside the ``entropy``, ``kl`` and ``step_fraction`` columns of ours in its ``members.csv``.
 
 Both are scored alike: the true return of the training episodes (the policy's own samples),
 averaged per stretch of ``steps / 25`` env steps, and the run's final return is the mean of
@@ -324,7 +325,9 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
                 logged = self.model.logger.name_to_value
                 kl, dims = logged.get("train/kl_divergence_loss", float("nan")), env.action_space.shape[0]
                 print(f"{self.num_timesteps} env steps: policy std {logged.get('train/std', float('nan')):.3f}, "
-                      f"KL per dimension {kl:.4f}, over the action {kl * dims:.4f}", flush=True)
+                      f"KL per dimension {kl:.4f}, over the action {kl * dims:.4f}, line search success "
+                      f"{logged.get('train/is_line_search_success', float('nan')):.0f}, "
+                      f"explained variance {logged.get('train/explained_variance', float('nan')):.3f}", flush=True)
 
     start = time.perf_counter()
     model = TRPO(policy, env, seed=seed, device="cpu", verbose=0, **settings)
@@ -459,7 +462,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="both sides: the tasks without their control cost, as figure 2 scores them")
     parser.add_argument("--report", action="store_true", help="write the table from both sides' records")
     parser.add_argument("--trace", action="store_true",
-                        help="reference: print the policy's std and the KL after each update; record nothing")
+                        help="reference: print the policy's std, the KL and the line search after each update; "
+                             "record nothing")
     args = parser.parse_args(argv)
     if args.report:
         report()

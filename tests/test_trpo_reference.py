@@ -315,7 +315,8 @@ def test_a_run_of_ours_names_each_attempts_host(tmp_path, monkeypatch):
     assert all(len(r["attempts"]) == 1 and r["attempts"][0]["cpu"] for r in records)
     # Each chunk's entropy (3.0, then 2.0, over Hopper's 3 dimensions) as the policy's width
     log_2_pi_e = np.log(2 * np.pi * np.e)
-    assert records[0]["policy_width"] == pytest.approx([np.exp(3.0 / 3 - log_2_pi_e / 2), np.exp(2.0 / 3 - log_2_pi_e / 2)])
+    width = lambda entropy: np.exp(entropy / 3 - log_2_pi_e / 2)  # noqa: E731
+    assert records[0]["policy_width"] == pytest.approx([width(3.0), width(2.0)])
 
 
 def test_the_width_is_the_geometric_mean_std_of_the_gaussian_of_that_entropy():
