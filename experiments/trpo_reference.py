@@ -310,7 +310,7 @@ def run_reference(task: str, steps: int, seed: int, trace: bool = False, overrid
     if normalize:
         env = VecNormalize(env, gamma=settings.get("gamma", 0.99))
     ends: list[tuple[int, float]] = []
-    widths: list[tuple[int, float]] = []  # the policy that collected each batch (gaussian_width's)
+    widths: list[tuple[int, float]] = []  # the geometric-mean std of the policy that collected each batch
 
     class EpisodeEnds(BaseCallback):
         def _on_step(self) -> bool:
