@@ -398,3 +398,62 @@ def test_a_claim_whose_process_is_gone_is_taken_over(holder, tmp_path, monkeypat
         (claims / "ant_seed101").write_text(f"{os.getpid()} an-earlier-boot\n")
     ran, _ = _reference_runs(tmp_path, monkeypatch)
     assert ran == [100, 101, 102] and not list(claims.iterdir())
+
+
+def our_policy_params(torch_params: dict) -> dict:
+    """sb3's MlpPolicy actor (two tanh layers, ``action_net``, ``log_std``) as our ``Policy``'s params."""
+    dense = lambda name: {"kernel": torch_params[f"{name}.weight"].T, "bias": torch_params[f"{name}.bias"]}
+    return {"params": {"MLPTorso_0": {"Dense_0": dense("mlp_extractor.policy_net.0"),
+                                      "Dense_1": dense("mlp_extractor.policy_net.2")},
+                       "mean": dense("action_net"), "log_std": torch_params["log_std"]}}
+
+
+def test_our_policy_step_is_sb3_contribs_on_its_own_batches():
+    """sb3-contrib's TRPO updates Hopper's three-dimensional Gaussian policy on its own batches; our
+    step (:func:`rlhf_jax.agents.trpo.make_policy_step`), given the same parameters, inputs, actions
+    and standardised advantages, with the reference's settings in our units (:func:`in_our_units`:
+    its per-dimension KL bound and damping, its CG steps and line search), moves the policy as the
+    reference does: the same natural gradient, scaled to the same edge of the trust region."""
+    pytest.importorskip("sb3_contrib")
+    import jax
+    import torch
+    from jax.flatten_util import ravel_pytree
+    from sb3_contrib import TRPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    from rlhf_jax.agents.trpo import make_policy_step
+    from rlhf_jax.envs import make
+
+    settings = {"n_envs": 2, "n_steps": 512, "batch_size": 128, "gamma": 0.99, "gae_lambda": 0.95,
+                "cg_max_steps": 25, "n_critic_updates": 2, "learning_rate": 0.001}
+    batches = []
+
+    class Recorded(TRPO):
+        def train(self):
+            actor = lambda: {k: v.detach().numpy().copy() for k, v in self.policy.state_dict().items()
+                             if "value" not in k}
+            buffer = self.rollout_buffer  # [steps, copies, ...] until train() flattens it
+            batch = (buffer.observations.copy(), buffer.actions.copy(), buffer.advantages.copy())
+            before = actor()
+            super().train()
+            batches.append((before, actor(), *batch))
+
+    torch.set_num_threads(1)
+    reference = Recorded("MlpPolicy", make_vec_env("Hopper-v5", n_envs=2, seed=0), seed=0, device="cpu",
+                         **{k: v for k, v in settings.items() if k != "n_envs"})
+    reference.learn(total_timesteps=3 * 1024)
+    config = load_config(ExperimentConfig, reproduce.PAPER / "mujoco" / "hopper_trpo.yaml",
+                         ["env.id=envpool/Hopper-v5", *trpo_reference.in_our_units(settings, 3)])
+    step = jax.jit(make_policy_step(config.trpo, make(config.env).spec))
+    assert len(batches) == 3
+    for before, after, observations, actions, advantages in batches:
+        advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)  # as sb3-contrib does
+        start = ravel_pytree(our_policy_params(before))[0]
+        ours, metrics = step(our_policy_params(before), observations, actions, advantages,
+                             np.ones(advantages.shape, np.float32))
+        fraction = float(metrics["step_fraction"])
+        theirs = ravel_pytree(our_policy_params(after))[0] - start
+        ours = ravel_pytree(ours)[0] - start
+        assert fraction > 0 and float(np.linalg.norm(theirs)) > 0  # both stepped
+        # The same to a few parts in a million here; float32 CG on another CPU may round otherwise.
+        assert float(np.linalg.norm(ours - theirs)) < 1e-3 * float(np.linalg.norm(theirs))

@@ -218,24 +218,22 @@ def make_rollout(config: TRPOConfig, env: Environment):
     return base_rollout(env, make_policy(config, env.spec), steps_per_env(config, env))
 
 
-def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
-    policy, value = Policy(env.spec, config), Value(env.spec, config)
-    value_in_units = make_value(config, env.spec)
-    value_optimizer = make_value_optimizer(config)
-    rollout = make_rollout(config, env)
-    continuous = isinstance(env.spec.action_space, Box)
-    if env_steps_per_iteration(config, env) < config.value_minibatches:
-        raise ConfigError(f"trpo.batch_size ({config.batch_size}) must be at least trpo.value_minibatches "
-                          f"({config.value_minibatches})")
-
+def make_policy_step(config: TRPOConfig, spec: EnvSpec):
+    """``step(policy_params, observations, actions, advantages, mask) -> (policy_params, metrics)``:
+    one natural-gradient step with a line search (Schulman et al. 2015, appendix C) on a batch
+    ``[T, N, ...]`` of the policy's (standardised) inputs, its actions and their advantages,
+    the steps of ``mask`` alone entering the means. Pure, so it can be set against another
+    implementation's step on that implementation's own batch."""
+    policy = Policy(spec, config)
+    continuous = isinstance(spec.action_space, Box)
     for option, on, what in (("kl_per_action_dimension", config.kl_per_action_dimension, "KL"),
                              ("entropy_per_action_dimension", config.entropy_per_action_dimension, "entropy")):
         if on and not continuous:
-            raise ConfigError(f"trpo.{option}: {env.spec.id} has discrete actions; "
+            raise ConfigError(f"trpo.{option}: {spec.id} has discrete actions; "
                               f"the option divides a Gaussian's {what} by its action's dimensions")
     # The KL of the whole action, or per action dimension (kl_per_action_dimension); the same
     # for the entropy the bonus is paid on (entropy_per_action_dimension).
-    action_dims = env.spec.action_space.shape[0] if continuous else 1
+    action_dims = spec.action_space.shape[0] if continuous else 1
     kl_unit = action_dims if config.kl_per_action_dimension else 1
     entropy_bonus = config.entropy_coef / (action_dims if config.entropy_per_action_dimension else 1)
 
@@ -255,8 +253,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         sample_obs = observations[::k]
         return linearize(lambda flat: policy.apply(unravel(flat), sample_obs), flat_old), mask[::k]
 
-    def update_policy(policy_params, observations, actions, advantages, mask):
-        """One natural-gradient step with a line search (Schulman et al. 2015, appendix C)."""
+    def step(policy_params, observations, actions, advantages, mask):
         flat_old, unravel = ravel_pytree(policy_params)
         dist_of = lambda flat: policy.apply(unravel(flat), observations)
         mean_kl_from = mean_kl(mask)
@@ -278,13 +275,26 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         gradient = network.pull_back(jax.grad(surrogate)(old_dist))  # g = J^T dL/dd, the chain rule
         direction = conjugate_gradient(fvp, gradient, config.cg_iterations)
         full_step = max_step(direction, fvp(direction), config.max_kl)
-        step = backtracking_line_search(surrogate_and_kl, flat_old, full_step, config.max_kl,
-                                        config.line_search_steps, config.line_search_decay)
+        search = backtracking_line_search(surrogate_and_kl, flat_old, full_step, config.max_kl,
+                                          config.line_search_steps, config.line_search_decay)
         metrics = {
-            "surrogate_gain": step.surrogate_gain, "kl": step.kl, "step_fraction": step.fraction,
+            "surrogate_gain": search.surrogate_gain, "kl": search.kl, "step_fraction": search.fraction,
             "entropy": ops.masked_mean(jnp.broadcast_to(_entropy(old_dist, continuous), mask.shape), mask),
         }
-        return unravel(step.params), metrics
+        return unravel(search.params), metrics
+
+    return step
+
+
+def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
+    value = Value(env.spec, config)
+    value_in_units = make_value(config, env.spec)
+    value_optimizer = make_value_optimizer(config)
+    rollout = make_rollout(config, env)
+    update_policy = make_policy_step(config, env.spec)
+    if env_steps_per_iteration(config, env) < config.value_minibatches:
+        raise ConfigError(f"trpo.batch_size ({config.batch_size}) must be at least trpo.value_minibatches "
+                          f"({config.value_minibatches})")
 
     def update_value(value_params, opt_state, observations, returns, mask, key, scale: TargetScale):
         """Regression of V on the returns: ``value_epochs`` passes of ``value_minibatches`` Adam
