@@ -1,4 +1,4 @@
-"""The TRPO reference study's bookkeeping: what its report compares, and its sweeps' resumption."""
+"""The TRPO reference study: what its report compares, its sweeps' resumption, and our step against the reference's."""
 import contextlib
 import os
 import subprocess
