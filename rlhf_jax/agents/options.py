@@ -194,10 +194,6 @@ class TRPOConfig:
     # reads the batch as it was acted on, as sb3-contrib's TRPO (through VecNormalize) does.
     observation_moments: Literal["before_update", "after_update"] = "before_update"
     reward_scale: float = positive(1.0)
-    # Rewards divided by the running std of each copy's discounted return, clipped to [-10, 10]
-    # (:func:`rlhf_jax.ops.scale_by_return_std`), after reward_scale: VecNormalize's reward
-    # scaling, which sb3-contrib's TRPO on the RL Zoo's MuJoCo settings reads. Not in the paper.
-    normalize_rewards: bool = False
 
     def __post_init__(self):
         check_fields(self)

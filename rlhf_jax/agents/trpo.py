@@ -113,7 +113,6 @@ class Runner(NamedTuple):
     key: jax.Array
     env_steps: jax.Array
     value_scale: TargetScale
-    reward_scale: ops.ReturnScale  # carried, and read, only with normalize_rewards
 
 
 def steps_per_env(config: TRPOConfig, env: Environment) -> int:
@@ -143,8 +142,7 @@ def init_runner(key, config: TRPOConfig, env: Environment) -> Runner:
         params["observations"] = ops.init_moments(env.spec.observation_shape)
     opt_state = make_value_optimizer(config).init(params["value"])
     scale = TargetScale(jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32))
-    return Runner(params, opt_state, env_state, timestep.obs, key, jnp.zeros((), jnp.int32), scale,
-                  ops.init_return_scale(env.num_envs))
+    return Runner(params, opt_state, env_state, timestep.obs, key, jnp.zeros((), jnp.int32), scale)
 
 
 # --- The policy's distribution: one set of functions for both action spaces ----------
@@ -330,9 +328,6 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
             runner.params, runner.env_state, runner.obs, runner.key
         )
         rewards = rollout_rewards(reward_fn, reward_params, observations, actions, timesteps, config.reward_scale)
-        reward_scale = runner.reward_scale
-        if config.normalize_rewards:
-            rewards, reward_scale = ops.scale_by_return_std(reward_scale, rewards, timesteps.done, config.gamma)
         key, value_key = jax.random.split(key)
         params, scale = runner.params, runner.value_scale
         # V as the rollout's parameters give it (before this batch joins the moments, below)
@@ -364,7 +359,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
                    **episode_metrics(timesteps.info)}
         transitions = Transitions(observations, actions, timesteps.reward, timesteps.done)
         params = {**params, "policy": policy_params, "value": value_params}
-        return Runner(params, opt_state, env_state, obs, key, env_steps, scale, reward_scale), metrics, transitions
+        return Runner(params, opt_state, env_state, obs, key, env_steps, scale), metrics, transitions
 
     return iteration
 

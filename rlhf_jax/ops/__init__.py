@@ -23,8 +23,7 @@ from rlhf_jax.ops.exploration import epsilon_greedy
 from rlhf_jax.ops.policy_gradient import actor_critic_loss, policy_gradient_loss
 from rlhf_jax.ops.returns import gae_advantages, lambda_returns, n_step_returns
 from rlhf_jax.ops.ring import Ring, empty_ring, full_ring
-from rlhf_jax.ops.running_moments import (Moments, ReturnScale, init_moments, init_return_scale, merge_moments,
-                                          scale_by_return_std, standardize)
+from rlhf_jax.ops.running_moments import Moments, init_moments, merge_moments, standardize
 from rlhf_jax.ops.schedules import linear_schedule
 from rlhf_jax.ops.shuffle import permutation
 from rlhf_jax.ops.trust_region import (
@@ -56,7 +55,6 @@ __all__ = [
     "gaussian_log_prob",
     "huber_loss",
     "init_moments",
-    "init_return_scale",
     "lambda_returns",
     "linear_schedule",
     "linearize",
@@ -76,8 +74,6 @@ __all__ = [
     "empty_ring",
     "full_ring",
     "retrace_traces",
-    "ReturnScale",
-    "scale_by_return_std",
     "standardize",
     "stochastic_dueling_q",
     "truncated_is_policy_objective",

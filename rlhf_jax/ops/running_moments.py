@@ -1,7 +1,5 @@
 """Running moments of observations, and the standardised input the usual TRPO and PPO for
-MuJoCo give their networks (OpenAI Baselines' ``RunningMeanStd`` and ``MlpPolicy``); and the
-rewards scaled by the running std of a discounted return (Baselines' and Stable-Baselines3's
-``VecNormalize``)."""
+MuJoCo give their networks (OpenAI Baselines' ``RunningMeanStd`` and ``MlpPolicy``)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -33,8 +31,7 @@ def merge_moments(moments: Moments, batch: jax.Array) -> Moments:
         mean = mean_a + delta n_b / n,
         var = (var_a n_a + var_b n_b + delta^2 n_a n_b / n) / n.
     """
-    if moments.mean.ndim:  # moments of a scalar take a batch of any shape
-        chex.assert_equal_shape_suffix([batch, moments.mean], moments.mean.ndim)
+    chex.assert_equal_shape_suffix([batch, moments.mean], moments.mean.ndim)
     rows = batch.reshape((-1,) + moments.mean.shape).astype(jnp.float32)
     n_b = jnp.asarray(rows.shape[0], jnp.float32)
     mean_b, var_b = rows.mean(0), rows.var(0)
@@ -50,38 +47,3 @@ def standardize(moments: Moments, x: jax.Array, clip: float = 5.0, min_std: floa
     floor on the standard deviation (0.1) keeps a coordinate that hardly varies from being blown up."""
     std = jnp.maximum(jnp.sqrt(moments.var), min_std)
     return jnp.clip((x - moments.mean) / std, -clip, clip)
-
-
-class ReturnScale(NamedTuple):
-    """What :func:`scale_by_return_std` carries from one batch to the next: the moments of
-    every discounted return seen, and each environment's return so far ``[N]``."""
-
-    moments: Moments
-    running_return: jax.Array
-
-
-def init_return_scale(num_envs: int) -> ReturnScale:
-    return ReturnScale(init_moments(()), jnp.zeros((num_envs,), jnp.float32))
-
-
-def scale_by_return_std(scale: ReturnScale, rewards: jax.Array, done: jax.Array, gamma: float,
-                        clip: float = 10.0) -> tuple[jax.Array, ReturnScale]:
-    """Rewards ``[T, N]`` divided by the running std of a discounted return, step by step:
-
-        R_t = gamma R_{t-1} + r_t   (R = 0 after an episode ends),
-        r'_t = clip(r_t / sqrt(Var[R] + 1e-8), -clip, clip),
-
-    with ``Var[R]`` the variance of every ``R`` so far, this step's ``N`` included. Not in any
-    of the papers: ``VecNormalize``'s reward scaling, through which Stable-Baselines3's MuJoCo
-    settings (the RL Zoo's ``normalize: true``) feed their agents. The mean of ``R`` is not
-    subtracted, so a reward keeps its sign."""
-
-    def step(carry: ReturnScale, reward_and_done):
-        reward, ends = reward_and_done
-        running_return = gamma * carry.running_return + reward
-        moments = merge_moments(carry.moments, running_return)
-        scaled = jnp.clip(reward / jnp.sqrt(moments.var + 1e-8), -clip, clip)
-        return ReturnScale(moments, jnp.where(ends, 0.0, running_return)), scaled
-
-    scale, scaled = jax.lax.scan(step, scale, (rewards.astype(jnp.float32), done))
-    return scaled, scale
