@@ -179,8 +179,9 @@ def chunk_steps_and_rates(env_steps: list[float], steps_per_second: list) -> tup
 
 
 def report(ledger: dict) -> dict:
-    """Per line each seed's final score, env steps and hours, and the hosts that ran them; the
-    targets, as the docstring states them."""
+    """Per line each seed's final score, env steps, hours, commit (the stretch that finished it)
+    and hosts (every attempt's), each list in the order of ``seeds``; the targets, as the
+    docstring states them."""
     lines = {}
     for line in LINES:
         records = sorted((r for r in ledger["runs"].values() if r["line"] == line.title), key=lambda r: r["seed"])
@@ -188,7 +189,7 @@ def report(ledger: dict) -> dict:
             "title": line.title, "seeds_planned": list(line.seeds), "seeds": [r["seed"] for r in records],
             "final_score": [final_score(r["episodes"], r["episode_return"]) for r in records],
             "env_steps": [r["env_steps"][-1] for r in records], "hours": [round(hours_of(r)[-1], 2) for r in records],
-            "commits": sorted({r.get("commit", "") for r in records}), "hosts": hosts_of(records)}
+            "commits": [r.get("commit", "") for r in records], "hosts": [hosts_of([r]) for r in records]}
         scores = [s for s in lines[line.name]["final_score"] if s is not None]
         lines[line.name]["mean_final_score"] = float(np.mean(scores)) if scores else None
     firsts = [r["episode_return"][0] for r in ledger["runs"].values()

@@ -64,13 +64,16 @@ def test_the_report_reads_the_targets_as_registered():
 
 
 def test_the_report_names_every_host_a_seed_ran_on():
-    """A run carried to another machine names both: the one that finished it and each attempt's."""
+    """A run carried to another machine names both: the one that finished it and each attempt's.
+    Hosts and commits are per seed, in the order of the seeds, whatever the ledger's order."""
     avx2 = {"cpu": "AMD EPYC", "vector_extensions": ["avx2"], "xla_flags": ""}
     avx512 = {"cpu": "AMD EPYC", "vector_extensions": ["avx2", "avx512f"], "xla_flags": ""}
-    carried = {**_record(LINES[0].title, 100, -21.0, 19.0), **avx2, "attempts": [avx512, avx2]}
-    alone = {**_record(LINES[0].title, 101, -21.0, 19.0), **avx2}
-    hosts = report({"runs": {"a/100": carried, "a/101": alone}})["lines"]["a2c"]["hosts"]
-    assert hosts == [("AMD EPYC", "avx2", ""), ("AMD EPYC", "avx2 avx512f", "")]
+    carried = {**_record(LINES[0].title, 100, -21.0, 19.0), **avx2, "attempts": [avx512, avx2], "commit": "bbb"}
+    alone = {**_record(LINES[0].title, 101, -21.0, 19.0), **avx2, "commit": "aaa"}
+    line = report({"runs": {"a/101": alone, "a/100": carried}})["lines"]["a2c"]
+    assert line["seeds"] == [100, 101]
+    assert line["hosts"] == [[("AMD EPYC", "avx2", ""), ("AMD EPYC", "avx2 avx512f", "")], [("AMD EPYC", "avx2", "")]]
+    assert line["commits"] == ["bbb", "aaa"]
 
 
 def test_an_unknown_line_is_refused_in_one_line(capsys):
