@@ -620,6 +620,30 @@ def test_after_update_the_policy_update_reads_the_batch_as_it_was_acted_on():
     chex.assert_trees_all_close(after.params["observations"], before.params["observations"])
 
 
+@pytest.mark.slow
+def test_every_step_the_moments_take_in_each_step_before_the_policy_acts():
+    """``observation_moments="every_step"`` (``VecNormalize``'s way): the policy reads step ``t``'s
+    observations standardised by the moments of every observation up to and including step
+    ``t`` (worked in NumPy), and after the iteration the moments hold each observation once."""
+    env = make(EnvConfig(id="gymnax/Pendulum-v1", num_envs=4))
+    config = trpo.TRPOConfig(batch_size=32, total_env_steps=32, policy_hidden=(8,), value_hidden=(8,),
+                             value_minibatches=2, normalize_observations=True, observation_moments="every_step",
+                             observation_min_std=1e-4)
+    runner = trpo.init_runner(jax.random.PRNGKey(5), config, env)
+    rollout = trpo.make_rollout_with_inputs(config, env)
+    (params, *_), (obs, inputs, _, _) = rollout(runner.params, runner.env_state, runner.obs, runner.key)
+    obs, inputs = np.asarray(obs), np.asarray(inputs)
+    for t in range(obs.shape[0]):
+        seen = obs[: t + 1].reshape(-1, 3)
+        np.testing.assert_allclose(inputs[t], (obs[t] - seen.mean(0)) / seen.std(0), rtol=1e-3, atol=1e-3)
+    rows = obs.reshape(-1, 3)
+    after = jax.jit(trpo.make_iteration(config, env, lambda p, o, a, ts: ts.reward))(runner)[0]
+    for moments in (params["observations"], after.params["observations"]):
+        np.testing.assert_allclose(moments.mean, rows.mean(0), rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(moments.var, rows.var(0), rtol=1e-3)
+        np.testing.assert_allclose(moments.count, len(rows), rtol=1e-5)
+
+
 def test_the_standardisation_clips_and_floors_the_std_as_configured():
     """``observation_clip`` and ``observation_min_std``: ``clip((x - mean) / max(std, floor))``,
     worked in NumPy: a coordinate that hardly varies is divided by the floor, not by its std."""

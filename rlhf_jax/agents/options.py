@@ -191,8 +191,10 @@ class TRPOConfig:
     # When a batch joins the moments. "before_update", as Baselines: the update reads the batch
     # standardised otherwise than the policy that acted on it read it, so its old policy is not
     # the one that drew the actions, by more the narrower the policy. "after_update": the update
-    # reads the batch as it was acted on, as sb3-contrib's TRPO (through VecNormalize) does.
-    observation_moments: Literal["before_update", "after_update"] = "before_update"
+    # reads the batch as it was acted on. "every_step": the moments take in each step's
+    # observations before the policy acts on them, and the update reads the batch as it was
+    # acted on, as sb3-contrib's TRPO (through VecNormalize) does.
+    observation_moments: Literal["before_update", "after_update", "every_step"] = "before_update"
     reward_scale: float = positive(1.0)
 
     def __post_init__(self):

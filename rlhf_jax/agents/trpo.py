@@ -42,7 +42,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from rlhf_jax import ops
-from rlhf_jax.agents.base import (RewardFn, Transitions, episode_metrics, final_values, iterations_counter,
+from rlhf_jax.agents.base import (RewardFn, Transitions, env_step, episode_metrics, final_values, iterations_counter,
                                   make_rollout as base_rollout, make_train as assemble, rollout_rewards)
 from rlhf_jax.agents.options import TRPOConfig
 from rlhf_jax.envs.core import Box, Environment, EnvSpec, EnvState, TimeStep
@@ -218,6 +218,38 @@ def make_rollout(config: TRPOConfig, env: Environment):
     return base_rollout(env, make_policy(config, env.spec), steps_per_env(config, env))
 
 
+def make_rollout_with_inputs(config: TRPOConfig, env: Environment):
+    """The rollout as the iteration takes it: ``rollout(params, env_state, obs, key) ->
+    ((params, env_state, obs, key), (observations, inputs, actions, timesteps))``, ``inputs``
+    being each observation as the policy read it when it acted (:func:`network_input`).
+
+    With ``observation_moments="every_step"`` the moments take in each step's observations,
+    every copy's, before the policy acts on them, as Stable-Baselines3's ``VecNormalize``
+    does, and the returned ``params`` hold the moments so grown; otherwise one set of
+    moments reads the whole rollout and ``params`` come back as they went in."""
+    num_steps = steps_per_env(config, env)
+    if not (config.normalize_observations and config.observation_moments == "every_step"):
+        plain = make_rollout(config, env)
+
+        def rollout(params, env_state, obs, key):
+            (env_state, obs, key), (observations, actions, timesteps) = plain(params, env_state, obs, key)
+            return (params, env_state, obs, key), (observations, network_input(config, params, observations),
+                                                   actions, timesteps)
+
+        return rollout
+    act = make_policy(config, env.spec)
+
+    def step(carry, _):
+        params, env_state, obs, key = carry
+        params = {**params, "observations": ops.merge_moments(params["observations"], obs)}
+        key, act_key = jax.random.split(key)
+        action = act(params, obs, act_key)
+        env_state, timestep = env_step(env, env_state, action)
+        return (params, env_state, timestep.obs, key), (obs, network_input(config, params, obs), action, timestep)
+
+    return lambda params, env_state, obs, key: jax.lax.scan(step, (params, env_state, obs, key), None, num_steps)
+
+
 def make_policy_step(config: TRPOConfig, spec: EnvSpec):
     """``step(policy_params, observations, actions, advantages, mask) -> (policy_params, metrics)``:
     one natural-gradient step with a line search (Schulman et al. 2015, appendix C) on a batch
@@ -290,7 +322,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
     value = Value(env.spec, config)
     value_in_units = make_value(config, env.spec)
     value_optimizer = make_value_optimizer(config)
-    rollout = make_rollout(config, env)
+    rollout = make_rollout_with_inputs(config, env)
     update_policy = make_policy_step(config, env.spec)
     if env_steps_per_iteration(config, env) < config.value_minibatches:
         raise ConfigError(f"trpo.batch_size ({config.batch_size}) must be at least trpo.value_minibatches "
@@ -324,27 +356,30 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         return value_params, opt_state, losses[-1].mean()
 
     def iteration(runner: Runner, reward_params=None):
-        (env_state, obs, key), (observations, actions, timesteps) = rollout(
+        (params, env_state, obs, key), (observations, acted_on, actions, timesteps) = rollout(
             runner.params, runner.env_state, runner.obs, runner.key
         )
         rewards = rollout_rewards(reward_fn, reward_params, observations, actions, timesteps, config.reward_scale)
         key, value_key = jax.random.split(key)
-        params, scale = runner.params, runner.value_scale
-        # V as the rollout's parameters give it (before this batch joins the moments, below)
-        value_of = lambda o: value_in_units(runner.params["value"], scale, network_input(config, runner.params, o))
-        values = value_of(observations)
-        returns, mask = returns_and_mask(config, rewards, timesteps, values, final_values(value_of, timesteps),
-                                         value_of(obs))
+        scale = runner.value_scale
+        # V as the rollout's value network gives it: on each step as the policy read it, on the
+        # observations beyond the rollout by the moments at its end (before a batch joins them, below)
+        value_of = lambda inputs: value_in_units(runner.params["value"], scale, inputs)
+        read = lambda o: network_input(config, params, o)
+        values = value_of(acted_on)
+        returns, mask = returns_and_mask(config, rewards, timesteps, values,
+                                         final_values(lambda o: value_of(read(o)), timesteps), value_of(read(obs)))
         advantages = returns - values
         if config.normalize_advantages:
             mean = ops.masked_mean(advantages, mask)
             std = jnp.sqrt(ops.masked_mean((advantages - mean) ** 2, mask))
             advantages = (advantages - mean) / (std + 1e-8)
 
-        moments_first = config.observation_moments == "before_update"
-        if config.normalize_observations and moments_first:
+        moments = config.observation_moments if config.normalize_observations else None
+        inputs = acted_on
+        if moments == "before_update":
             params = {**params, "observations": ops.merge_moments(params["observations"], observations)}
-        inputs = network_input(config, params, observations)
+            inputs = network_input(config, params, observations)
         policy_params, policy_metrics = update_policy(params["policy"], inputs, actions, advantages, mask)
         if config.normalize_value_targets:
             mean = ops.masked_mean(returns, mask)
@@ -352,7 +387,7 @@ def make_iteration(config: TRPOConfig, env: Environment, reward_fn: RewardFn):
         value_params, opt_state, value_loss = update_value(
             params["value"], runner.opt_state, inputs, returns, mask, value_key, scale
         )
-        if config.normalize_observations and not moments_first:
+        if moments == "after_update":
             params = {**params, "observations": ops.merge_moments(params["observations"], observations)}
         env_steps = runner.env_steps + env_steps_per_iteration(config, env)
         metrics = {**policy_metrics, "value_loss": value_loss, "env_steps": env_steps,
