@@ -82,8 +82,9 @@ def train(config: ConfigLike = None, overrides: Iterable[str] = (), *, resume: s
 class Policy:
     """A run's policy: ``policy(obs, key) -> action`` for a batch of observations ``[n, *obs_shape]``.
 
-    ``act`` is the agent's ``act(params, obs, key, ...)`` (its ``make_policy``, which takes its
-    own options: ``greedy=True`` for A2C, ACER and TRPO, ``epsilon=`` for DQN) and ``params``
+    ``act`` is the agent's ``act(params, obs, key, greedy=False)`` (its ``make_policy``;
+    ``greedy=True`` takes the policy's mode, Q's argmax for DQN, whose ``act`` also takes
+    ``epsilon=``) and ``params``
     the trained parameters. A policy is a pure function of its inputs: ``jax.jit(policy)``
     compiles it."""
 

@@ -165,7 +165,8 @@ def cmd_sweep(args) -> None:
 def cmd_eval(args) -> None:
     from rlhf_jax.trainer import evaluate_run
 
-    evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed, videos=args.video)  # it shows the score
+    evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed, videos=args.video,
+                 greedy=args.greedy)  # it shows the score
 
 
 def cmd_label(args) -> None:
@@ -302,6 +303,8 @@ def make_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--video", type=episodes, nargs="?", const=1, default=0, metavar="N",
                           help="also write the first N scored episodes (default 1) as RUN_DIR/eval/episode_<k>.mp4; "
                                "put it after RUN_DIR")
+    evaluate.add_argument("--greedy", action="store_true",
+                          help="play the policy's most likely action (DQN: epsilon 0) instead of sampling it")
     evaluate.set_defaults(run=cmd_eval)
 
     label = commands.add_parser("label", help="serve the web page where people label a run's queries")

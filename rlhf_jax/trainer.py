@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -174,10 +175,10 @@ def outputs_written(driver: Driver, run_dir: Path) -> bool:
 
 
 def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0, videos: int = 0,
-                 say=print) -> dict:
+                 say=print, greedy: bool = False) -> dict:
     """Score the run's latest policy on whole true episodes (the agent's evaluation protocol),
-    write the first ``videos`` of them as MP4s (:mod:`rlhf_jax.episode_video`) and the result
-    as ``eval.json``. ``say`` shows the score (as JSON) before anything is written, so a write
+    sampled as in training or, ``greedy``, by its most likely action; write the first
+    ``videos`` of them as MP4s (:mod:`rlhf_jax.episode_video`) and the result as ``eval.json``. ``say`` shows the score (as JSON) before anything is written, so a write
     that fails (a read-only or full disk) stops with a :class:`RunError` but loses no score."""
     from rlhf_jax import episode_video
 
@@ -190,13 +191,14 @@ def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0
     _, state = driver.restore_latest(run_dir)
     env = make(dataclasses.replace(scoring_env_config(config), num_envs=num_envs))
     max_steps = scoring_steps(config, env.spec)
-    act = driver.agent.make_policy(driver.agent_config, env.spec)
+    act = functools.partial(driver.agent.make_policy(driver.agent_config, env.spec), greedy=greedy)
     params, key = driver.policy_params(state), jax.random.PRNGKey(seed)
     score = jax.jit(lambda params, key: evaluate(act, params, env, key, max_steps))(params, key)
     finished, mean_return = int(score.episodes), score.mean_return()
     result = {
         "env": config.env.id, "agent": config.agent, "env_steps": int(state.env_steps),
         "episodes": finished, "mean_true_return": None if math.isnan(mean_return) else mean_return,
+        "greedy": greedy,
     }
     say(json.dumps(result, indent=2))
     try:

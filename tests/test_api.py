@@ -1,4 +1,6 @@
 """The Python API: rlhf_jax.train and rlhf_jax.load_run, and what load_run hands back."""
+import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -42,6 +44,30 @@ def test_a_trained_run_loads_with_its_policy_learned_reward_and_metrics(run_dir)
     _, after = env.step(state, action)
     reward = run.learned_reward.fn(run.learned_reward.params, timestep.obs, action, after)
     assert reward.shape == (8,) and bool(jnp.all(jnp.isfinite(reward)))
+
+
+@pytest.mark.slow
+def test_eval_greedy_scores_the_policys_most_likely_action(run_dir):
+    """`rlhf-jax eval --greedy` plays the argmax of the policy's logits (read here from the network
+    itself) on the episodes the sampled score plays, and eval.json says which it scored."""
+    from rlhf_jax.agents.a2c import ActorCritic
+    from rlhf_jax.cli import main
+    from rlhf_jax.driver import scoring_env_config, scoring_steps
+    from rlhf_jax.envs import make
+    from rlhf_jax.evaluation import evaluate
+
+    run = rlhf_jax.load_run(run_dir)
+    env = make(dataclasses.replace(scoring_env_config(run.config), num_envs=8))
+    network = ActorCritic(env.spec, run.config.a2c)
+    mode = lambda params, obs, key: jnp.argmax(network.apply(params, obs)[0], -1)
+    expected = evaluate(mode, run.policy.params, env, jax.random.PRNGKey(0), scoring_steps(run.config, env.spec))
+    scores = {}
+    for options in ([], ["--greedy"]):
+        assert main(["eval", str(run_dir), "--episodes", "8", *options]) == 0
+        result = json.loads((run_dir / "eval.json").read_text())
+        assert result["greedy"] == bool(options)
+        scores[bool(options)] = result["mean_true_return"]
+    assert scores[True] == pytest.approx(expected.mean_return(), rel=1e-6)
 
 
 @pytest.mark.slow

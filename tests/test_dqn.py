@@ -40,6 +40,20 @@ def test_bad_values_are_refused(field, value):
         dqn.DQNConfig(**{field: value})
 
 
+def test_the_greedy_policy_takes_q_s_argmax_whatever_epsilon_and_key():
+    """``greedy=True`` (what ``rlhf-jax eval --greedy`` asks of every agent) is epsilon 0: Q's
+    argmax on every key, where the policy at ``eval_epsilon=1`` acts at random."""
+    env = make(EnvConfig(id="gymnax/CartPole-v1", num_envs=64))
+    config = dqn.DQNConfig(eval_epsilon=1.0)
+    runner = dqn.init_runner(jax.random.PRNGKey(0), config, env)
+    act = dqn.make_policy(config, env.spec)
+    argmax = jnp.argmax(dqn.QNetwork(env.spec, config).apply(runner.params, runner.obs), -1)
+    for seed in range(3):
+        key = jax.random.PRNGKey(seed)
+        assert jnp.array_equal(act(runner.params, runner.obs, key, greedy=True), argmax)
+    assert not jnp.array_equal(act(runner.params, runner.obs, jax.random.PRNGKey(0)), argmax)
+
+
 def test_step_counting_with_many_environments():
     c = dqn.DQNConfig(update_period=4)
     # (vector steps, updates) per iteration: always one update per 4 env steps summed over environments.

@@ -124,12 +124,12 @@ def init_runner(key, config: DQNConfig, env: Environment) -> Runner:
 
 
 def make_policy(config: DQNConfig, spec: EnvSpec):
-    """``act(params, obs, key, epsilon=config.eval_epsilon) -> action``: epsilon-greedy in Q
-    (``epsilon=0`` is greedy)."""
+    """``act(params, obs, key, greedy=False, epsilon=config.eval_epsilon) -> action``:
+    epsilon-greedy in Q; ``greedy=True``, as every agent's policy takes it, is ``epsilon=0``."""
     network = QNetwork(spec, config)
 
-    def act(params, obs, key, epsilon=config.eval_epsilon):
-        return ops.epsilon_greedy(key, network.apply(params, obs), epsilon)
+    def act(params, obs, key, *, greedy: bool = False, epsilon=config.eval_epsilon):
+        return ops.epsilon_greedy(key, network.apply(params, obs), 0.0 if greedy else epsilon)
 
     return act
 
@@ -222,7 +222,7 @@ def make_iteration(config: DQNConfig, env: Environment, reward_fn: RewardFn):
     def env_step(carry, _):
         params, memory, env_state, obs, key, env_steps = carry
         key, act_key = jax.random.split(key)
-        action = act(params, obs, act_key, epsilon(env_steps))
+        action = act(params, obs, act_key, epsilon=epsilon(env_steps))
         env_state, timestep = env.step(env_state, action)
         memory = replay.add(memory, obs, action, timestep)
         carry = (params, memory, env_state, timestep.obs, key, env_steps + env.num_envs)
