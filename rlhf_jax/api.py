@@ -84,8 +84,7 @@ class Policy:
 
     ``act`` is the agent's ``act(params, obs, key, greedy=False)`` (its ``make_policy``;
     ``greedy=True`` takes the policy's mode, Q's argmax for DQN, whose ``act`` also takes
-    ``epsilon=``) and ``params``
-    the trained parameters. A policy is a pure function of its inputs: ``jax.jit(policy)``
+    ``epsilon=``) and ``params`` the trained parameters. A policy is a pure function of its inputs: ``jax.jit(policy)``
     compiles it."""
 
     act: Callable

@@ -178,8 +178,9 @@ def evaluate_run(run_dir: str | Path, episodes: int | None = None, seed: int = 0
                  say=print, greedy: bool = False) -> dict:
     """Score the run's latest policy on whole true episodes (the agent's evaluation protocol),
     sampled as in training or, ``greedy``, by its most likely action; write the first
-    ``videos`` of them as MP4s (:mod:`rlhf_jax.episode_video`) and the result as ``eval.json``. ``say`` shows the score (as JSON) before anything is written, so a write
-    that fails (a read-only or full disk) stops with a :class:`RunError` but loses no score."""
+    ``videos`` of them as MP4s (:mod:`rlhf_jax.episode_video`) and the result as ``eval.json``.
+    ``say`` shows the score (as JSON) before anything is written, so a write that fails (a
+    read-only or full disk) stops with a :class:`RunError` but loses no score."""
     from rlhf_jax import episode_video
 
     run_dir = Path(run_dir)
