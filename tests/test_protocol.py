@@ -162,6 +162,29 @@ def test_the_bonus_per_dimension_design_changes_only_the_label_runs_bonus_unit_o
     assert [s["key"] for s in design.per_task_settings].count("trpo.entropy_per_action_dimension") == 1
 
 
+def test_the_batches_design_changes_only_how_the_agent_makes_its_batches_on_fresh_seeds():
+    """figure2_batches_1m is figure2_reset_1m with the agent the reference comparison ran: every
+    cell, RL's and the labels', differs from its reset cell in the three batch settings and the seeds."""
+    design = confirm.DESIGNS["figure2_batches_1m"]
+    cells = {c.key: c for c in confirm.design_cells(design, ["hopper", "inverteddoublependulum"])}
+    before = {c.key: c for c in confirm.design_cells(confirm.DESIGNS["figure2_reset_1m"],
+                                                       ["hopper", "inverteddoublependulum"])}
+    assert cells.keys() == before.keys()
+    for key, cell in cells.items():
+        assert changed_keys(cell, before[key]) == ["env.num_envs", "env.seed", "seed",
+                                                   "trpo.normalize_value_targets", "trpo.observation_moments"], key
+        config = protocol.cell_config(cell)
+        assert config.env.num_envs == 2 and config.trpo.observation_moments == "every_step"
+        assert not config.trpo.normalize_value_targets
+    # the comparison's --ours-overrides, key for key, so the figure's JSON finds its rows
+    assert " ".join(design.agent) == ("trpo.kl_per_action_dimension=true trpo.max_kl=0.01 trpo.cg_damping=0.1 "
+                                      "trpo.line_search_decay=0.8 trpo.batch_size=2048 trpo.cg_iterations=25 "
+                                      "trpo.fisher_subsample=1 trpo.value_epochs=20 trpo.value_minibatches=16 "
+                                      "trpo.observation_clip=10 trpo.observation_min_std=0.0001 "
+                                      "trpo.observation_moments=every_step trpo.normalize_value_targets=false "
+                                      "env.num_envs=2")
+
+
 def test_a_designs_agent_runs_in_every_cell_and_is_written_in_its_registration(tmp_path):
     """One agent for RL and the label runs alike: its settings are in every cell's config, and so
     in every fingerprint; the registration names them once, and reads them back."""
