@@ -52,6 +52,11 @@ The designs (:data:`DESIGNS`), fixed here and copied into each registration:
   2100-2104) with the matched agent making its batches as the reference does (:data:`BATCHES_TRPO`,
   in every cell): with the matched agent InvertedDoublePendulum's RL line stayed under 0.9 of the
   reference on two registered blocks; with these three settings every compared task reached it.
+* ``figure2_batches_5m``: ``figure2_bonus_per_dimension_5m``'s two lines and label runs (seeds
+  2200-2204) with ``figure2_batches_1m``'s agent: the paper's scale with the agent at the reference's
+  strength. Its label runs pay the bonus per action dimension, the rule of every 5M registration since
+  the whole entropy's bonus widened the multi-joint label policies at 5M until they lost what they had
+  learned; ``figure2_batches_1m`` keeps ``figure2_reset_1m``'s label runs, as it was registered.
 
 Seeds from 100 up are fresh: every probe and every exploratory cell ran seeds 0-15; the
 reference comparison's blocks and the later probes' seeds are listed in ``experiments/log/figure2.md``.
@@ -190,6 +195,8 @@ DESIGNS = {
                                              MATCHED_TRPO),
     "figure2_batches_1m": Design(1_000_000, (Line(None, 10, 2100), Line(700, 10, 2100), Line(1400, 5, 2100),
                                              Line(350, 5, 2100)), RESET_LABEL_RUNS, RESET_SETTINGS, BATCHES_TRPO),
+    "figure2_batches_5m": Design(5_000_000, (Line(None, 5, 2200), Line(700, 5, 2200)),
+                                 RESET_LABEL_RUNS + BONUS_PER_DIMENSION, BONUS_PER_DIMENSION_SETTINGS, BATCHES_TRPO),
 }
 
 

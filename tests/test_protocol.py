@@ -185,6 +185,26 @@ def test_the_batches_design_changes_only_how_the_agent_makes_its_batches_on_fres
                                       "env.num_envs=2")
 
 
+def test_the_5m_batches_design_is_the_bonus_per_dimension_design_with_the_batches_agent_on_fresh_seeds():
+    """figure2_batches_5m differs from figure2_bonus_per_dimension_5m in the agent alone, in every
+    cell, and its seeds are not figure2_batches_1m's."""
+    design = confirm.DESIGNS["figure2_batches_5m"]
+    cells = {c.key: c for c in confirm.design_cells(design, ["ant", "reacher"])}
+    before = {c.key: c for c in confirm.design_cells(confirm.DESIGNS["figure2_bonus_per_dimension_5m"],
+                                                       ["ant", "reacher"])}
+    assert cells.keys() == before.keys() == {"ant/RL (trpo)", "ant/700 labels", "reacher/RL (trpo)",
+                                             "reacher/700 labels"}
+    for key, cell in cells.items():
+        assert changed_keys(cell, before[key]) == ["env.num_envs", "env.seed", "seed",
+                                                   "trpo.normalize_value_targets", "trpo.observation_moments"], key
+        assert protocol.cell_config(cell).trpo.total_env_steps == 5_000_000
+    assert protocol.cell_config(cells["ant/700 labels"]).trpo.entropy_per_action_dimension
+    assert design.agent == confirm.DESIGNS["figure2_batches_1m"].agent
+    one_million = {seed for c in confirm.design_cells(confirm.DESIGNS["figure2_batches_1m"], ["ant"])
+                   for seed in c.seeds}
+    assert all(not set(c.seeds) & one_million for c in cells.values())
+
+
 def test_a_designs_agent_runs_in_every_cell_and_is_written_in_its_registration(tmp_path):
     """One agent for RL and the label runs alike: its settings are in every cell's config, and so
     in every fingerprint; the registration names them once, and reads them back."""
