@@ -162,6 +162,10 @@ def test_the_bonus_per_dimension_design_changes_only_the_label_runs_bonus_unit_o
     assert [s["key"] for s in design.per_task_settings].count("trpo.entropy_per_action_dimension") == 1
 
 
+# What a batches design changes in each cell against its predecessor: the agent's three batch keys and the seeds.
+BATCH_KEYS_AND_SEEDS = ["env.num_envs", "env.seed", "seed", "trpo.normalize_value_targets", "trpo.observation_moments"]
+
+
 def test_the_batches_design_changes_only_how_the_agent_makes_its_batches_on_fresh_seeds():
     """figure2_batches_1m is figure2_reset_1m with the agent the reference comparison ran: every
     cell, RL's and the labels', differs from its reset cell in the three batch settings and the seeds."""
@@ -171,8 +175,7 @@ def test_the_batches_design_changes_only_how_the_agent_makes_its_batches_on_fres
                                                        ["hopper", "inverteddoublependulum"])}
     assert cells.keys() == before.keys()
     for key, cell in cells.items():
-        assert changed_keys(cell, before[key]) == ["env.num_envs", "env.seed", "seed",
-                                                   "trpo.normalize_value_targets", "trpo.observation_moments"], key
+        assert changed_keys(cell, before[key]) == BATCH_KEYS_AND_SEEDS, key
         config = protocol.cell_config(cell)
         assert config.env.num_envs == 2 and config.trpo.observation_moments == "every_step"
         assert not config.trpo.normalize_value_targets
@@ -195,8 +198,7 @@ def test_the_5m_batches_design_is_the_bonus_per_dimension_design_with_the_batche
     assert cells.keys() == before.keys() == {"ant/RL (trpo)", "ant/700 labels", "reacher/RL (trpo)",
                                              "reacher/700 labels"}
     for key, cell in cells.items():
-        assert changed_keys(cell, before[key]) == ["env.num_envs", "env.seed", "seed",
-                                                   "trpo.normalize_value_targets", "trpo.observation_moments"], key
+        assert changed_keys(cell, before[key]) == BATCH_KEYS_AND_SEEDS, key
         assert protocol.cell_config(cell).trpo.total_env_steps == 5_000_000
     assert protocol.cell_config(cells["ant/700 labels"]).trpo.entropy_per_action_dimension
     assert design.agent == confirm.DESIGNS["figure2_batches_1m"].agent
